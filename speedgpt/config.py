@@ -1,0 +1,382 @@
+"""Run configuration as data: dataclasses, TOML presets, command-line overrides, validation.
+
+A run is fully described by one resolved `Config`; `save_toml` writes it into the run
+directory and `load_toml` of that file reproduces the run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, mistyped or inconsistent; the message names the fix."""
+
+
+@dataclass
+class ModelConfig:
+    # Depth knob: when model_dim is 0 the width is derived as depth * aspect_ratio rounded up to a
+    # multiple of head_dim, and the head count follows from the width (nanochat's recipe).
+    depth: int = 12
+    model_dim: int = 768
+    head_dim: int = 128
+    num_heads: int = 0  # 0: model_dim // head_dim
+    aspect_ratio: int = 64
+    mlp_ratio: float = 4.0
+    vocab_size: int = 50257
+    vocab_pad_multiple: int = 128  # 50257 -> 50304: tensor-core friendly head matmul
+    rope_base: float = 1024.0
+    rope_half_truncate: bool = True  # rotate only half the head dims; the rest carry position-free content
+    value_embeds: int = 3  # value embeddings shared U-shaped: first k and last k layers; 0 disables
+    unet_skips: bool = True
+    x0_mixing: bool = True
+    attn_free_layers: list[int] = field(default_factory=list)
+    window_pattern: str = "L"  # per-layer Long/Short sliding window, repeated to depth
+    attn_scale: float = 0.0  # 0: 1/sqrt(head_dim)
+    attn_gate: bool = False  # sparse per-head sigmoid gate on attention output (record #28)
+    attn_gate_dim: int = 12
+    logit_softcap: float = 15.0  # 0 disables
+    attn_backend: str = "auto"  # auto | sdpa | flex
+    doc_masking: bool = True  # attend only within the document (documents start at BOS)
+    fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
+    bf16_embeds: bool = False
+
+    def resolved_dim(self) -> int:
+        if self.model_dim:
+            return self.model_dim
+        return math.ceil(self.depth * self.aspect_ratio / self.head_dim) * self.head_dim
+
+    def resolved_heads(self) -> int:
+        return self.num_heads or self.resolved_dim() // self.head_dim
+
+    def padded_vocab(self) -> int:
+        m = self.vocab_pad_multiple
+        return math.ceil(self.vocab_size / m) * m if m > 1 else self.vocab_size
+
+
+@dataclass
+class DataConfig:
+    train_files: str = ""  # glob, directory or file of .bin shards; empty: the local Python-source corpus
+    val_files: str = ""
+    cache_dir: str = ""  # where the default corpus is built; empty: ~/.cache/speedgpt
+    local_max_tokens: int = 20_000_000  # cap for the default corpus (0: everything)
+    seq_len: int = 1024  # tokens per row
+    val_tokens: int = 1_048_576
+    val_seq_len: int = 0  # 0: seq_len
+
+
+@dataclass
+class OptimConfig:
+    muon_lr: float = 0.05
+    muon_momentum: float = 0.95
+    muon_momentum_start: float = 0.85
+    muon_momentum_warmup_steps: int = 300
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_weight_decay: float = 0.0
+    embed_lr: float = 0.3
+    value_embed_lr: float = 0.3
+    head_lr: float = 0.008
+    scalar_lr: float = 0.04
+    adam_beta1: float = 0.8
+    adam_beta2: float = 0.95
+    adam_eps: float = 1e-10
+    adam_weight_decay: float = 0.0
+    grad_clip: float = 0.0  # global-norm clipping; 0 disables
+    # Depth-knob learning-rate scaling: Adam lrs scale with (768 / model_dim) ** 0.5 when on.
+    scale_lr_by_width: bool = False
+
+
+@dataclass
+class ScheduleConfig:
+    kind: str = "constant_cooldown"  # constant_cooldown | warmup_cosine | wsd
+    warmup_frac: float = 0.0
+    cooldown_frac: float = 0.45
+    final_lr_frac: float = 0.1
+    # Sliding attention window, in tokens, grown linearly over training (rounded to window_block).
+    window_start: int = 1792
+    window_end: int = 1792
+    window_block: int = 128
+    short_window_frac: float = 0.5
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000
+    batch_tokens: int = 524_288  # global tokens per optimizer step
+    micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
+    val_every: int = 125
+    log_every: int = 10
+    checkpoint_every: int = 0  # 0: only at the end
+    keep_checkpoints: int = 2
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
+    compile: bool = False
+    warmup_steps: int = 0  # compile/kernel warmup steps on real data, then exact state reset
+    time_budget_s: float = 0.0  # stop early (with a final eval and checkpoint) after this much training time
+    peak_flops: float = 0.0  # bf16 peak for MFU; 0: the device's table value
+
+
+@dataclass
+class RunConfig:
+    name: str = ""
+    dir: str = ""  # empty: runs/<name>-<timestamp>
+    sample_tokens: int = 64  # sample printed at the end; 0 disables
+    sample_prompt: str = "def "
+    report: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "speedgpt"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    preset: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "preset"}
+
+
+def _section_class(name: str) -> type:
+    return {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig}[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Building from dicts, with type checks that name the key.
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+
+def _coerce(key: str, value: Any, typ: Any) -> Any:
+    """Check `value` against the field type; accept ints for floats. Raise ConfigError naming key."""
+    origin = typing.get_origin(typ)
+    if origin is list:
+        (item_t,) = typing.get_args(typ)
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected a list of {item_t.__name__}, got {value!r}; write e.g. {key}=[1,2]")
+        return [_coerce(f"{key}[{i}]", v, item_t) for i, v in enumerate(value)]
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, str):
+            return value
+    name = getattr(typ, "__name__", str(typ))
+    raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__}); fix the value of {key}")
+
+
+def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
+    cfg = _deepcopy(base) if base is not None else Config()
+    for section, values in data.items():
+        if section == "preset":
+            cfg.preset = str(values)
+            continue
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section '{section}'; known sections: {', '.join(SECTIONS)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"'{section}' must be a table of keys, got {values!r}")
+        obj = getattr(cfg, section)
+        types_ = _field_types(type(obj))
+        for key, value in values.items():
+            full = f"{section}.{key}"
+            if key not in types_:
+                close = ", ".join(k for k in types_ if k[:3] == key[:3]) or ", ".join(types_)
+                raise ConfigError(f"unknown config key '{full}'; did you mean one of: {close}")
+            setattr(obj, key, _coerce(full, value, types_[key]))
+    return cfg
+
+
+def _deepcopy(cfg: Config) -> Config:
+    return config_from_plain(cfg.to_dict())
+
+
+def config_from_plain(d: dict[str, Any]) -> Config:
+    out = Config(preset=d.get("preset", ""))
+    for section in SECTIONS:
+        cls = _section_class(section)
+        setattr(out, section, cls(**{k: (list(v) if isinstance(v, list) else v) for k, v in d[section].items()}))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets, files and overrides.
+
+def preset_names() -> list[str]:
+    root = resources.files("speedgpt") / "presets"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load_preset(name: str) -> Config:
+    path = resources.files("speedgpt") / "presets" / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset '{name}'; available presets: {', '.join(preset_names())}")
+    data = tomllib.loads(path.read_text())
+    data.setdefault("preset", name)
+    return config_from_dict(data)
+
+
+def load_toml(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    return config_from_dict(data)
+
+
+def _parse_value(text: str) -> Any:
+    """Parse an override's value as a TOML value; bare words are strings."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
+    """Apply `section.key=value` overrides (leading dashes optional), e.g. `--model.depth=8`."""
+    nested: dict[str, dict[str, Any]] = {}
+    for item in overrides:
+        text = item.lstrip("-")
+        if "=" not in text or "." not in text.split("=", 1)[0]:
+            raise ConfigError(f"override '{item}' must look like --section.key=value, e.g. --model.depth=8")
+        key, raw = text.split("=", 1)
+        section, name = key.split(".", 1)
+        nested.setdefault(section, {})[name] = _parse_value(raw)
+    return config_from_dict(nested, base=cfg)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def to_toml(cfg: Config) -> str:
+    d = cfg.to_dict()
+    lines = [f"preset = {_toml_value(d.pop('preset'))}"]
+    for section, values in d.items():
+        lines.append(f"\n[{section}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
+def save_toml(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(to_toml(cfg))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation: one line per problem, naming the key and the fix.
+
+def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
+    """(rows per micro-step per rank, gradient-accumulation steps) for this world size."""
+    t = cfg.train
+    seq = cfg.data.seq_len
+    rows_global = t.batch_tokens // seq
+    if rows_global % world_size:
+        raise ConfigError(
+            f"train.batch_tokens={t.batch_tokens} is {rows_global} rows of data.seq_len={seq}, which does not divide "
+            f"across {world_size} ranks; make the row count a multiple of {world_size}")
+    rows_rank = rows_global // world_size
+    mb = t.micro_batch_size or rows_rank
+    if rows_rank % mb:
+        raise ConfigError(
+            f"train.micro_batch_size={mb} does not divide the {rows_rank} rows each of {world_size} rank(s) gets per "
+            f"step; choose a divisor of {rows_rank}")
+    return mb, rows_rank // mb
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    m, d, t, s = cfg.model, cfg.data, cfg.train, cfg.schedule
+    dim = m.resolved_dim()
+    if m.depth < 1:
+        raise ConfigError(f"model.depth={m.depth} must be at least 1")
+    if dim % m.resolved_heads():
+        raise ConfigError(f"model.num_heads={m.resolved_heads()} does not divide model.model_dim={dim}; "
+                          f"choose heads that divide the width")
+    if m.num_heads and m.num_heads * m.head_dim != dim:
+        raise ConfigError(f"model.num_heads={m.num_heads} x model.head_dim={m.head_dim} != model.model_dim={dim}; "
+                          f"set model.head_dim={dim // m.num_heads}")
+    if m.head_dim % 4:
+        raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
+    if m.value_embeds * 2 > m.depth:
+        raise ConfigError(f"model.value_embeds={m.value_embeds} needs depth >= {2 * m.value_embeds} "
+                          f"(they are used by the first and last layers); lower it or raise model.depth")
+    if m.attn_backend not in ("auto", "sdpa", "flex"):
+        raise ConfigError(f"model.attn_backend='{m.attn_backend}' must be one of auto, sdpa, flex")
+    if set(m.window_pattern) - {"L", "S"} or not m.window_pattern:
+        raise ConfigError(f"model.window_pattern='{m.window_pattern}' must be letters L (long) and S (short)")
+    bad = [i for i in m.attn_free_layers if not 0 <= i < m.depth]
+    if bad:
+        raise ConfigError(f"model.attn_free_layers={m.attn_free_layers} has layers outside 0..{m.depth - 1}")
+    if m.attn_gate and m.attn_gate_dim > dim:
+        raise ConfigError(f"model.attn_gate_dim={m.attn_gate_dim} exceeds model_dim={dim}")
+    if d.seq_len < 2:
+        raise ConfigError(f"data.seq_len={d.seq_len} must be at least 2")
+    if t.batch_tokens % d.seq_len:
+        raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by data.seq_len={d.seq_len}; "
+                          f"use a multiple such as {max(1, t.batch_tokens // d.seq_len) * d.seq_len}")
+    micro_batch_rows(cfg, world_size)
+    if t.steps < 1:
+        raise ConfigError(f"train.steps={t.steps} must be at least 1")
+    if s.kind not in ("constant_cooldown", "warmup_cosine", "wsd"):
+        raise ConfigError(f"schedule.kind='{s.kind}' must be one of constant_cooldown, warmup_cosine, wsd")
+    for key in ("warmup_frac", "cooldown_frac", "final_lr_frac", "short_window_frac"):
+        v = getattr(s, key)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"schedule.{key}={v} must lie in [0, 1]")
+    if s.warmup_frac + s.cooldown_frac > 1.0 and s.kind != "warmup_cosine":
+        raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
+    if s.window_block < 1 or s.window_start < 1 or s.window_end < s.window_start:
+        raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
+    if t.dtype not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
+
+
+def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Build a Config from a preset or a saved config file, then overrides."""
+    if config_file:
+        cfg = load_toml(config_file)
+    else:
+        cfg = load_preset(preset or "tiny-cpu")
+    return apply_overrides(cfg, overrides or [])
+

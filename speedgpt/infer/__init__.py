@@ -1,0 +1,1 @@
+"""Inference: sampling with a KV cache."""

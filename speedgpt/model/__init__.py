@@ -1,0 +1,1 @@
+"""The GPT model: speedrun-recipe transformer with pluggable attention backends."""

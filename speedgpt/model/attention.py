@@ -1,0 +1,187 @@
+"""Attention with document-causal sliding-window masks, through one interface for two backends.
+
+- `sdpa`: PyTorch scaled_dot_product_attention; runs on any device. Document and window masks
+  become a dense boolean mask, so it suits short sequences (CPU runs, tests, sampling).
+- `flex`: FlexAttention with block-sparse masks built on the device each step; the GPU path
+  for long packed sequences (the speedrun's 48K-token rows).
+
+The model builds one `AttnContext` per forward (masks for the long and the short window) and
+every layer picks the one its window pattern names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .rotary import Rotary
+
+FLEX_BLOCK = 128
+
+
+def flex_available(device: torch.device) -> bool:
+    """FlexAttention needs a compiled kernel; only CUDA devices of compute capability >= 8 get one here."""
+    if device.type != "cuda":
+        return False
+    try:
+        from torch.nn.attention import flex_attention  # noqa: F401
+    except ImportError:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def choose_backend(requested: str, device: torch.device) -> str:
+    if requested == "auto":
+        return "flex" if flex_available(device) else "sdpa"
+    if requested == "flex" and device.type == "cpu":
+        # Flex runs on CPU only as an unfused reference, useful for tests, never for speed.
+        return "flex"
+    return requested
+
+
+@dataclass
+class AttnContext:
+    backend: str
+    masks: dict[str, Any]  # "L"/"S" -> dense bool mask (sdpa), BlockMask (flex), or None (plain causal)
+    pos_offset: int = 0
+
+
+def document_ids(inputs_BT: torch.Tensor, bos_id: int) -> torch.Tensor:
+    """Document index of every position: a new document starts at each BOS token."""
+    return torch.cumsum((inputs_BT == bos_id).to(torch.int32), dim=-1)
+
+
+def dense_mask(doc_BT: torch.Tensor | None, T: int, window: int, device: torch.device) -> torch.Tensor | None:
+    """(B or 1, 1, T, T) boolean mask: causal, same document, within the sliding window."""
+    q = torch.arange(T, device=device)[:, None]
+    k = torch.arange(T, device=device)[None, :]
+    allowed = (k <= q) & (q - k < window)
+    if doc_BT is None:
+        return allowed[None, None]
+    same_doc = doc_BT[:, :, None] == doc_BT[:, None, :]
+    return (allowed[None] & same_doc)[:, None]
+
+
+def flex_block_mask(doc_BT: torch.Tensor | None, B: int, T: int, window: torch.Tensor | int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = (q_idx >= kv_idx) & (q_idx - kv_idx < window)
+        if doc_BT is not None:
+            keep = keep & (doc_BT[b, q_idx] == doc_BT[b, kv_idx])
+        return keep
+
+    return create_block_mask(mask_mod, B if doc_BT is not None else None, None, T, T, device=device,
+                             BLOCK_SIZE=FLEX_BLOCK, _compile=device.type == "cuda")
+
+
+def build_context(inputs_BT: torch.Tensor, *, backend: str, windows: tuple[int, int], doc_masking: bool,
+                  bos_id: int, patterns: str) -> AttnContext:
+    B, T = inputs_BT.shape
+    device = inputs_BT.device
+    doc = document_ids(inputs_BT, bos_id) if doc_masking else None
+    masks: dict[str, Any] = {}
+    for key, window in (("L", windows[0]), ("S", windows[1])):
+        if key not in patterns:
+            continue
+        if backend == "flex":
+            masks[key] = flex_block_mask(doc, B, T, window, device)
+        elif doc is None and window >= T:
+            masks[key] = None  # plain causal: lets SDPA pick its fused kernels
+        else:
+            masks[key] = dense_mask(doc, T, int(window), device)
+    return AttnContext(backend=backend, masks=masks)
+
+
+def norm(x: torch.Tensor) -> torch.Tensor:
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class CastedLinear(nn.Linear):
+    """Linear layer whose fp32 master weight is cast to the activations' dtype at use."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight.type_as(x))
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding; positions fill left to right."""
+
+    def __init__(self, num_layers: int, batch: int, heads: int, max_len: int, head_dim: int,
+                 device: torch.device, dtype: torch.dtype):
+        self.k = torch.zeros(num_layers, batch, heads, max_len, head_dim, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.pos = 0
+        self.max_len = max_len
+
+    def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        T = k_BHTD.size(2)
+        if self.pos + T > self.max_len:
+            raise ValueError(f"KV cache full: {self.pos + T} positions > {self.max_len}")
+        self.k[layer, :, :, self.pos:self.pos + T] = k_BHTD
+        self.v[layer, :, :, self.pos:self.pos + T] = v_BHTD
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, *, scale: float,
+                 gate_dim: int = 0):
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        hdim = num_heads * head_dim
+        # One merged weight for q, k and v: one matmul, and Muon orthogonalizes each of the three.
+        self.qkv_w = nn.Parameter(torch.empty(3, hdim, dim))
+        self.proj = CastedLinear(hdim, dim)
+        self.gate = CastedLinear(gate_dim, num_heads) if gate_dim else None
+        self.rotary = rotary
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        dim = self.qkv_w.size(-1)
+        bound = (3 ** 0.5) * 0.5 * dim ** -0.5  # uniform with std 0.5/sqrt(dim)
+        self.qkv_w.uniform_(-bound, bound)
+        self.proj.weight.zero_()  # every block starts as the identity on the residual stream
+        if self.gate is not None:
+            self.gate.weight.zero_()  # gates start half open: sigmoid(0)
+
+    def forward(self, x_BTD: torch.Tensor, ve_BTD: torch.Tensor | None, v_lambdas: torch.Tensor,
+                ctx: AttnContext, window_key: str, window: int, layer: int = 0,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        H, Dh = self.num_heads, self.head_dim
+        qkv = F.linear(x_BTD, self.qkv_w.flatten(end_dim=1).type_as(x_BTD)).view(B, T, 3 * H, Dh)
+        q, k, v = qkv.chunk(3, dim=-2)
+        q, k = norm(q), norm(k)
+        pos = kv_cache.pos if kv_cache is not None else 0
+        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        if ve_BTD is not None:
+            v = v_lambdas[0] * v + v_lambdas[1] * ve_BTD.view_as(v)
+        else:
+            v = v_lambdas[0] * v
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if kv_cache is not None:
+            k, v = kv_cache.update(layer, k, v)
+            Tk = k.size(2)
+            qpos = torch.arange(pos, pos + T, device=x_BTD.device)[:, None]
+            kpos = torch.arange(Tk, device=x_BTD.device)[None, :]
+            mask = (kpos <= qpos) & (qpos - kpos < window)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        elif ctx.backend == "flex":
+            from torch.nn.attention.flex_attention import flex_attention
+            y = flex_attention(q, k, v, block_mask=ctx.masks[window_key], scale=self.scale)
+        else:
+            mask = ctx.masks[window_key]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
+        y = y.transpose(1, 2)  # B, T, H, Dh
+        if self.gate is not None:
+            y = y * torch.sigmoid(self.gate(x_BTD[..., :self.gate.in_features])).unsqueeze(-1)
+        return self.proj(y.reshape(B, T, H * Dh))

@@ -1,0 +1,185 @@
+"""Decoder-only GPT in the speedrun's shape.
+
+Token embedding normalized, RMSNorm without weights, QK-norm, rotary embeddings, merged QKV,
+ReLU² MLP, zero-initialized output projections, value embeddings shared U-shaped across layers,
+U-net skip connections, x0 mixing per block, optional attention-free layers, untied lm_head over
+a padded vocabulary, and a tanh logit softcap.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import ModelConfig
+from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
+from .rotary import Rotary
+
+BOS_ID = 50256
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc = CastedLinear(dim, hidden)
+        self.proj = CastedLinear(hidden, dim)
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        bound = (3 ** 0.5) * 0.5 * self.fc.in_features ** -0.5
+        self.fc.weight.uniform_(-bound, bound)
+        self.proj.weight.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(F.relu(self.fc(x)).square())
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: Rotary, has_attn: bool):
+        super().__init__()
+        dim = cfg.resolved_dim()
+        scale = cfg.attn_scale or cfg.head_dim ** -0.5
+        self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
+                                         gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0)
+                     if has_attn else None)
+        self.mlp = MLP(dim, int(cfg.mlp_ratio * dim))
+
+    def init_weights(self) -> None:
+        if self.attn is not None:
+            self.attn.init_weights()
+        self.mlp.init_weights()
+
+    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, window_key: str, window: int,
+                layer: int, kv_cache: KVCache | None, x0_mixing: bool):
+        if x0_mixing:
+            x = lambdas[0] * x + lambdas[1] * x0
+        if self.attn is not None:
+            x = x + self.attn(norm(x), ve, v_lambdas, ctx, window_key, window, layer, kv_cache)
+        return x + self.mlp(norm(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: ModelConfig, max_seq_len: int):
+        super().__init__()
+        self.cfg = cfg
+        depth, dim, vocab = cfg.depth, cfg.resolved_dim(), cfg.padded_vocab()
+        self.vocab_size = cfg.vocab_size
+        self.embed = nn.Embedding(vocab, dim)
+        self.value_embeds = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(cfg.value_embeds))
+        self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate)
+        self.blocks = nn.ModuleList(Block(cfg, self.rotary, i not in cfg.attn_free_layers) for i in range(depth))
+        self.lm_head = CastedLinear(dim, vocab)
+        self.num_skips = depth // 2 if cfg.unet_skips else 0
+        self.skip_weights = nn.Parameter(torch.empty(self.num_skips))
+        self.block_lambdas = nn.Parameter(torch.empty(depth, 2))  # x <- l0 * x + l1 * x0
+        self.v_lambdas = nn.Parameter(torch.empty(depth, 2))  # v <- l0 * v + l1 * value_embed
+        self.window_keys = (cfg.window_pattern * depth)[:depth]
+        self.compute_dtype = torch.float32
+        self.windows = (max_seq_len, max_seq_len)  # (long, short) used when forward gets none
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Initialize every parameter; called after `to_empty` so big models never live on the CPU."""
+        nn.init.normal_(self.embed.weight)
+        for ve in self.value_embeds:
+            nn.init.normal_(ve.weight)
+        for block in self.blocks:
+            block.init_weights()
+        self.lm_head.weight.zero_()  # uniform predictions at init: loss starts at ln(padded vocab)
+        self.skip_weights.fill_(1.0)
+        self.block_lambdas.copy_(torch.tensor([1.0, 0.0]).expand_as(self.block_lambdas))
+        self.v_lambdas.fill_(0.5)
+        self.rotary.init_tables(self.embed.weight.device)
+
+    def value_embed_for_layer(self, ves: list[torch.Tensor], i: int) -> torch.Tensor | None:
+        k, depth = len(ves), len(self.blocks)
+        if i < k:
+            return ves[i]
+        if i >= depth - k:
+            return ves[i - (depth - k)]
+        return None
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        """Parameters by optimizer role: hidden matrices go to Muon, the rest to Adam."""
+        matrices = [p for p in self.blocks.parameters() if p.ndim >= 2]
+        return {
+            "matrix": matrices,
+            "embed": [self.embed.weight],
+            "value_embed": [ve.weight for ve in self.value_embeds],
+            "head": [self.lm_head.weight],
+            "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()],
+        }
+
+    def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
+                reduction: str = "mean", windows: tuple[int, int] | None = None,
+                kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
+        cfg = self.cfg
+        windows = windows or self.windows
+        if kv_cache is None and ctx is None:
+            ctx = build_context(inputs_BT, backend=self.attn_backend, windows=windows,
+                                doc_masking=cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys)
+        dtype = self.compute_dtype
+        x = x0 = norm(self.embed(inputs_BT).to(dtype))
+        ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
+        skips: list[torch.Tensor] = []
+        depth, n = len(self.blocks), self.num_skips
+        for i, block in enumerate(self.blocks):
+            if n and i >= depth - n:
+                x = x + self.skip_weights[i - (depth - n)] * skips.pop()
+            key = self.window_keys[i]
+            window = windows[0] if key == "L" else windows[1]
+            x = block(x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i],
+                      ctx, key, window, i, kv_cache, cfg.x0_mixing)
+            if i < n:
+                skips.append(x)
+        if kv_cache is not None:
+            kv_cache.pos += inputs_BT.size(1)
+        logits = self.lm_head(norm(x)).float()
+        if cfg.logit_softcap:
+            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
+        if targets_BT is None:
+            return logits
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1).long(), reduction=reduction)
+        return loss.view_as(targets_BT) if reduction == "none" else loss
+
+    attn_backend: str = "sdpa"
+
+    def num_params(self, embeddings: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if not embeddings:
+            n -= self.embed.weight.numel() + sum(ve.weight.numel() for ve in self.value_embeds)
+        return n
+
+    def flops_per_token(self, seq_len: int, windows: tuple[int, int] | None = None) -> float:
+        """Training FLOPs per token: 6 x matmul parameters, plus attention scores and values over the
+        average number of keys a query sees (causal, capped by its window)."""
+        windows = windows or self.windows
+        matmul = self.num_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
+        attn = 0.0
+        hdim = self.cfg.resolved_heads() * self.cfg.head_dim
+        for block, key in zip(self.blocks, self.window_keys):
+            if block.attn is None:
+                continue
+            window = windows[0] if key == "L" else windows[1]
+            keys = min(window, (seq_len + 1) / 2)
+            attn += 12 * hdim * keys  # fwd 2 matmuls x 2 FLOPs, x3 for fwd+bwd
+        return 6 * matmul + attn
+
+
+def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, *, seed: int = 0,
+                dtype: torch.dtype = torch.float32, attn_backend: str = "sdpa") -> GPT:
+    """Build on the meta device, allocate on `device`, then initialize there (seeded)."""
+    device = torch.device(device)
+    with torch.device("meta"):
+        model = GPT(cfg, max_seq_len)
+    model.to_empty(device=device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        model.init_weights()
+    model.compute_dtype = dtype
+    model.attn_backend = attn_backend
+    if cfg.bf16_embeds:
+        for emb in [model.embed, *model.value_embeds]:
+            emb.to(torch.bfloat16)
+    return model

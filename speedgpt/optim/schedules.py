@@ -1,0 +1,55 @@
+"""Schedules as pure functions of training progress: trivially testable and checkpointed.
+
+Each returns a multiplier (or a value) for step `step` of `total` optimizer steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..config import ScheduleConfig
+
+
+def constant_cooldown(step: int, total: int, cooldown_frac: float, final_frac: float, warmup_frac: float = 0.0) -> float:
+    """Optional linear warmup, constant, then linear decay to `final_frac` over the last `cooldown_frac`."""
+    x = step / total
+    if warmup_frac and x < warmup_frac:
+        return (step + 1) / (warmup_frac * total)
+    if x < 1 - cooldown_frac:
+        return 1.0
+    w = (1 - x) / cooldown_frac
+    return w + (1 - w) * final_frac
+
+
+def warmup_cosine(step: int, total: int, warmup_frac: float, final_frac: float) -> float:
+    warm = warmup_frac * total
+    if step < warm:
+        return (step + 1) / warm
+    progress = (step - warm) / max(1.0, total - warm)
+    return final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def lr_multiplier(cfg: ScheduleConfig, step: int, total: int) -> float:
+    if cfg.kind == "warmup_cosine":
+        return warmup_cosine(step, total, cfg.warmup_frac, cfg.final_lr_frac)
+    # WSD (warmup-stable-decay) is constant_cooldown with a warmup; kept as its own name for clarity.
+    return constant_cooldown(step, total, cfg.cooldown_frac, cfg.final_lr_frac, cfg.warmup_frac)
+
+
+def muon_momentum(step: int, start: float, end: float, warmup_steps: int) -> float:
+    if warmup_steps <= 0:
+        return end
+    frac = min(step / warmup_steps, 1.0)
+    return (1 - frac) * start + frac * end
+
+
+def attention_windows(cfg: ScheduleConfig, step: int, total: int) -> tuple[int, int]:
+    """(long, short) sliding windows in tokens: long grows linearly from window_start to window_end in
+    multiples of window_block; short is a fixed fraction of long (at least one block)."""
+    x = step / total
+    blocks_start = cfg.window_start / cfg.window_block
+    blocks_end = cfg.window_end / cfg.window_block
+    blocks = max(1, round(blocks_start + x * (blocks_end - blocks_start)))
+    long = blocks * cfg.window_block
+    short = max(cfg.window_block, int(blocks * cfg.short_window_frac) * cfg.window_block)
+    return long, min(short, long)

@@ -1,0 +1,1 @@
+"""Process groups and parallelism: one device, data-parallel, FSDP2."""

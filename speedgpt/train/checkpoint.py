@@ -1,0 +1,100 @@
+"""Atomic checkpoints and exact resume.
+
+A checkpoint is a directory `step_NNNNNN/` with `model.pt`, `optim.pt` and `state.json`. It is
+written under a temporary name, fsynced, then renamed, so a crash leaves either the whole
+checkpoint or none of it; `state.json` is written last and marks it complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_PREFIX = "step_"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing or unreadable; the message says which and what to do."""
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: Any, state: dict,
+                    keep: int = 2) -> Path:
+    ckpt_root = Path(ckpt_root)
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    final = ckpt_root / f"{STEP_PREFIX}{step:06d}"
+    tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    torch.save(model_state, tmp / "model.pt")
+    torch.save(optim_state, tmp / "optim.pt")
+    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "complete": True}, indent=1))
+    for name in ("model.pt", "optim.pt", "state.json"):
+        _fsync_file(tmp / name)
+    _fsync_dir(tmp)
+    if final.exists():  # re-saving the same step (e.g. after resume): replace atomically enough
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _fsync_dir(ckpt_root)
+    if keep > 0:
+        for old in list_checkpoints(ckpt_root)[:-keep]:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Complete checkpoints, oldest first. Temporary (half-written) directories are ignored."""
+    ckpt_root = Path(ckpt_root)
+    if not ckpt_root.is_dir():
+        return []
+    found = [p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path:
+    found = list_checkpoints(ckpt_root)
+    if not found:
+        raise CheckpointError(f"no checkpoint in {ckpt_root}; nothing to resume (train without --resume to start)")
+    return found[-1]
+
+
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, Any, dict]:
+    """(model_state, optim_state, state) of a checkpoint directory, or a CheckpointError naming it."""
+    path = Path(path)
+    state_file = path / "state.json"
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete (no state.json); delete it to resume from "
+                              f"the previous one") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt ({e}); delete the directory to "
+                              f"resume from the previous one") from None
+    try:
+        model_state = torch.load(path / "model.pt", map_location=map_location, weights_only=True)
+        optim_state = torch.load(path / "optim.pt", map_location=map_location, weights_only=True)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"checkpoint {path} is missing {Path(e.filename).name}; delete the directory to "
+                              f"resume from the previous one") from None
+    except Exception as e:  # torch raises several types for truncated or garbled files
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); delete "
+                              f"the directory to resume from the previous one") from None
+    return model_state, optim_state, state

@@ -1,0 +1,315 @@
+"""The training loop, importable and testable: `train(cfg)` runs a whole job.
+
+One optimizer step = `grad_accum` micro-batches per rank. Hyperparameters that change during
+training (lr, Muon momentum, attention window) come from pure schedule functions of the step,
+so a resumed run recomputes them exactly. The host reads device values (`.item()`) only on
+logging, evaluation and checkpoint steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..config import Config, micro_batch_rows, save_toml, validate
+from ..model.attention import choose_backend
+from ..model.gpt import GPT, build_model
+from ..optim.build import build_optimizers
+from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum
+from ..parallel.dist import DistInfo, barrier, init_distributed
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .hardware import environment_snapshot, peak_flops
+from .metrics import MetricsLogger
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    tokens: int
+    train_time_s: float
+    val_loss: float | None
+    train_losses: list[float] = field(default_factory=list)  # every step's loss (mean over micro-batches)
+    val_history: list[tuple[int, float]] = field(default_factory=list)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    name = cfg.run.name or cfg.preset or "run"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path], list[Path]]:
+    from ..data.shards import find_shards
+
+    d = cfg.data
+    if d.train_files:
+        train_files = find_shards(d.train_files, "train")
+        val_files = find_shards(d.val_files or d.train_files, "val")
+        return train_files, val_files
+    from ..data.tokenize import ensure_local_python_corpus
+
+    root = Path(d.cache_dir).expanduser() if d.cache_dir else Path.home() / ".cache" / "speedgpt"
+    out = root / (f"local-python-{d.local_max_tokens}" if d.local_max_tokens else "local-python-all")
+    if dist_info.is_main:
+        log(f"data: no data.train_files given; using the local Python-source corpus at {out}")
+        ensure_local_python_corpus(out, max_tokens=d.local_max_tokens or None)
+    barrier()
+    return find_shards(out, "train"), find_shards(out, "val")
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool = False, quiet: bool = False):
+        self.cfg = cfg
+        self.dist = init_distributed(cfg.train.device)
+        validate(cfg, self.dist.world_size)
+        self.quiet = quiet or not self.dist.is_main
+        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
+        self.resume = resume
+        self.device = self.dist.device
+        self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
+        t = cfg.train
+        if t.dtype == "auto":
+            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        else:
+            self.dtype = getattr(torch, t.dtype)
+
+    def log(self, msg: str) -> None:
+        if not self.quiet:
+            print(msg, flush=True)
+
+    # ------------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        cfg, d = self.cfg, self.cfg.data
+        from ..data.loader import TokenLoader, check_capacity
+
+        if self.dist.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_toml(cfg, self.run_dir / "config.toml")
+            (self.run_dir / "env.json").write_text(json.dumps(environment_snapshot(self.device), indent=1))
+        barrier()
+        self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
+        check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
+                       world_size=self.dist.world_size, grad_accum=self.grad_accum)
+        self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
+                                  rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
+                                  seed=cfg.train.seed)
+        backend = choose_backend(cfg.model.attn_backend, self.device)
+        max_len = max(d.seq_len, d.val_seq_len or 0)
+        self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
+                                      attn_backend=backend)
+        self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
+        self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
+        self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        self.step = 0
+        self.tokens = 0
+        self.train_time = 0.0
+        self.metrics = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                                     wandb_project=cfg.run.wandb_project, run_name=cfg.run.name or None,
+                                     config=cfg.to_dict(), enabled=self.dist.is_main)
+        self.peak = peak_flops(self.device, cfg.train.peak_flops)
+        n = self.model.num_params()
+        self.log(f"model: {n / 1e6:.1f}M parameters ({self.model.num_params(False) / 1e6:.1f}M non-embedding), "
+                 f"depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention {backend}, "
+                 f"device {self.device}, dtype {self.dtype}")
+        self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
+                 f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
+        if self.resume:
+            self.load_latest()
+
+    # ------------------------------------------------------------------------------------------
+    def set_hyperparameters(self, step: int) -> tuple[int, int]:
+        cfg = self.cfg
+        mult = lr_multiplier(cfg.schedule, step, cfg.train.steps)
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = group["initial_lr"] * mult
+        o = cfg.optim
+        momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
+        for group in self.optimizers[1].param_groups:
+            group["momentum"] = momentum
+        return attention_windows(cfg.schedule, step, cfg.train.steps)
+
+    def train_step(self, step: int) -> torch.Tensor:
+        windows = self.set_hyperparameters(step)
+        total = torch.zeros((), device=self.device)
+        for _ in range(self.grad_accum):
+            inputs, targets = self.loader.next_batch()
+            loss = self.forward(inputs, targets, windows=windows) / self.grad_accum
+            loss.backward()
+            total += loss.detach()
+        if self.cfg.optim.grad_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+        for opt in self.optimizers:
+            opt.step()
+        self.model.zero_grad(set_to_none=True)
+        return total
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        from ..data.loader import val_batches
+
+        d = self.cfg.data
+        seq = d.val_seq_len or d.seq_len
+        self.model.eval()
+        losses = []
+        for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
+                                           max_tokens=d.val_tokens, rank=self.dist.rank,
+                                           world_size=self.dist.world_size, device=self.device):
+            losses.append(self.forward(inputs, targets))
+        self.model.train()
+        loss = torch.stack(losses).mean()
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
+        return loss.item()
+
+    # ------------------------------------------------------------------------------------------
+    def state(self) -> dict:
+        return {"tokens": self.tokens, "train_time_s": self.train_time, "loader": self.loader.state_dict(),
+                "rng_cpu": torch.get_rng_state().tolist()}
+
+    def save(self) -> Path | None:
+        path = None
+        if self.dist.is_main:
+            path = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(),
+                                   [opt.state_dict() for opt in self.optimizers], self.state(),
+                                   keep=self.cfg.train.keep_checkpoints)
+        barrier()
+        return path
+
+    def load_latest(self) -> None:
+        path = latest_checkpoint(self.run_dir / "checkpoints")
+        model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
+        self.model.load_state_dict(model_state)
+        for opt, sd in zip(self.optimizers, optim_states):
+            opt.load_state_dict(sd)
+        self.loader.load_state_dict(state["loader"])
+        torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
+        self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["train_time_s"]
+        self.log(f"resumed from {path} at step {self.step} ({self.tokens:,} tokens)")
+        self.metrics.log({"event": "resume", "step": self.step, "tokens": self.tokens, "time_s": self.train_time})
+
+    def warmup_then_reset(self) -> float:
+        """Compile and autotune on real steps, then restore the exact initial state: the measured run
+        starts cold in its numbers but warm in its kernels."""
+        n = self.cfg.train.warmup_steps
+        if n <= 0:
+            return 0.0
+        t0 = time.perf_counter()
+        model_state = copy.deepcopy(self.model.state_dict())
+        optim_states = [copy.deepcopy(opt.state_dict()) for opt in self.optimizers]
+        loader_state = self.loader.state_dict()
+        total = self.cfg.train.steps
+        # Visit steps across the schedule so every window size the run will use gets compiled.
+        for i in range(n):
+            self.train_step(min(total - 1, (i * total) // n))
+        self.evaluate()
+        self.model.load_state_dict(model_state)
+        for opt, sd in zip(self.optimizers, optim_states):
+            opt.load_state_dict(sd)
+        self.loader.load_state_dict(loader_state)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        cfg, t = self.cfg, self.cfg.train
+        self.setup()
+        warm_s = self.warmup_then_reset()
+        if warm_s:
+            self.log(f"compile + warmup: {warm_s:.1f}s (not counted in training time)")
+            self.metrics.log({"event": "warmup", "step": self.step, "tokens": self.tokens, "time_s": 0.0,
+                              "warmup_s": warm_s})
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        result = TrainResult(self.run_dir, self.step, self.tokens, self.train_time, None)
+        tokens_per_step = t.batch_tokens
+        flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        last_log_time, last_log_step = self.train_time, self.step
+        t_start = time.perf_counter() - self.train_time
+        stop = False
+        while self.step < t.steps and not stop:
+            loss = self.train_step(self.step)
+            self.step += 1
+            self.tokens += tokens_per_step
+            self.train_time = time.perf_counter() - t_start
+            result.train_losses.append(loss)
+            if t.time_budget_s and self.train_time >= t.time_budget_s:
+                self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
+                stop = True
+            last = self.step == t.steps or stop
+            if self.step % t.log_every == 0 or last:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+                self.train_time = time.perf_counter() - t_start
+                dt = (self.train_time - last_log_time) / max(1, self.step - last_log_step)
+                last_log_time, last_log_step = self.train_time, self.step
+                self.log_train(loss.item(), dt, tokens_per_step, flops_per_token)
+            if (t.val_every and self.step % t.val_every == 0) or last:
+                t_eval = time.perf_counter()
+                val = self.evaluate()
+                result.val_history.append((self.step, val))
+                self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time,
+                                  "val_loss": val})
+                self.log(f"step {self.step}/{t.steps} | val loss {val:.4f}")
+                t_start += time.perf_counter() - t_eval  # evaluation is not training time
+            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                t_ckpt = time.perf_counter()
+                self.save()
+                t_start += time.perf_counter() - t_ckpt
+        result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
+        result.train_losses = [float(x) for x in result.train_losses]
+        result.val_loss = result.val_history[-1][1] if result.val_history else None
+        self.finish(result)
+        return result
+
+    def log_train(self, loss: float, step_s: float, tokens_per_step: int, flops_per_token: float) -> None:
+        t = self.cfg.train
+        tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
+        record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
+                  "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
+                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
+        extra = ""
+        if self.device.type == "cuda":
+            record["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
+            extra += f" | mem {record['peak_mem_gib']:.1f} GiB"
+        if self.peak:
+            record["mfu"] = round(tok_s * flops_per_token / (self.peak * self.dist.world_size), 4)
+            extra += f" | MFU {record['mfu'] * 100:.1f}%"
+        self.metrics.log(record)
+        remaining = (t.steps - self.step) * step_s
+        self.log(f"step {self.step}/{t.steps} | loss {loss:.4f} | {tok_s:,.0f} tok/s | {step_s * 1e3:.0f} ms/step"
+                 f"{extra} | {self.train_time:.0f}s elapsed, ~{remaining:.0f}s left")
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"training loss became {loss} at step {self.step}; lower the learning rates "
+                                     f"(e.g. --optim.muon_lr) or enable --optim.grad_clip=1.0")
+
+    def finish(self, result: TrainResult) -> None:
+        cfg = self.cfg
+        if self.dist.is_main and cfg.run.sample_tokens:
+            from ..infer.generate import sample_text
+
+            text = sample_text(self.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
+                               temperature=0.8, top_k=50, seed=cfg.train.seed)
+            self.log("sample:\n" + text)
+        self.metrics.close()
+        if self.dist.is_main and cfg.run.report:
+            try:
+                from ..report import write_report
+
+                paths = write_report([self.run_dir], self.run_dir)
+                self.log(f"report: {paths.get('png', '')}")
+            except Exception as e:  # a plotting failure must not lose a finished run
+                self.log(f"report: not written ({type(e).__name__}: {e})")
+        self.log(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.train_time_s:.1f}s; "
+                 f"run dir {self.run_dir}")
+
+
+def train(cfg: Config, *, run_dir: Path | str | None = None, resume: bool = False, quiet: bool = False) -> TrainResult:
+    return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet).run()
