@@ -1,0 +1,452 @@
+"""The training loader: BOS-aligned rows from token shards, per-rank slices, async prefetch.
+
+How rows are made (docs/data.md has the full story and measured numbers):
+
+* The shards of one epoch are read as one stream (epoch 0 in the given order, like the
+  speedrun; later epochs in an order shuffled by ``(seed, epoch)``).
+* A row is ``seq_len + 1`` consecutive tokens starting at a document start (BOS), so
+  whole documents are packed back to back. The document cut by the row's end is
+  cropped (its tail is skipped, the next row starts at the next BOS), unless the
+  document is longer than a row: then it is split, and the next row continues it
+  after a BOS inserted in front, so long documents are never dropped.
+* Every optimizer micro-batch takes ``world_size * batch_size`` consecutive rows of
+  that sequence; rank ``r`` gets rows ``[r*B, (r+1)*B)``. All ranks plan the same rows
+  (cheap: a few binary searches per row) and copy only their own.
+
+The whole position in the data is one ``(epoch, position)`` pair, identical on all
+ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
+batch size, sequence length or world size after the resume.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+
+from .shards import find_shards, load_shard, read_header
+from .tokenizer import BOS_ID
+
+_STATE_FORMAT = "speedgpt.TokenLoader/1"
+
+
+def _resolve(files: list[Path] | list[str] | str | Path, split: str) -> list[Path]:
+    if isinstance(files, (str, Path)):
+        return find_shards(files, split)
+    files = [Path(f) for f in files]
+    if not files:
+        raise FileNotFoundError(f"no {split} shards given (empty file list); pass shard paths, a directory or a glob")
+    return files
+
+
+class _Shards:
+    """Sizes of all shards plus an LRU cache of loaded shards and their BOS positions."""
+
+    def __init__(self, files: list[Path], bos_id: int, capacity: int = 3):
+        self.bos_id = bos_id
+        sizes = [read_header(f) for f in files]  # validates every file up front
+        # Empty shards hold nothing; dropping them keeps "shard i has a token" true below.
+        kept = [(f, n) for f, n in zip(files, sizes) if n > 0]
+        if not kept:
+            raise ValueError(f"all {len(files)} shards are empty (first: {files[0]}); re-create the data")
+        self.files = [f for f, _ in kept]
+        self.sizes = np.array([n for _, n in kept], dtype=np.int64)
+        self.total = int(self.sizes.sum())
+        self._cache: OrderedDict[int, tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens uint16, BOS positions int64) of shard i."""
+        with self._lock:
+            hit = self._cache.get(i)
+            if hit is not None:
+                self._cache.move_to_end(i)
+                return hit
+        tokens = load_shard(self.files[i]).numpy()
+        # One vectorised pass per shard load; every row boundary afterwards is a binary search.
+        bos = np.flatnonzero(tokens == self.bos_id)
+        with self._lock:
+            self._cache[i] = (tokens, bos)
+            while len(self._cache) > self._capacity:
+                self._cache.popitem(last=False)
+        return tokens, bos
+
+
+class _EpochStream:
+    """The shards of one epoch, in that epoch's order, seen as one token stream."""
+
+    def __init__(self, shards: _Shards, order: np.ndarray):
+        self.shards = shards
+        self.order = order
+        self.starts = np.concatenate([[0], np.cumsum(shards.sizes[order])])
+        self.total = int(self.starts[-1])
+
+    def _locate(self, g: int) -> int:
+        return int(np.searchsorted(self.starts, g, side="right")) - 1
+
+    def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.shards.get(int(self.order[k]))
+
+    def is_bos(self, g: int) -> bool:
+        k = self._locate(g)
+        return bool(self._shard(k)[0][g - self.starts[k]] == self.shards.bos_id)
+
+    def last_bos_between(self, lo: int, hi: int) -> int:
+        """The last BOS position b with lo < b < hi, or -1."""
+        k = self._locate(hi - 1)
+        while k >= 0 and self.starts[k + 1] > lo + 1:
+            _, bos = self._shard(k)
+            j = int(np.searchsorted(bos, hi - self.starts[k], side="left")) - 1
+            if j >= 0:
+                b = int(self.starts[k] + bos[j])
+                return b if b > lo else -1
+            k -= 1
+        return -1
+
+    def next_bos(self, g: int) -> int:
+        """The first BOS position >= g, or the stream's end."""
+        k = self._locate(g)
+        while k < len(self.order):
+            _, bos = self._shard(k)
+            j = int(np.searchsorted(bos, max(g - self.starts[k], 0), side="left"))
+            if j < len(bos):
+                return int(self.starts[k] + bos[j])
+            k += 1
+        return self.total
+
+    def copy(self, start: int, end: int, out: np.ndarray) -> None:
+        """out[:] = stream[start:end] (may span shards)."""
+        k = self._locate(start)
+        filled = 0
+        while start + filled < end:
+            tokens, _ = self._shard(k)
+            lo = start + filled - self.starts[k]
+            n = min(end - start - filled, len(tokens) - lo)
+            out[filled : filled + n] = tokens[lo : lo + n]
+            filled += n
+            k += 1
+
+
+@dataclass(frozen=True)
+class _Row:
+    epoch: int
+    start: int
+    end: int
+    continued: bool  # starts mid-document: a BOS is put in front of stream[start:end]
+
+
+class _Planner:
+    """Decides row boundaries; a pure function of (epoch, position, row length)."""
+
+    def __init__(self, shards: _Shards, seed: int):
+        self.shards = shards
+        self.seed = seed
+        self._streams: OrderedDict[int, _EpochStream] = OrderedDict()
+
+    def stream(self, epoch: int) -> _EpochStream:
+        s = self._streams.get(epoch)
+        if s is None:
+            n = len(self.shards.files)
+            # Epoch 0 keeps the given order (the speedrun reads its shards in order); later
+            # passes reshuffle shard order so repeated data is not seen in the same sequence.
+            order = np.arange(n) if epoch == 0 else np.random.default_rng([self.seed, epoch]).permutation(n)
+            s = self._streams[epoch] = _EpochStream(self.shards, order)
+            while len(self._streams) > 2:
+                self._streams.popitem(last=False)
+        return s
+
+    def next_row(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
+        """(row, next epoch, next position, tokens cropped) for a row starting at (epoch, pos)."""
+        stream = self.stream(epoch)
+        cropped = 0
+        continued = pos < stream.total and not stream.is_bos(pos)
+        if pos + row_len - continued > stream.total:
+            # The rest of this epoch cannot fill a row: it is cropped and the next pass begins.
+            cropped = max(stream.total - pos, 0)
+            epoch, pos = epoch + 1, 0
+            stream = self.stream(epoch)
+            continued = not stream.is_bos(0)
+            if row_len - continued > stream.total:
+                raise ValueError(
+                    f"the data ({stream.total:,} tokens in {len(self.shards.files)} shards) is shorter than one "
+                    f"row of seq_len+1={row_len} tokens; use a smaller seq_len or more data"
+                )
+        end = pos + row_len - continued
+        if end == stream.total or stream.is_bos(end):
+            nxt = end  # the row ends exactly at a document boundary
+        else:
+            b = stream.last_bos_between(pos, end)
+            if b < 0:
+                nxt = end  # the row lies inside one long document: continue it in the next row
+            else:
+                doc_end = stream.next_bos(end)
+                if doc_end - b > row_len:
+                    nxt = end  # longer than a row: split it rather than drop its tail
+                else:
+                    nxt = doc_end  # crop the tail of the last document, next row starts at a BOS
+                    cropped += doc_end - end
+        return _Row(epoch, pos, end, continued), epoch, nxt, cropped
+
+
+class TokenLoader:
+    """Infinite BOS-aligned training batches from token shards (see module docstring).
+
+    ``next_batch`` returns inputs (B, T) int32 and targets (B, T) int64 on ``device``;
+    every row's first input token is BOS. With ``prefetch`` the next batch is built on a
+    background thread (into pinned memory when ``device`` is CUDA) while the caller trains.
+    ``on_epoch`` (an attribute, callable(epoch)) is told when a new pass over the data
+    begins; by default rank 0 emits a one-line ``warnings.warn``.
+    """
+
+    def __init__(
+        self,
+        files: list[Path] | str,
+        *,
+        seq_len: int,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        device: str | torch.device = "cpu",
+        bos_id: int = BOS_ID,
+        prefetch: bool = True,
+        seed: int = 0,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        _check_shape(batch_size, seq_len)
+        self.files = _resolve(files, "train")
+        self.seq_len, self.batch_size = seq_len, batch_size
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device(device)
+        self.bos_id = bos_id
+        self.seed = seed
+        self._shards = _Shards(self.files, bos_id)
+        self._planner = _Planner(self._shards, seed)
+        if self._shards.total < seq_len + 1:
+            raise ValueError(
+                f"the data ({self._shards.total:,} tokens in {len(self._shards.files)} shards) is shorter than one "
+                f"row of seq_len+1={seq_len + 1} tokens; use a smaller seq_len or more data"
+            )
+        # Pinned host memory only helps (and only works) when copying to a CUDA device.
+        self._pin = self.device.type == "cuda"
+        self._epoch, self._pos = 0, 0  # position after the last batch handed out
+        self._lock = threading.Lock()  # one batch build at a time (caller thread or prefetcher)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="TokenLoader") if prefetch else None
+        self._pending: tuple[tuple, Future] | None = None
+        self.on_epoch: Callable[[int], None] | None = self._default_epoch_notice
+
+    @property
+    def epoch(self) -> int:
+        """Completed passes over the data (counts up when a batch from the next pass is handed out)."""
+        return self._epoch
+
+    def _default_epoch_notice(self, epoch: int) -> None:
+        if self.rank == 0:
+            warnings.warn(
+                f"TokenLoader: starting epoch {epoch + 1}: all {self._shards.total:,} tokens in "
+                f"{len(self._shards.files)} shards were used once more (data repeats from here on)",
+                stacklevel=3,
+            )
+
+    def _build(self, epoch: int, pos: int, batch_size: int, seq_len: int):
+        row_len = seq_len + 1
+        with self._lock:
+            rows: list[_Row] = []
+            for _ in range(self.world_size * batch_size):
+                row, epoch, pos, _ = self._planner.next_row(epoch, pos, row_len)
+                rows.append(row)
+            buf = np.empty((batch_size, row_len), dtype=np.uint16)
+            for i, row in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
+                stream = self._planner.stream(row.epoch)
+                if row.continued:
+                    buf[i, 0] = self.bos_id
+                stream.copy(row.start, row.end, buf[i, int(row.continued) :])
+        inputs = torch.empty((batch_size, seq_len), dtype=torch.int32, pin_memory=self._pin)
+        targets = torch.empty((batch_size, seq_len), dtype=torch.int64, pin_memory=self._pin)
+        np.copyto(inputs.numpy(), buf[:, :-1], casting="unsafe")
+        np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
+        return inputs, targets, epoch, pos
+
+    def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
+
+        batch_size/seq_len may change between calls (batch-size and sequence-length schedules).
+        """
+        batch_size = self.batch_size if batch_size is None else batch_size
+        seq_len = self.seq_len if seq_len is None else seq_len
+        _check_shape(batch_size, seq_len)
+        key = (self._epoch, self._pos, batch_size, seq_len)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == key:
+            inputs, targets, epoch, pos = pending[1].result()
+        else:
+            if pending is not None:
+                pending[1].cancel()  # built for another shape or position: discard it
+            inputs, targets, epoch, pos = self._build(*key)
+        previous_epoch = self._epoch
+        self._epoch, self._pos = epoch, pos  # the state counts batches handed out, not prefetched
+        if self._executor is not None:
+            # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
+            self._pending = ((epoch, pos, batch_size, seq_len), self._executor.submit(self._build, epoch, pos, batch_size, seq_len))
+        if epoch > previous_epoch and self.on_epoch is not None:
+            self.on_epoch(epoch)
+        if self.device.type != "cpu":
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+        return inputs, targets
+
+    def state_dict(self) -> dict:
+        """The position after the last batch handed out: plain, JSON-able, the same on every rank."""
+        return {
+            "format": _STATE_FORMAT,
+            "epoch": self._epoch,
+            "position": self._pos,
+            "seed": self.seed,
+            "files": [f.name for f in self._shards.files],
+            "total_tokens": self._shards.total,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue exactly where ``state`` was taken; the data must be the same shards."""
+        if state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"loader state has format {state.get('format')!r}, expected {_STATE_FORMAT!r}")
+        names = [f.name for f in self._shards.files]
+        if state["files"] != names or state["total_tokens"] != self._shards.total:
+            raise ValueError(
+                f"loader state was saved for {len(state['files'])} shards / {state['total_tokens']:,} tokens, "
+                f"but this loader has {len(names)} shards / {self._shards.total:,} tokens; "
+                "resume with the same training data"
+            )
+        if state["seed"] != self.seed:
+            raise ValueError(f"loader state has seed {state['seed']}, this loader seed {self.seed}; use the same seed")
+        if self._pending is not None:
+            self._pending[1].cancel()
+            self._pending = None
+        self._epoch, self._pos = int(state["epoch"]), int(state["position"])
+
+    def close(self) -> None:
+        """Stop the prefetch thread (also safe to skip: it exits with the process)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None
+            self._pending = None
+
+
+def _check_shape(batch_size: int, seq_len: int) -> None:
+    if batch_size < 1 or seq_len < 1:
+        raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must both be >= 1")
+
+
+def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID) -> dict:
+    """What one epoch of TokenLoader rows of ``seq_len`` does to the data (for docs/data.md).
+
+    Returns rows, total tokens, tokens cropped (skipped tails of documents cut by a row
+    end, plus the epoch's last partial row), inserted BOS tokens (rows that continue a
+    long document) and the cropped fraction.
+    """
+    planner = _Planner(_Shards(_resolve(files, "train"), bos_id), seed=0)
+    epoch, pos, rows, cropped, inserted = 0, 0, 0, 0, 0
+    total = planner.shards.total
+    while True:
+        before = pos
+        row, epoch, pos, crop = planner.next_row(epoch, pos, seq_len + 1)
+        if row.epoch > 0:
+            cropped += max(total - before, 0)  # the epoch's last, partial row
+            break
+        rows += 1
+        cropped += crop
+        inserted += row.continued
+    return {
+        "seq_len": seq_len,
+        "rows": rows,
+        "total_tokens": total,
+        "cropped_tokens": cropped,
+        "inserted_bos": inserted,
+        "cropped_fraction": cropped / total,
+    }
+
+
+def val_batches(
+    files: list[Path] | str,
+    *,
+    seq_len: int,
+    batch_size: int,
+    max_tokens: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: str | torch.device = "cpu",
+    bos_id: int = BOS_ID,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Deterministic, finite: the same validation tokens every call, disjoint across ranks.
+
+    Like the speedrun, validation scores exactly the first ``max_tokens`` tokens of the
+    validation stream as contiguous windows (not BOS-aligned: nothing is cropped, so the
+    loss is comparable with the speedrun's 3.28 target). Each step covers
+    ``world_size * batch_size * seq_len`` tokens; rank r takes its consecutive part.
+    ``bos_id`` is accepted for symmetry with TokenLoader; contiguous windows do not need it.
+    Configuration errors are raised at call time, before any batch is made.
+    """
+    del bos_id
+    _check_shape(batch_size, seq_len)
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+    step_tokens = world_size * batch_size * seq_len
+    if max_tokens < step_tokens or max_tokens % step_tokens:
+        fix = max(step_tokens, max_tokens // step_tokens * step_tokens)
+        raise ValueError(
+            f"val max_tokens={max_tokens:,} must be a positive multiple of world_size*batch_size*seq_len="
+            f"{world_size}*{batch_size}*{seq_len}={step_tokens:,}; use max_tokens={fix:,}"
+        )
+    files = _resolve(files, "val")
+    sizes = [read_header(f) for f in files]
+    if sum(sizes) < max_tokens + 1:
+        raise ValueError(
+            f"val max_tokens={max_tokens:,} needs {max_tokens + 1:,} tokens (one extra for the last target), "
+            f"but the {len(files)} val shards hold {sum(sizes):,}; lower max_tokens"
+        )
+    device = torch.device(device)
+    return _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device)
+
+
+def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device):
+    need = max_tokens + 1
+    stream = np.empty(need, dtype=np.uint16)
+    filled = 0
+    for f, n in zip(files, sizes):
+        if filled == need:
+            break
+        tokens = load_shard(f).numpy()
+        take = min(n, need - filled)
+        stream[filled : filled + take] = tokens[:take]
+        filled += take
+    local = batch_size * seq_len
+    for step in range(max_tokens // (world_size * local)):
+        start = step * world_size * local + rank * local
+        chunk = stream[start : start + local + 1]
+        inputs = torch.from_numpy(chunk[:-1].astype(np.int32).reshape(batch_size, seq_len))
+        targets = torch.from_numpy(chunk[1:].astype(np.int64).reshape(batch_size, seq_len))
+        if device.type != "cpu":
+            inputs = inputs.pin_memory().to(device, non_blocking=True)
+            targets = targets.pin_memory().to(device, non_blocking=True)
+        yield inputs, targets
+
+
+def check_capacity(files: list[Path] | str, *, seq_len: int, batch_size: int, world_size: int, grad_accum: int) -> None:
+    """Raise a one-line ValueError when the data cannot fill one optimizer step without repeating."""
+    files = _resolve(files, "train")
+    total = sum(read_header(f) for f in files)
+    need = world_size * grad_accum * batch_size * (seq_len + 1)
+    if total < need:
+        raise ValueError(
+            f"the training data has {total:,} tokens in {len(files)} shards, but one optimizer step needs "
+            f"world_size*grad_accum*batch_size*(seq_len+1) = {world_size}*{grad_accum}*{batch_size}*{seq_len + 1} "
+            f"= {need:,}; use more data or a smaller batch_size/seq_len"
+        )
