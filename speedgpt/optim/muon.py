@@ -11,10 +11,15 @@ import torch
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
-def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalize the last two dims of G (batched). Singular values land in ~[0.7, 1.2]."""
+def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximately orthogonalize the last two dims of G (batched). Singular values land in ~[0.7, 1.2].
+
+    bf16 on GPUs (tensor cores; the iteration tolerates the rounding); fp32 on CPUs, whose bf16
+    matmuls are slower than fp32 ones."""
     a, b, c = NS_COEFFS
-    X = G.bfloat16()
+    if dtype is None:
+        dtype = torch.bfloat16 if G.is_cuda else torch.float32
+    X = G.to(dtype)
     transposed = G.size(-2) > G.size(-1)
     if transposed:  # iterate on the wide orientation: the Gram matrix X X^T is then the small one
         X = X.mT
