@@ -1,0 +1,47 @@
+"""Shared fixtures: small real-text shards and tiny model configs for fast CPU tests."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TINY_OVERRIDES = [
+    "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
+    "--data.seq_len=64", "--train.batch_tokens=512", "--train.steps=12", "--train.log_every=4",
+    "--train.val_every=6", "--data.val_tokens=2048", "--train.device=cpu", "--run.report=false",
+    "--run.sample_tokens=0", "--schedule.window_start=64", "--schedule.window_end=64",
+    "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5",
+]
+
+
+@pytest.fixture(scope="session")
+def text_shards(tmp_path_factory) -> Path:
+    """train/val shards of GPT-2 tokens from the interpreter's own stdlib sources (deterministic)."""
+    from speedgpt.data.shards import write_shard
+    from speedgpt.data.tokenizer import BOS_ID, get_tokenizer
+
+    enc = get_tokenizer()
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    tokens: list[int] = []
+    for path in sorted(stdlib.glob("*.py"))[:80]:
+        tokens.append(BOS_ID)
+        tokens += enc.encode_ordinary(path.read_text(errors="replace"))
+        if len(tokens) > 400_000:
+            break
+    arr = np.array(tokens, dtype=np.uint16)
+    out = tmp_path_factory.mktemp("shards")
+    split = len(arr) - 40_000
+    split = int(np.flatnonzero(arr[:split] == BOS_ID)[-1])  # cut at a document start
+    write_shard(out / "train_000000.bin", arr[:split])
+    write_shard(out / "val_000000.bin", arr[split:])
+    return out
+
+
+@pytest.fixture
+def tiny_cfg(text_shards):
+    from speedgpt.config import apply_overrides, load_preset
+
+    return apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}"])

@@ -1,0 +1,91 @@
+import pytest
+
+from speedgpt.config import (ConfigError, apply_overrides, load_preset, load_toml, micro_batch_rows, preset_names,
+                             save_toml, validate)
+
+
+def test_presets_load_and_validate():
+    names = preset_names()
+    assert {"tiny-cpu", "speedrun-124m"} <= set(names)
+    for name in names:
+        cfg = load_preset(name)
+        validate(cfg)
+        assert cfg.preset == name
+
+
+def test_overrides_parse_types():
+    cfg = apply_overrides(load_preset("tiny-cpu"), [
+        "--model.depth=6", "--optim.muon_lr=0.03", "--model.unet_skips=false", "--model.attn_free_layers=[1, 2]",
+        "--run.name=hello", "--train.batch_tokens=8192", "optim.embed_lr=1"])
+    assert cfg.model.depth == 6 and cfg.optim.muon_lr == 0.03 and cfg.model.unet_skips is False
+    assert cfg.model.attn_free_layers == [1, 2] and cfg.run.name == "hello"
+    assert cfg.optim.embed_lr == 1.0 and isinstance(cfg.optim.embed_lr, float)
+    # the preset itself is untouched
+    assert load_preset("tiny-cpu").model.depth == 4
+
+
+def test_speedrun_preset_matches_record_shape():
+    cfg = load_preset("speedrun-124m")
+    assert cfg.model.resolved_dim() == 768 and cfg.model.resolved_heads() == 6
+    assert cfg.model.padded_vocab() == 50304
+    assert micro_batch_rows(cfg, 1) == (1, 8)
+    assert micro_batch_rows(cfg, 8) == (1, 1)
+
+
+def test_depth_knob_derives_width_and_heads():
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--model.model_dim=0", "--model.head_dim=128",
+                                                     "--model.depth=12", "--model.aspect_ratio=64"])
+    assert cfg.model.resolved_dim() == 768 and cfg.model.resolved_heads() == 6
+    cfg = apply_overrides(cfg, ["--model.depth=20"])
+    assert cfg.model.resolved_dim() == 1280 and cfg.model.resolved_heads() == 10
+
+
+@pytest.mark.parametrize("override,fragment", [
+    (["--model.depthh=3"], "unknown config key 'model.depthh'"),
+    (["--modell.depth=3"], "unknown config section 'modell'"),
+    (["--model.depth=three"], "model.depth: expected int"),
+    (["--optim.muon_lr=true"], "optim.muon_lr: expected float"),
+    (["--model.unet_skips=1"], "model.unet_skips: expected bool"),
+    (["model_depth=3"], "must look like --section.key=value"),
+])
+def test_override_errors_name_the_key(override, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace("[", r"\[")):
+        apply_overrides(load_preset("tiny-cpu"), override)
+
+
+@pytest.mark.parametrize("override,fragment", [
+    (["--model.num_heads=3"], "does not divide model.model_dim=256"),
+    (["--train.batch_tokens=1000"], "not divisible by data.seq_len=256"),
+    (["--train.micro_batch_size=3"], "does not divide the 16 rows"),
+    (["--model.attn_backend=cuda"], "must be one of auto, sdpa, flex"),
+    (["--model.attn_free_layers=[9]"], "outside 0..3"),
+    (["--schedule.cooldown_frac=1.5"], r"schedule.cooldown_frac=1.5 must lie in \[0, 1\]"),
+])
+def test_validation_errors(override, fragment):
+    cfg = apply_overrides(load_preset("tiny-cpu"), override)
+    with pytest.raises(ConfigError, match=fragment):
+        validate(cfg)
+
+
+def test_world_size_must_divide_rows():
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=1280"])  # 5 rows of 256
+    validate(cfg, world_size=1)
+    with pytest.raises(ConfigError, match="does not divide across 2 ranks"):
+        validate(cfg, world_size=2)
+
+
+def test_toml_round_trip(tmp_path):
+    cfg = apply_overrides(load_preset("speedrun-124m"), ['--run.name=quote"me', "--model.attn_free_layers=[3, 7]"])
+    save_toml(cfg, tmp_path / "config.toml")
+    again = load_toml(tmp_path / "config.toml")
+    assert again == cfg
+
+
+def test_missing_and_broken_config_files(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_toml(tmp_path / "nope.toml")
+    (tmp_path / "bad.toml").write_text("[model\ndepth=")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(tmp_path / "bad.toml")
+    with pytest.raises(ConfigError, match="unknown preset 'nope'"):
+        load_preset("nope")

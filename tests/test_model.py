@@ -1,0 +1,135 @@
+import math
+
+import pytest
+import torch
+
+from speedgpt.config import apply_overrides, load_preset
+from speedgpt.model.attention import build_context, dense_mask, document_ids
+from speedgpt.model.gpt import BOS_ID, build_model
+
+
+def tiny_model_cfg(*extra):
+    return apply_overrides(load_preset("tiny-cpu"), ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16",
+                                                     "--model.value_embeds=2", *extra]).model
+
+
+def batch(B=2, T=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 50257, (B, T), generator=g)
+    x[:, 0] = BOS_ID
+    x[:, T // 2] = BOS_ID
+    y = torch.randint(0, 50257, (B, T), generator=g)
+    return x, y
+
+
+def test_shapes_and_initial_loss_is_uniform():
+    m = build_model(tiny_model_cfg(), 32, "cpu", seed=0)
+    x, y = batch()
+    logits = m(x)
+    assert logits.shape == (2, 32, 50304)
+    loss = m(x, y)
+    assert loss.item() == pytest.approx(math.log(50304), abs=1e-4)  # zero-init head: uniform over padded vocab
+    per_token = m(x, y, reduction="none")
+    assert per_token.shape == (2, 32)
+
+
+def test_seeded_init_is_deterministic_and_nonzero_where_expected():
+    a = build_model(tiny_model_cfg(), 32, "cpu", seed=3)
+    b = build_model(tiny_model_cfg(), 32, "cpu", seed=3)
+    for (na, pa), (nb, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert na == nb and torch.equal(pa, pb)
+    assert a.blocks[0].attn.qkv_w.std() > 0
+    assert a.blocks[0].attn.proj.weight.abs().sum() == 0  # zero-init output projections
+    assert a.blocks[0].mlp.proj.weight.abs().sum() == 0
+
+
+def test_value_embeddings_are_used_u_shaped():
+    m = build_model(tiny_model_cfg("--model.depth=6", "--model.value_embeds=2"), 32, "cpu")
+    ves = ["ve0", "ve1"]
+    assert [m.value_embed_for_layer(ves, i) for i in range(6)] == ["ve0", "ve1", None, None, "ve0", "ve1"]
+
+
+def test_every_parameter_gets_a_gradient_after_one_step():
+    cfg = tiny_model_cfg("--model.attn_gate=true", "--model.attn_gate_dim=8", "--model.attn_free_layers=[2]")
+    m = build_model(cfg, 32, "cpu", seed=0)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)  # zero head would block gradients to the body
+    for block in m.blocks:
+        torch.nn.init.normal_(block.mlp.proj.weight, std=0.02)
+        if block.attn is not None:
+            torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
+    x, y = batch()
+    m(x, y).backward()
+    groups = m.param_groups()
+    grouped = [p for ps in groups.values() for p in ps]
+    assert len(grouped) == len(list(m.parameters()))  # every parameter has exactly one optimizer role
+    missing = [n for n, p in m.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert missing == []
+    assert m.blocks[2].attn is None
+
+
+def test_document_masking_isolates_documents():
+    """Changing tokens of an earlier document must not change logits of a later one."""
+    m = build_model(tiny_model_cfg(), 32, "cpu", seed=0)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    for block in m.blocks:
+        torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
+    x, _ = batch(B=1)
+    x2 = x.clone()
+    x2[0, 3:10] = 7
+    a, b = m(x), m(x2)
+    assert torch.allclose(a[0, 16:], b[0, 16:], atol=1e-5)
+    assert not torch.allclose(a[0, 10:16], b[0, 10:16], atol=1e-5)
+
+
+def test_dense_mask_semantics():
+    x = torch.tensor([[BOS_ID, 1, 2, BOS_ID, 3, 4]])
+    doc = document_ids(x, BOS_ID)
+    mask = dense_mask(doc, 6, window=2, device=torch.device("cpu"))[0, 0]
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [0, 1, 1, 0, 0, 0],
+        [0, 0, 0, 1, 0, 0],
+        [0, 0, 0, 1, 1, 0],
+        [0, 0, 0, 0, 1, 1],
+    ], dtype=torch.bool)
+    assert torch.equal(mask, expected)
+
+
+def test_flex_reference_matches_sdpa_on_cpu():
+    """The FlexAttention path (run unfused on CPU) computes the same attention as the SDPA dense path."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    cfg = tiny_model_cfg("--model.window_pattern=LS")
+    m = build_model(cfg, 256, "cpu", seed=0)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    for block in m.blocks:
+        torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
+    x, y = batch(B=2, T=256)
+    windows = (128, 64)
+    ctx_sdpa = build_context(x, backend="sdpa", windows=windows, doc_masking=True, bos_id=BOS_ID, patterns="LS")
+    ctx_flex = build_context(x, backend="flex", windows=windows, doc_masking=True, bos_id=BOS_ID, patterns="LS")
+    with torch.no_grad():  # flex has no CPU backward; forward equality is what this checks
+        a = m(x, y, reduction="none", windows=windows, ctx=ctx_sdpa)
+        b = m(x, y, reduction="none", windows=windows, ctx=ctx_flex)
+    assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_kv_cache_matches_full_forward():
+    from speedgpt.model.attention import KVCache
+
+    cfg = tiny_model_cfg("--model.attn_free_layers=[1]")
+    m = build_model(cfg, 64, "cpu", seed=0)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    for block in m.blocks:
+        torch.nn.init.normal_(block.mlp.proj.weight, std=0.02)
+        if block.attn is not None:
+            torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
+    m.windows = (16, 16)
+    x = torch.randint(0, 50000, (1, 40))
+    x[0, 0] = BOS_ID
+    full = m(x)
+    cache = KVCache(cfg.depth, 1, cfg.resolved_heads(), 64, cfg.head_dim, torch.device("cpu"), torch.float32)
+    first = m(x[:, :25], kv_cache=cache)
+    steps = [m(x[:, t:t + 1], kv_cache=cache) for t in range(25, 40)]
+    inc = torch.cat([first] + steps, dim=1)
+    assert torch.allclose(full, inc, atol=1e-4)
