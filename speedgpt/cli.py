@@ -78,8 +78,15 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv) or 0
 
 
+def cmd_bench(argv: list[str]) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(argv)
+
+
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
+    "bench": (cmd_bench, "measure tokens/s, MFU, memory and compile time of a preset (A/B with --ab)"),
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
 }
 

@@ -84,14 +84,15 @@ def test_document_masking_isolates_documents():
 def test_dense_mask_semantics():
     x = torch.tensor([[BOS_ID, 1, 2, BOS_ID, 3, 4]])
     doc = document_ids(x, BOS_ID)
-    mask = dense_mask(doc, 6, window=2, device=torch.device("cpu"))[0, 0]
+    # blocks of 2 tokens, a window of 2 blocks: a query sees its own block and the one before
+    mask = dense_mask(doc, 6, window=4, block=2, device=torch.device("cpu"))[0, 0]
     expected = torch.tensor([
         [1, 0, 0, 0, 0, 0],
         [1, 1, 0, 0, 0, 0],
-        [0, 1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],
         [0, 0, 0, 1, 0, 0],
         [0, 0, 0, 1, 1, 0],
-        [0, 0, 0, 0, 1, 1],
+        [0, 0, 0, 1, 1, 1],
     ], dtype=torch.bool)
     assert torch.equal(mask, expected)
 
@@ -104,10 +105,14 @@ def test_flex_reference_matches_sdpa_on_cpu():
     torch.nn.init.normal_(m.lm_head.weight, std=0.02)
     for block in m.blocks:
         torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
+    m.window_block = 32
     x, y = batch(B=2, T=256)
+    x[0, 40] = BOS_ID  # documents starting mid-block
+    x[1, 200] = BOS_ID
     windows = (128, 64)
-    ctx_sdpa = build_context(x, backend="sdpa", windows=windows, doc_masking=True, bos_id=BOS_ID, patterns="LS")
-    ctx_flex = build_context(x, backend="flex", windows=windows, doc_masking=True, bos_id=BOS_ID, patterns="LS")
+    kw = dict(windows=windows, doc_masking=True, bos_id=BOS_ID, patterns="LS", block=32)
+    ctx_sdpa = build_context(x, backend="sdpa", **kw)
+    ctx_flex = build_context(x, backend="flex", **kw)
     with torch.no_grad():  # flex has no CPU backward; forward equality is what this checks
         a = m(x, y, reduction="none", windows=windows, ctx=ctx_sdpa)
         b = m(x, y, reduction="none", windows=windows, ctx=ctx_flex)
@@ -125,6 +130,7 @@ def test_kv_cache_matches_full_forward():
         if block.attn is not None:
             torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
     m.windows = (16, 16)
+    m.window_block = 8  # two-block windows: the cache path must drop keys that slid out
     x = torch.randint(0, 50000, (1, 40))
     x[0, 0] = BOS_ID
     full = m(x)

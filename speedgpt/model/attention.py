@@ -55,45 +55,95 @@ def document_ids(inputs_BT: torch.Tensor, bos_id: int) -> torch.Tensor:
     return torch.cumsum((inputs_BT == bos_id).to(torch.int32), dim=-1)
 
 
-def dense_mask(doc_BT: torch.Tensor | None, T: int, window: int, device: torch.device) -> torch.Tensor | None:
-    """(B or 1, 1, T, T) boolean mask: causal, same document, within the sliding window."""
+def window_blocks(window, block: int):
+    """Whole blocks a window spans (rounded up, so any window >= the sequence means all of it)."""
+    return (window + block - 1) // block
+
+
+def dense_mask(doc_BT: torch.Tensor | None, T: int, window, block: int, device: torch.device) -> torch.Tensor:
+    """(B or 1, 1, T, T) boolean mask: causal, same document, and key block within `window // block`
+    blocks of the query's block (the window is block-granular, as on the flex path)."""
     q = torch.arange(T, device=device)[:, None]
     k = torch.arange(T, device=device)[None, :]
-    allowed = (k <= q) & (q - k < window)
+    allowed = (k <= q) & ((q // block) - (k // block) < window_blocks(window, block))
     if doc_BT is None:
         return allowed[None, None]
     same_doc = doc_BT[:, :, None] == doc_BT[:, None, :]
     return (allowed[None] & same_doc)[:, None]
 
 
-def flex_block_mask(doc_BT: torch.Tensor | None, B: int, T: int, window: torch.Tensor | int, device: torch.device):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        keep = (q_idx >= kv_idx) & (q_idx - kv_idx < window)
-        if doc_BT is not None:
-            keep = keep & (doc_BT[b, q_idx] == doc_BT[b, kv_idx])
-        return keep
-
-    return create_block_mask(mask_mod, B if doc_BT is not None else None, None, T, T, device=device,
-                             BLOCK_SIZE=FLEX_BLOCK, _compile=device.type == "cuda")
+def _descending_indices(dense_BQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counts and indices of the True blocks of each query block, nearest (highest index) first, so
+    that clamping a count keeps the blocks closest to the query: that is how windows shrink."""
+    counts = dense_BQK.sum(dim=-1, dtype=torch.int32)
+    order = dense_BQK.to(torch.int8).argsort(dim=-1, descending=False, stable=True).flip(-1)
+    return counts[:, None].contiguous(), order.to(torch.int32)[:, None].contiguous()
 
 
-def build_context(inputs_BT: torch.Tensor, *, backend: str, windows: tuple[int, int], doc_masking: bool,
-                  bos_id: int, patterns: str) -> AttnContext:
+class FlexMasks:
+    """Block-sparse masks for one batch, from which any window's BlockMask is cheap to derive.
+
+    Documents are contiguous, so the key blocks a query block may see form one run ending at the
+    query's own block: "partial" blocks (the diagonal and the document's first block, which need
+    the token-level mask) and "full" blocks strictly between (no mask evaluation at all). Built
+    from block-level document ranges with dense ops only: no host sync, so it compiles into the step.
+    """
+
+    def __init__(self, doc_BT: torch.Tensor, block: int):
+        B, T = doc_BT.shape
+        if T % block:
+            raise ValueError(f"sequence length {T} must be a multiple of the attention block {block} for flex")
+        self.doc = doc_BT
+        self.block = block
+        nblk = T // block
+        first = doc_BT.view(B, nblk, block)[:, :, 0]
+        last = doc_BT.view(B, nblk, block)[:, :, -1]
+        idx = torch.arange(nblk, device=doc_BT.device)
+        causal_any = idx[:, None] >= idx[None, :]
+        causal_all = idx[:, None] > idx[None, :]
+        # Query block i and key block j share a document if their doc ranges overlap;
+        # every pair of tokens shares it if both blocks lie inside one document.
+        doc_any = (first[:, :, None] <= last[:, None, :]) & (last[:, :, None] >= first[:, None, :])
+        doc_all = (first[:, :, None] == last[:, None, :]) & (last[:, :, None] == first[:, None, :])
+        full = causal_all[None] & doc_all
+        partial = causal_any[None] & doc_any & ~full
+        self.partial_n, self.partial_idx = _descending_indices(partial)
+        self.full_n, self.full_idx = _descending_indices(full)
+
+    def block_mask(self, window):
+        from torch.nn.attention.flex_attention import BlockMask
+
+        doc, block = self.doc, self.block
+        w = window_blocks(window, block)  # a python int or a 0-d tensor
+
+        # The block lists alone already enforce the window on the fused GPU kernel; the mask_mod says
+        # it too, because it is the definition of the mask (the unfused reference path uses only it).
+        def document_causal(b, h, q_idx, kv_idx):
+            in_window = (q_idx // block) - (kv_idx // block) < w
+            return (q_idx >= kv_idx) & (doc[b, q_idx] == doc[b, kv_idx]) & in_window
+
+        full_n = torch.clamp_max(self.full_n, w - 1)
+        partial_n = torch.clamp_max(self.partial_n, w - full_n)
+        return BlockMask.from_kv_blocks(partial_n, self.partial_idx, full_n, self.full_idx,
+                                        BLOCK_SIZE=self.block, mask_mod=document_causal)
+
+
+def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
+                  bos_id: int, patterns: str, block: int = FLEX_BLOCK) -> AttnContext:
     B, T = inputs_BT.shape
     device = inputs_BT.device
-    doc = document_ids(inputs_BT, bos_id) if doc_masking else None
+    doc = document_ids(inputs_BT, bos_id) if doc_masking else torch.zeros_like(inputs_BT, dtype=torch.int32)
     masks: dict[str, Any] = {}
+    flex = FlexMasks(doc, block) if backend == "flex" else None
     for key, window in (("L", windows[0]), ("S", windows[1])):
         if key not in patterns:
             continue
-        if backend == "flex":
-            masks[key] = flex_block_mask(doc, B, T, window, device)
-        elif doc is None and window >= T:
+        if flex is not None:
+            masks[key] = flex.block_mask(window)
+        elif not doc_masking and not isinstance(window, torch.Tensor) and window >= T:
             masks[key] = None  # plain causal: lets SDPA pick its fused kernels
         else:
-            masks[key] = dense_mask(doc, T, int(window), device)
+            masks[key] = dense_mask(doc if doc_masking else None, T, window, block, device)
     return AttnContext(backend=backend, masks=masks)
 
 
@@ -154,8 +204,8 @@ class CausalSelfAttention(nn.Module):
             self.gate.weight.zero_()  # gates start half open: sigmoid(0)
 
     def forward(self, x_BTD: torch.Tensor, ve_BTD: torch.Tensor | None, v_lambdas: torch.Tensor,
-                ctx: AttnContext, window_key: str, window: int, layer: int = 0,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
+                ctx: AttnContext, window_key: str, window, layer: int = 0,
+                kv_cache: KVCache | None = None, block: int = FLEX_BLOCK) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, Dh = self.num_heads, self.head_dim
         qkv = F.linear(x_BTD, self.qkv_w.flatten(end_dim=1).type_as(x_BTD)).view(B, T, 3 * H, Dh)
@@ -173,7 +223,7 @@ class CausalSelfAttention(nn.Module):
             Tk = k.size(2)
             qpos = torch.arange(pos, pos + T, device=x_BTD.device)[:, None]
             kpos = torch.arange(Tk, device=x_BTD.device)[None, :]
-            mask = (kpos <= qpos) & (qpos - kpos < window)
+            mask = (kpos <= qpos) & ((qpos // block) - (kpos // block) < window_blocks(window, block))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         elif ctx.backend == "flex":
             from torch.nn.attention.flex_attention import flex_attention

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
+from .fp8 import E4M3_MAX, fp8_linear, fp8_supported
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
 from .rotary import Rotary
 
@@ -50,12 +51,12 @@ class Block(nn.Module):
             self.attn.init_weights()
         self.mlp.init_weights()
 
-    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, window_key: str, window: int,
-                layer: int, kv_cache: KVCache | None, x0_mixing: bool):
+    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, window_key: str, window,
+                layer: int, kv_cache: KVCache | None, x0_mixing: bool, block: int):
         if x0_mixing:
             x = lambdas[0] * x + lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(norm(x), ve, v_lambdas, ctx, window_key, window, layer, kv_cache)
+            x = x + self.attn(norm(x), ve, v_lambdas, ctx, window_key, window, layer, kv_cache, block)
         return x + self.mlp(norm(x))
 
 
@@ -77,6 +78,11 @@ class GPT(nn.Module):
         self.window_keys = (cfg.window_pattern * depth)[:depth]
         self.compute_dtype = torch.float32
         self.windows = (max_seq_len, max_seq_len)  # (long, short) used when forward gets none
+        self.window_block = 128  # windows are whole blocks of this many tokens (flex's block size)
+        self.attn_backend = "sdpa"
+        self.fp8_head = False  # switched on by build_model where the device supports it
+        self.fp8_w_bound = 24.0
+        self.fp8_grad_scale = 1.0 / E4M3_MAX  # set by the trainer from tokens per step (see model/fp8.py)
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -112,13 +118,14 @@ class GPT(nn.Module):
         }
 
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                reduction: str = "mean", windows: tuple[int, int] | None = None,
+                reduction: str = "mean", windows=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
         cfg = self.cfg
         windows = windows or self.windows
         if kv_cache is None and ctx is None:
             ctx = build_context(inputs_BT, backend=self.attn_backend, windows=windows,
-                                doc_masking=cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys)
+                                doc_masking=cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys,
+                                block=self.window_block)
         dtype = self.compute_dtype
         x = x0 = norm(self.embed(inputs_BT).to(dtype))
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
@@ -130,20 +137,24 @@ class GPT(nn.Module):
             key = self.window_keys[i]
             window = windows[0] if key == "L" else windows[1]
             x = block(x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i],
-                      ctx, key, window, i, kv_cache, cfg.x0_mixing)
+                      ctx, key, window, i, kv_cache, cfg.x0_mixing, self.window_block)
             if i < n:
                 skips.append(x)
         if kv_cache is not None:
             kv_cache.pos += inputs_BT.size(1)
-        logits = self.lm_head(norm(x)).float()
+        x = norm(x)
+        if self.fp8_head:
+            B, T, D = x.shape
+            logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
+                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1).float()
+        else:
+            logits = self.lm_head(x).float()
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         if targets_BT is None:
             return logits
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1).long(), reduction=reduction)
         return loss.view_as(targets_BT) if reduction == "none" else loss
-
-    attn_backend: str = "sdpa"
 
     def num_params(self, embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -168,7 +179,7 @@ class GPT(nn.Module):
 
 
 def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, *, seed: int = 0,
-                dtype: torch.dtype = torch.float32, attn_backend: str = "sdpa") -> GPT:
+                dtype: torch.dtype = torch.float32, attn_backend: str = "sdpa", window_block: int = 128) -> GPT:
     """Build on the meta device, allocate on `device`, then initialize there (seeded)."""
     device = torch.device(device)
     with torch.device("meta"):
@@ -179,6 +190,8 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
         model.init_weights()
     model.compute_dtype = dtype
     model.attn_backend = attn_backend
+    model.window_block = window_block
+    model.fp8_head = cfg.fp8_head and fp8_supported(device)
     if cfg.bf16_embeds:
         for emb in [model.embed, *model.value_embeds]:
             emb.to(torch.bfloat16)

@@ -102,10 +102,15 @@ class Trainer:
         backend = choose_backend(cfg.model.attn_backend, self.device)
         max_len = max(d.seq_len, d.val_seq_len or 0)
         self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
-                                      attn_backend=backend)
+                                      attn_backend=backend, window_block=cfg.schedule.window_block)
         self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
+        # The loss is a mean over the step's tokens: that bounds the logit gradient (model/fp8.py).
+        self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
+        if cfg.model.fp8_head and not self.model.fp8_head:
+            self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
@@ -123,7 +128,7 @@ class Trainer:
             self.load_latest()
 
     # ------------------------------------------------------------------------------------------
-    def set_hyperparameters(self, step: int) -> tuple[int, int]:
+    def set_hyperparameters(self, step: int):
         cfg = self.cfg
         mult = lr_multiplier(cfg.schedule, step, cfg.train.steps)
         for opt in self.optimizers:
@@ -133,7 +138,14 @@ class Trainer:
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
-        return attention_windows(cfg.schedule, step, cfg.train.steps)
+        windows = attention_windows(cfg.schedule, step, cfg.train.steps)
+        if not cfg.train.compile:
+            return windows
+        # A compiled graph specializes on Python ints: windows enter as device tensors so the growing
+        # window schedule does not recompile. Cached, so each distinct value is copied to the device once.
+        if windows not in self._window_tensors:
+            self._window_tensors[windows] = torch.tensor(windows, dtype=torch.int32, device=self.device)
+        return self._window_tensors[windows]
 
     def train_step(self, step: int) -> torch.Tensor:
         windows = self.set_hyperparameters(step)

@@ -1,0 +1,138 @@
+"""`speedgpt bench`: throughput, MFU, step time, peak memory and compile time of a config.
+
+Runs the real training step (same data, same seed) after the warmup-then-reset, timed with CUDA
+events over a window of steps, with no evaluation or checkpoints in between. `--ab` runs a second
+config (the same plus other overrides) in the same process for an A/B comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from .config import Config, apply_overrides, resolve
+
+
+def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) -> float:
+    """Achievable bf16 FLOP/s on this device: an n^3 matmul on random data, median of timed runs."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * n**3 / statistics.median(times)
+
+
+def bench_config(cfg: Config, steps: int, at_step: int | None = None) -> dict:
+    """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
+    from .train.loop import Trainer
+
+    cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0"])
+    trainer = Trainer(cfg, run_dir=Path(tempfile.mkdtemp(prefix="speedgpt-bench-")), quiet=True)
+    t0 = time.perf_counter()
+    trainer.setup()
+    setup_s = time.perf_counter() - t0
+    warm_s = trainer.warmup_then_reset()
+    device = trainer.device
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    total = cfg.train.steps
+    # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
+    schedule_steps = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
+    step_times = []
+    for s in schedule_steps:
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            trainer.train_step(s)
+            end.record()
+            end.synchronize()
+            step_times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t = time.perf_counter()
+            trainer.train_step(s)
+            step_times.append(time.perf_counter() - t)
+    trainer.metrics.close()
+    mean_s = statistics.mean(step_times)
+    tok_s = cfg.train.batch_tokens / mean_s
+    flops = trainer.model.flops_per_token(cfg.data.seq_len)
+    out = {
+        "device": str(device) if not cuda else torch.cuda.get_device_name(device),
+        "tokens_per_step": cfg.train.batch_tokens,
+        "step_ms_mean": mean_s * 1e3,
+        "step_ms_median": statistics.median(step_times) * 1e3,
+        "tok_per_s": tok_s,
+        "model_tflops_per_s": tok_s * flops / 1e12,
+        "setup_s": setup_s,
+        "compile_warmup_s": warm_s,
+        "attn_backend": trainer.model.attn_backend,
+        "fp8_head": trainer.model.fp8_head,
+    }
+    if trainer.peak:
+        out["mfu_datasheet"] = tok_s * flops / trainer.peak
+    if cuda:
+        out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    del trainer
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
+    keys = ["tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
+            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
+    lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
+    for key in keys:
+        vals = []
+        for _, r in rows:
+            v = r.get(key)
+            if key == "mfu_measured" and measured_peak:
+                v = r["model_tflops_per_s"] * 1e12 / measured_peak
+            vals.append("-" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)))
+        if any(v != "-" for v in vals):
+            lines.append(f"{key:<22}" + "".join(f"{v:>18}" for v in vals))
+    if len(rows) == 2:
+        a, b = rows[0][1]["tok_per_s"], rows[1][1]["tok_per_s"]
+        lines.append(f"{'B / A throughput':<22}{b / a:>18.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default=None)
+    p.add_argument("--config", default=None)
+    p.add_argument("--steps", type=int, default=20, help="timed steps (after warmup)")
+    p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")
+    p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
+    p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
+    args, overrides = p.parse_known_args(argv)
+    preset = args.preset
+    if not preset and not args.config:
+        preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"
+    cfg = resolve(preset, args.config, overrides)
+    rows = [("A", bench_config(cfg, args.steps, args.at_step))]
+    if args.ab:
+        rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step)))
+    measured = None
+    if args.peak and torch.cuda.is_available():
+        measured = measure_matmul_peak(torch.device("cuda"))
+        print(f"measured bf16 matmul peak: {measured / 1e12:.0f} TFLOP/s")
+    print(f"preset {preset or args.config}; overrides {' '.join(overrides) or '-'}"
+          + (f"; B adds {args.ab}" if args.ab else ""))
+    print(format_results(rows, measured))
+    return 0
