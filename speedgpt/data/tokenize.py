@@ -157,9 +157,11 @@ class _Progress:
         self.enabled = enabled
         self.start = time.perf_counter()
         if enabled:
+            from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
+                console=Console(stderr=True),  # stdout stays clean for the caller's output
                 TextColumn("{task.description}"),
                 BarColumn() if total else TextColumn(""),
                 TextColumn("{task.completed:,.0f} tokens · {task.fields[docs]:,} docs · {task.fields[rate]}"),
