@@ -11,12 +11,14 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import tempfile
+import uuid
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported on use: tokenizing (and its worker processes) never needs it
+    import torch
 
 MAGIC = 20240520
 VERSION = 1
@@ -43,8 +45,8 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | to
     over ``path``, so a crash never leaves a half-written shard under the final name.
     """
     path = Path(path)
-    if isinstance(tokens, torch.Tensor):
-        tokens = tokens.detach().cpu().to(torch.int64).numpy()
+    if hasattr(tokens, "detach"):  # a torch.Tensor
+        tokens = tokens.detach().cpu().long().numpy()
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"write_shard({path}): tokens must be 1-D, got shape {arr.shape}")
@@ -59,7 +61,9 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | to
         raise ValueError(f"write_shard({path}): {arr.size} tokens exceed the int32 header field; split the shard")
     arr = arr.astype("<u2", copy=False)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # Not tempfile.mkstemp: it creates mode 0600 files; os.open with 0o666 honours the umask.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(_header(arr.size))
@@ -135,6 +139,8 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
     ``pin_memory=True`` allocates that memory page-locked for fast async host→GPU copies.
     ``vocab_size`` (optional, costs one pass over the data) rejects ids >= vocab_size.
     """
+    import torch
+
     path = Path(path)
     n_tokens = read_header(path)
     tokens = torch.empty(n_tokens, dtype=torch.uint16, pin_memory=pin_memory)

@@ -1,0 +1,284 @@
+"""Document sources for tokenization: text files, JSONL, Parquet, the local Python sources.
+
+Every source yields ``(doc_id, text)`` pairs in a fixed order (sorted file names, file
+order within a file), so tokenizing the same inputs twice gives the same shards.
+Items that cannot be read are not dropped silently: each source counts them by reason in
+``source.skipped`` (with a few examples), and the tokenizer copies that into its manifest.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import os
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+from typing import Iterator
+
+_MAX_EXAMPLES = 5  # per skip reason: enough to find the problem, small enough for a manifest
+
+
+class Skipped:
+    """Counts of skipped items by reason, with the first few examples of each."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+        self.examples: dict[str, list[str]] = {}
+
+    def add(self, item: str, reason: str) -> None:
+        self.counts[reason] += 1
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < _MAX_EXAMPLES:
+            examples.append(item)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def to_dict(self) -> dict:
+        return {reason: {"count": n, "examples": self.examples[reason]} for reason, n in sorted(self.counts.items())}
+
+
+class Source:
+    """A deterministic stream of text documents. Subclasses implement ``_iter``."""
+
+    kind = "source"
+
+    def __init__(self) -> None:
+        self.skipped = Skipped()
+
+    def describe(self) -> dict:
+        """JSON-able identity of the source (what a manifest records and compares)."""
+        raise NotImplementedError
+
+    def documents(self) -> Iterator[tuple[str, str]]:
+        """Yield (doc_id, text); resets the skip counts, so a second pass counts afresh."""
+        self.skipped = Skipped()
+        for doc_id, text in self._iter():
+            if not text:
+                self.skipped.add(doc_id, "empty document")
+                continue
+            yield doc_id, text
+
+    def _iter(self) -> Iterator[tuple[str, str]]:
+        raise NotImplementedError
+
+
+class Documents(Source):
+    """Documents already in memory: a list of texts or of (doc_id, text) pairs."""
+
+    kind = "documents"
+
+    def __init__(self, docs, *, name: str = "in-memory"):
+        super().__init__()
+        self.docs = [(str(i), d) if isinstance(d, str) else (str(d[0]), d[1]) for i, d in enumerate(docs)]
+        self.name = name
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "name": self.name, "documents": len(self.docs)}
+
+    def _iter(self):
+        yield from self.docs
+
+
+def expand_paths(patterns: str | os.PathLike | list, suffixes: tuple[str, ...] | None = None) -> list[Path]:
+    """Files named by paths, directories (searched recursively) and globs, sorted and deduplicated.
+
+    Raises FileNotFoundError naming the pattern that matched nothing.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    found: set[Path] = set()
+    for pattern in patterns:
+        pattern = str(pattern)
+        if os.path.isdir(pattern):
+            hits = [p for p in Path(pattern).rglob("*") if p.is_file()]
+        else:
+            hits = [Path(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+        if suffixes is not None:
+            hits = [p for p in hits if p.name.endswith(suffixes)]
+        if not hits:
+            kind = f" with suffix {'/'.join(suffixes)}" if suffixes else ""
+            raise FileNotFoundError(f"no files{kind} found for {pattern!r}; check the path or glob")
+        found.update(hits)
+    return sorted(found)
+
+
+class TextFiles(Source):
+    """One file = one document (UTF-8). Undecodable or unreadable files are skipped and counted."""
+
+    kind = "text"
+
+    def __init__(self, paths, *, suffixes: tuple[str, ...] | None = None):
+        super().__init__()
+        self.patterns = [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        self.files = expand_paths(self.patterns, suffixes)
+        self.suffixes = suffixes
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "paths": self.patterns, "suffixes": list(self.suffixes or []), "files": len(self.files)}
+
+    def _iter(self):
+        for path in self.files:
+            text = _read_text(path, self.skipped)
+            if text is not None:
+                yield str(path), text
+
+
+def _read_text(path: Path, skipped: Skipped, item: str | None = None) -> str | None:
+    item = str(path) if item is None else item
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        skipped.add(item, "not UTF-8")
+    except OSError as e:
+        skipped.add(item, f"unreadable ({type(e).__name__})")
+    return None
+
+
+class JsonlFiles(Source):
+    """One JSON object per line; the document is ``obj[text_field]``. ``.jsonl.gz`` works too."""
+
+    kind = "jsonl"
+
+    def __init__(self, paths, *, text_field: str = "text"):
+        super().__init__()
+        self.patterns = [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        self.files = expand_paths(self.patterns)
+        self.text_field = text_field
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "paths": self.patterns, "text_field": self.text_field, "files": len(self.files)}
+
+    def _iter(self):
+        for path in self.files:
+            opener = gzip.open if path.name.endswith(".gz") else open
+            try:
+                with opener(path, "rt", encoding="utf-8") as f:
+                    for lineno, line in enumerate(f, 1):
+                        if not line.strip():
+                            continue
+                        item = f"{path}:{lineno}"
+                        try:
+                            obj = json.loads(line)
+                        except json.JSONDecodeError:
+                            self.skipped.add(item, "invalid JSON")
+                            continue
+                        text = obj.get(self.text_field) if isinstance(obj, dict) else None
+                        if not isinstance(text, str):
+                            self.skipped.add(item, f"no string field {self.text_field!r}")
+                            continue
+                        yield item, text
+            except (OSError, UnicodeDecodeError) as e:
+                self.skipped.add(str(path), f"unreadable ({type(e).__name__})")
+
+
+class ParquetFiles(Source):
+    """The ``text_column`` of Parquet files, read in row-group-sized batches with pyarrow."""
+
+    kind = "parquet"
+
+    def __init__(self, paths, *, text_column: str = "text", batch_rows: int = 1024):
+        super().__init__()
+        self.patterns = [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+        self.files = expand_paths(self.patterns, (".parquet",))
+        self.text_column = text_column
+        self.batch_rows = batch_rows
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "paths": self.patterns, "text_column": self.text_column, "files": len(self.files)}
+
+    def _iter(self):
+        import pyarrow.parquet as pq  # imported on use: pyarrow is heavy
+
+        for path in self.files:
+            try:
+                pf = pq.ParquetFile(path)
+            except Exception as e:  # pyarrow raises its own error types for corrupt files
+                self.skipped.add(str(path), f"unreadable parquet ({type(e).__name__})")
+                continue
+            if self.text_column not in pf.schema_arrow.names:
+                raise ValueError(
+                    f"{path} has no column {self.text_column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
+                    "pass text_column="
+                )
+            row = 0
+            # One row group at a time keeps memory bounded by the file's row-group size.
+            for group in range(pf.num_row_groups):
+                for batch in pf.iter_batches(batch_size=self.batch_rows, row_groups=[group], columns=[self.text_column]):
+                    for text in batch.column(0).to_pylist():
+                        item = f"{path}:{row}"
+                        row += 1
+                        if text is None:
+                            self.skipped.add(item, "null text")
+                            continue
+                        if not isinstance(text, str):
+                            self.skipped.add(item, "text is not a string")
+                            continue
+                        yield item, text
+
+
+class PythonSourceFiles(Source):
+    """The ``.py`` files of the running interpreter's stdlib and site-packages.
+
+    A corpus that exists on every machine that can run speedgpt: the default training data
+    when nothing else is there. Files are ordered by root (stdlib first), then relative
+    path; doc ids are
+    ``<root label>/<relative path>`` so the val split does not depend on the install prefix.
+    """
+
+    kind = "python-source"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.roots = python_source_roots()
+        self.files: list[tuple[str, Path]] = []
+        seen: set[Path] = set()
+        for label, root in self.roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                # The stdlib tree may hold the base interpreter's own site-packages, which is
+                # not this environment's: only the roots from sysconfig count.
+                skip = {"__pycache__"} | ({"site-packages", "dist-packages"} if dirpath == str(root) else set())
+                dirnames[:] = sorted(d for d in dirnames if d not in skip)
+                for name in sorted(filenames):
+                    if name.endswith(".py"):
+                        path = Path(dirpath, name)
+                        key = path.resolve()
+                        if key not in seen:  # site-packages may sit inside the stdlib tree
+                            seen.add(key)
+                            self.files.append((f"{label}/{path.relative_to(root).as_posix()}", path))
+        # Roots in order (stdlib first: the same on every machine with this Python), then paths.
+        order = {label: i for i, (label, _) in enumerate(self.roots)}
+        self.files.sort(key=lambda item: (order[item[0].split("/", 1)[0]], item[0]))
+
+    def describe(self) -> dict:
+        return {
+            "kind": self.kind,
+            "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            "roots": [label for label, _ in self.roots],
+            "files": len(self.files),
+        }
+
+    def _iter(self):
+        for doc_id, path in self.files:
+            text = _read_text(path, self.skipped, doc_id)
+            if text is not None:
+                yield doc_id, text
+
+
+def python_source_roots() -> list[tuple[str, Path]]:
+    """[(label, directory)] of the stdlib and site-packages directories that exist, without duplicates."""
+    paths = sysconfig.get_paths()
+    roots: list[tuple[str, Path]] = []
+    for label, key in (("stdlib", "stdlib"), ("site-packages", "purelib"), ("site-packages-plat", "platlib")):
+        p = Path(paths[key])
+        if p.is_dir() and all(p.resolve() != r.resolve() for _, r in roots):
+            roots.append((label, p))
+    return roots
+
+
+def python_source_files() -> PythonSourceFiles:
+    """The local Python-source corpus (stdlib + site-packages ``.py`` files), as a Source."""
+    return PythonSourceFiles()

@@ -1,0 +1,117 @@
+"""Download the speedrun's GPT-2-tokenized FineWeb10B shards from the Hugging Face Hub.
+
+The dataset repo ``kjj0/fineweb10B-gpt2`` holds ``fineweb_val_000000.bin`` (the
+validation shard) and ``fineweb_train_000001.bin`` … ``fineweb_train_000103.bin``
+(~100M tokens each), already in our shard format (docs/format.md), so no tokenizing.
+
+Interrupted transfers: huggingface_hub resumes a broken connection within a call
+(HTTP Range). Across calls, files that are already complete (valid header, right
+size) are kept and not fetched again; anything else is (re)downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from .shards import ShardError, read_header
+
+FINEWEB_REPO_ID = "kjj0/fineweb10B-gpt2"
+FINEWEB_TRAIN_SHARDS = 103  # in FINEWEB_REPO_ID: train shards are numbered 1..103; 0 is val
+
+
+def fineweb_filenames(num_train_shards: int) -> list[str]:
+    """The val shard plus the first ``num_train_shards`` train shards, in download order."""
+    return ["fineweb_val_000000.bin"] + [f"fineweb_train_{i:06d}.bin" for i in range(1, num_train_shards + 1)]
+
+
+def _quiet_tqdm():
+    from tqdm.auto import tqdm
+
+    class Quiet(tqdm):  # hands huggingface_hub a progress bar that never draws
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
+
+    return Quiet
+
+
+def _discard(out_dir: Path, name: str) -> None:
+    """Remove a bad file and huggingface_hub's record of it, so the next call downloads it again."""
+    (out_dir / name).unlink(missing_ok=True)
+    (out_dir / ".cache" / "huggingface" / "download" / f"{name}.metadata").unlink(missing_ok=True)
+
+
+def download_fineweb(
+    out_dir: str | os.PathLike,
+    num_train_shards: int,
+    *,
+    repo_id: str = FINEWEB_REPO_ID,
+    endpoint: str | None = None,
+    revision: str = "main",
+    progress: bool = True,
+) -> list[Path]:
+    """``speedgpt data fineweb``: fetch the val shard and ``num_train_shards`` train shards into ``out_dir``.
+
+    Each file is checked with ``read_header`` (magic, version, size) after download; a
+    corrupt file is deleted and raises ShardError naming it. ``endpoint`` overrides the
+    Hub URL (a mirror; tests use a local server). Returns the local paths, val first.
+    Train shards for a run: ``find_shards(out_dir, "train")``; val: ``find_shards(out_dir, "val")``.
+    """
+    from huggingface_hub import hf_hub_download  # imported on use: nothing happens at import
+
+    if num_train_shards < 0:
+        raise ValueError(f"num_train_shards={num_train_shards} must be >= 0")
+    if repo_id == FINEWEB_REPO_ID and num_train_shards > FINEWEB_TRAIN_SHARDS:
+        raise ValueError(
+            f"num_train_shards={num_train_shards}, but {repo_id} has {FINEWEB_TRAIN_SHARDS} train shards "
+            f"(~100M tokens each); use at most {FINEWEB_TRAIN_SHARDS}"
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    names = fineweb_filenames(num_train_shards)
+    tqdm_class = None if progress else _quiet_tqdm()
+    paths = []
+    for i, name in enumerate(names, 1):
+        path = out_dir / name
+        if path.is_file():
+            try:
+                n = read_header(path)
+            except ShardError:
+                _discard(out_dir, name)  # a broken leftover (e.g. from a killed copy): fetch again
+            else:
+                _say(progress, f"[{i}/{len(names)}] {name}: present ({n:,} tokens)")
+                paths.append(path)
+                continue
+        start = time.perf_counter()
+        local = Path(
+            hf_hub_download(
+                repo_id=repo_id,
+                filename=name,
+                repo_type="dataset",
+                revision=revision,
+                local_dir=out_dir,
+                endpoint=endpoint,
+                tqdm_class=tqdm_class,
+            )
+        )
+        try:
+            n = read_header(local)
+        except ShardError as e:
+            _discard(out_dir, name)
+            raise ShardError(
+                f"{name} downloaded from {repo_id}@{revision} is not a valid shard ({e}); it was deleted: "
+                "run the download again, and if it repeats, check the repo_id/endpoint"
+            ) from None
+        seconds = time.perf_counter() - start
+        size_mb = local.stat().st_size / 1e6
+        _say(progress, f"[{i}/{len(names)}] {name}: {n:,} tokens, {size_mb:.0f} MB in {seconds:.1f} s")
+        paths.append(local)
+    return paths
+
+
+def _say(enabled: bool, message: str) -> None:
+    if enabled:
+        print(message, file=sys.stderr, flush=True)
