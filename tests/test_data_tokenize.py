@@ -207,3 +207,10 @@ def test_python_source_corpus_is_real_and_ordered(tmp_path):
     m = ensure_local_python_corpus(tmp_path, 50_000, workers=1, progress=False)
     assert m["sources"][0]["kind"] == "python-source" and 50_000 <= m["tokens"]
     assert load_shard(tmp_path / "train_000000.bin", vocab_size=GPT2_VOCAB_SIZE)[0] == BOS_ID
+
+
+def test_progress_bar_reports_rate_on_stderr(tmp_path, capsys):
+    tokenize_corpus(Documents(many_docs(50)), tmp_path, workers=1, progress=True)
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "tok/s" in captured.err and "50 docs" in captured.err

@@ -28,7 +28,7 @@ def fineweb_filenames(num_train_shards: int) -> list[str]:
 
 
 def _quiet_tqdm():
-    from tqdm.auto import tqdm
+    from huggingface_hub.utils import tqdm  # hub's own bar class: no extra dependency
 
     class Quiet(tqdm):  # hands huggingface_hub a progress bar that never draws
         def __init__(self, *args, **kwargs):

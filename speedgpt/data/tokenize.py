@@ -161,12 +161,11 @@ class _Progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
             self._bar = Progress(
-                console=Console(stderr=True),  # stdout stays clean for the caller's output
                 TextColumn("{task.description}"),
                 BarColumn() if total else TextColumn(""),
                 TextColumn("{task.completed:,.0f} tokens · {task.fields[docs]:,} docs · {task.fields[rate]}"),
                 TimeElapsedColumn(),
-                transient=False,
+                console=Console(stderr=True),  # stdout stays clean for the caller's output
             )
             self._task = self._bar.add_task(description, total=total, docs=0, rate="")
             self._bar.start()
@@ -174,7 +173,7 @@ class _Progress:
     def update(self, tokens: int, docs: int) -> None:
         if self.enabled:
             rate = tokens / max(time.perf_counter() - self.start, 1e-9)
-            self._bar.update(self._task, completed=tokens, docs=docs, rate=f"{rate / 1e6:.2f}M tok/s")
+            self._bar.update(self._task, completed=tokens, docs=docs, rate=f"{rate / 1e6:.2f}M tok/s" if rate >= 1e5 else f"{rate / 1e3:.1f}K tok/s")
 
     def close(self) -> None:
         if self.enabled:
