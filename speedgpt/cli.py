@@ -72,6 +72,47 @@ def cmd_train(argv: list[str]) -> int:
     return 0
 
 
+def cmd_data(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt data", description="Prepare token shards.")
+    sub = p.add_subparsers(dest="what", required=True)
+    t = sub.add_parser("tokenize", help="text files, directories, globs, JSONL or Parquet -> train/val shards")
+    t.add_argument("inputs", nargs="+", help="files, directories or globs (.txt/.py/..., .jsonl[.gz], .parquet)")
+    t.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    t.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
+    t.add_argument("--val-fraction", type=float, default=0.01)
+    t.add_argument("--shard-tokens", type=int, default=100_000_000)
+    t.add_argument("--workers", type=int, default=None)
+    t.add_argument("--max-tokens", type=int, default=None)
+    lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
+    lp.add_argument("--out", required=True)
+    lp.add_argument("--max-tokens", type=int, default=0, help="0: everything")
+    lp.add_argument("--workers", type=int, default=None)
+    fw = sub.add_parser("fineweb", help="download GPT-2-tokenized FineWeb10B shards from the Hugging Face Hub")
+    fw.add_argument("--out", required=True)
+    fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
+    fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
+    args = p.parse_args(argv)
+
+    if args.what == "tokenize":
+        from .data.tokenize import tokenize_files
+
+        m = tokenize_files(args.inputs, args.out, text_field=args.text_field, val_fraction=args.val_fraction,
+                           shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens)
+    elif args.what == "local-python":
+        from .data.tokenize import ensure_local_python_corpus
+
+        m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, workers=args.workers)
+    else:
+        from .data.fineweb import download_fineweb
+
+        files = download_fineweb(args.out, args.shards, endpoint=args.endpoint)
+        print(f"{len(files)} shards in {args.out}")
+        return 0
+    counts = m.get("counts", m)
+    print(f"shards in {args.out}: {counts}")
+    return 0
+
+
 def cmd_report(argv: list[str]) -> int:
     from .report import main as report_main
 
@@ -86,6 +127,7 @@ def cmd_bench(argv: list[str]) -> int:
 
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
+    "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
     "bench": (cmd_bench, "measure tokens/s, MFU, memory and compile time of a preset (A/B with --ab)"),
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
 }

@@ -96,6 +96,7 @@ class Trainer:
         self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
         check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                        world_size=self.dist.world_size, grad_accum=self.grad_accum)
+        self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
                                   seed=cfg.train.seed)
@@ -126,6 +127,22 @@ class Trainer:
                  f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:
             self.load_latest()
+
+    def usable_val_tokens(self) -> int:
+        """data.val_tokens, rounded down to whole evaluation steps and capped by the val shards' size."""
+        from ..data.shards import read_header
+
+        d = self.cfg.data
+        step = (d.val_seq_len or d.seq_len) * self.micro_batch * self.dist.world_size
+        available = sum(read_header(f) for f in self.val_files) - 1
+        tokens = min(d.val_tokens, available) // step * step
+        if tokens <= 0:
+            raise ValueError(f"the validation shards hold {available + 1:,} tokens, less than one evaluation step of "
+                             f"{step:,}; add validation data or lower data.seq_len / data.val_seq_len")
+        if tokens != d.val_tokens:
+            self.log(f"validation: scoring {tokens:,} tokens (data.val_tokens={d.val_tokens:,}, "
+                     f"val shards hold {available + 1:,}, steps of {step:,})")
+        return tokens
 
     # ------------------------------------------------------------------------------------------
     def set_hyperparameters(self, step: int):
@@ -171,7 +188,7 @@ class Trainer:
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
-                                           max_tokens=d.val_tokens, rank=self.dist.rank,
+                                           max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
             losses.append(self.forward(inputs, targets))
         self.model.train()

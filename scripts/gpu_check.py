@@ -1,0 +1,84 @@
+"""GPU checks of the paths CPU tests cannot run fused: compiled FlexAttention masks against a dense
+SDPA reference, and the FP8 lm_head ops against bf16, at the speedrun's shapes. Prints relative
+errors; exits non-zero on a failure. Usage: python scripts/gpu_check.py"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def check_flex(T=8192, H=6, D=128, block=128):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from speedgpt.model.attention import FlexMasks, dense_mask, document_ids
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randint(0, 50000, (1, T), device="cuda", generator=g)
+    starts = torch.randint(0, T, (T // 600,), device="cuda", generator=g)
+    x[0, starts] = 50256
+    x[0, 0] = 50256
+    doc = document_ids(x, 50256)
+    q, k, v = (torch.randn(1, H, T, D, device="cuda", dtype=torch.bfloat16, generator=g).requires_grad_()
+               for _ in range(3))
+    flex = torch.compile(flex_attention, dynamic=False)
+    worst = 0.0
+    for window in (128, 384, 1792):
+        bm = FlexMasks(doc, block).block_mask(torch.tensor(window, device="cuda"))
+        out = flex(q, k, v, block_mask=bm, scale=0.12)
+        out.float().square().sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        mask = dense_mask(doc, T, window, block, torch.device("cuda"))
+        qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+        ref = F.scaled_dot_product_attention(qf, kf, vf, attn_mask=mask, scale=0.12)
+        ref.square().sum().backward()
+        errs = [rel(out, ref)] + [rel(a, b.grad) for a, b in zip(grads, (qf, kf, vf))]
+        worst = max(worst, *errs)
+        print(f"flex window {window:5d}: rel err out {errs[0]:.2e}, dq {errs[1]:.2e}, dk {errs[2]:.2e}, dv {errs[3]:.2e}")
+    return worst < 2e-2
+
+
+def check_fp8(N=49152, Din=768, V=50304):
+    from speedgpt.model.fp8 import E4M3_MAX, fp8_linear
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = F.rms_norm(torch.randn(N, Din, device="cuda", generator=g), (Din,)).bfloat16().requires_grad_()
+    w = (torch.randn(V, Din, device="cuda", generator=g) * 0.05).requires_grad_()
+    grad_scale = 1.0 / (N * E4M3_MAX)
+    fn = torch.compile(lambda a, b: fp8_linear(a, b, Din ** 0.5 / E4M3_MAX, 24 / E4M3_MAX, grad_scale))
+    out = fn(x, w)
+    gout = torch.randn(N, V, device="cuda", generator=g, dtype=torch.bfloat16) / N
+    out.backward(gout)
+    xr, wr = x.detach().float().requires_grad_(), w.detach().clone().requires_grad_()
+    ref = xr @ wr.T
+    ref.backward(gout.float())
+    e = (rel(out, ref), rel(x.grad, xr.grad), rel(w.grad, wr.grad))
+    print(f"fp8 head {N}x{Din}x{V}: rel err out {e[0]:.3f}, dx {e[1]:.3f}, dw {e[2]:.3f}; finite "
+          f"{bool(torch.isfinite(out).all() and torch.isfinite(x.grad).all() and torch.isfinite(w.grad).all())}")
+    return max(e) < 0.1
+
+
+def main():
+    print(torch.__version__, torch.cuda.get_device_name(), flush=True)
+    ok = True
+    for name, fn in (("flex", check_flex), ("fp8", check_fp8)):
+        try:
+            passed = fn()
+        except Exception as e:  # report and continue: one broken path should not hide the other's result
+            print(f"{name}: ERROR {type(e).__name__}: {str(e)[:400]}")
+            passed = False
+        print(f"{name}: {'PASS' if passed else 'FAIL'}", flush=True)
+        ok &= passed
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
