@@ -429,7 +429,7 @@ def ensure_local_python_corpus(
         if manifest is not None and manifest["params"] == wanted and _outputs_present(out_dir, manifest):
             return manifest
         if progress:
-            print(f"speedgpt: building the local Python-source corpus in {out_dir} (max {max_tokens:,} tokens)", file=sys.stderr)
+            print(f"speedgpt: building the local Python-source corpus in {out_dir} ({f'max {max_tokens:,} tokens' if max_tokens else 'all files'})", file=sys.stderr)
         return tokenize_corpus(
             [source], out_dir, val_fraction=val_fraction, shard_tokens=shard_tokens,
             workers=workers, max_tokens=max_tokens, progress=progress,

@@ -62,8 +62,8 @@ def fp8_linear_bwd(grad: torch.Tensor, x8: torch.Tensor, w8: torch.Tensor, x_sca
     # _scaled_mm wants its first operand row-major and its second column-major.
     grad_x = torch._scaled_mm(g8, w8.T.contiguous().T, out_dtype=torch.bfloat16, scale_a=s_g, scale_b=s_w,
                               use_fast_accum=False)
-    grad_w = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, out_dtype=torch.float32,
-                              scale_a=s_x, scale_b=s_g, use_fast_accum=False).T
+    grad_w = torch._scaled_mm(g8.T.contiguous(), x8.T.contiguous().T, out_dtype=torch.float32,
+                              scale_a=s_g, scale_b=s_x, use_fast_accum=False)
     return grad_x, grad_w
 
 
