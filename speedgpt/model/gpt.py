@@ -121,7 +121,7 @@ class GPT(nn.Module):
                 reduction: str = "mean", windows=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
         cfg = self.cfg
-        windows = windows or self.windows
+        windows = self.windows if windows is None else windows
         if kv_cache is None and ctx is None:
             ctx = build_context(inputs_BT, backend=self.attn_backend, windows=windows,
                                 doc_masking=cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys,
@@ -165,7 +165,7 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int, windows: tuple[int, int] | None = None) -> float:
         """Training FLOPs per token: 6 x matmul parameters, plus attention scores and values over the
         average number of keys a query sees (causal, capped by its window)."""
-        windows = windows or self.windows
+        windows = self.windows if windows is None else windows
         matmul = self.num_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
         attn = 0.0
         hdim = self.cfg.resolved_heads() * self.cfg.head_dim
