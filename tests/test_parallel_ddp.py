@@ -18,6 +18,7 @@ from speedgpt.parallel.ddp import GradSync, NoSync, clip_grad_norm_, grad_sync_o
 from speedgpt.parallel.dist import init_distributed, spawn_local, teardown
 
 TINY = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
+        "--model.vocab_size=512",  # batches here are synthetic (no BOS); the trainer tests need the real vocab
         "--data.seq_len=32", "--optim.muon_weight_decay=0.1", "--optim.adam_weight_decay=0.01",
         # Adam's step is g/(|g| + eps): with eps=1e-10 an embedding row whose gradient nearly cancels
         # (|g| ~ 1e-10) turns reduction-order rounding into O(lr) differences. A larger eps keeps the
@@ -26,15 +27,23 @@ TINY = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--mod
 SEQ = 32
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matmuls on a shared 2-core machine: OpenMP's second thread only adds contention."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def tiny_cfg(extra=()):
     return apply_overrides(load_preset("tiny-cpu"), TINY + list(extra))
 
 
 def global_batch(rows, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 50257, (rows, SEQ), generator=g)
-    x[:, 0] = 50256  # rows start at BOS, as the loader's do
-    y = torch.randint(0, 50257, (rows, SEQ), generator=g)
+    x = torch.randint(0, 512, (rows, SEQ), generator=g)
+    y = torch.randint(0, 512, (rows, SEQ), generator=g)
     return x.int(), y
 
 
@@ -170,8 +179,10 @@ def _sharded_worker(rank, world, out):
             o.step()
         ref.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
+        # Adam (lr up to 0.3 here) divides by sqrt(v): gradient rounding of ~1e-7 relative shows up
+        # as ~1e-5 in a few elements; a real bug (wrong slice, stale lr, missing average) is O(lr).
         for (n, a), b in zip(ref.named_parameters(), model.parameters()):
-            torch.testing.assert_close(b, a, atol=2e-5, rtol=1e-4, msg=lambda m: f"step {step}: {n}: {m}")
+            torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4, msg=lambda m: f"step {step}: {n}: {m}")
         if step == 1:
             # Checkpoint round trip: full state equals the single-process state, and loads back (re-shards).
             full = [o.state_dict() for o in opts]

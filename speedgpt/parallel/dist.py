@@ -138,3 +138,13 @@ def spawn_local(fn, world_size: int, *args) -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(_local_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def mean_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """The mean of `t` over all ranks (a copy; `t` itself on one rank). A collective: every rank
+    calls it. Used for reported losses, which are otherwise only rank 0's share of the batch."""
+    if not is_distributed():
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t)  # SUM then divide: gloo has no AVG
+    return t / dist.get_world_size()

@@ -23,7 +23,7 @@ from ..model.gpt import GPT, build_model
 from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum
 from ..parallel.ddp import clip_grad_norm_, grad_sync_of
-from ..parallel.dist import DistInfo, barrier, init_distributed, teardown
+from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .hardware import environment_snapshot, peak_flops
 from .metrics import MetricsLogger
@@ -256,7 +256,7 @@ class Trainer:
                 self.train_time = time.perf_counter() - t_start
                 dt = (self.train_time - last_log_time) / max(1, self.step - last_log_step)
                 last_log_time, last_log_step = self.train_time, self.step
-                self.log_train(loss.item(), dt, tokens_per_step, flops_per_token)
+                self.log_train(mean_over_ranks(loss).item(), dt, tokens_per_step, flops_per_token)  # global batch
             if (t.val_every and self.step % t.val_every == 0) or last:
                 t_eval = time.perf_counter()
                 val = self.evaluate()
@@ -270,7 +270,8 @@ class Trainer:
                 self.save()
                 t_start += time.perf_counter() - t_ckpt
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
-        result.train_losses = [float(x) for x in result.train_losses]
+        if result.train_losses:  # one collective at the end: every step's loss over the global batch
+            result.train_losses = mean_over_ranks(torch.stack(result.train_losses)).tolist()
         result.val_loss = result.val_history[-1][1] if result.val_history else None
         self.finish(result)
         return result
