@@ -175,6 +175,11 @@ def _sharded_worker(rank, world, out):
         assert len(owned) == len(muon_parts)
         for p, g in zip(owned, muon_parts):
             torch.testing.assert_close(g, ref_grads[id(p)], atol=1e-6, rtol=1e-5)
+        if step == 2:  # global-norm clipping on the sharded gradients == torch's on the full ones
+            norm_ref = clip_grad_norm_(ref_opts, 0.05)
+            norm = clip_grad_norm_(opts, 0.05)
+            assert norm_ref > 0.1, "clipping would not be active"
+            torch.testing.assert_close(norm, norm_ref, rtol=1e-5, atol=0)
         for o in ref_opts + opts:
             o.step()
         ref.zero_grad(set_to_none=True)
