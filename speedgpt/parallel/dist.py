@@ -1,7 +1,9 @@
 """Process-group setup from torchrun's environment, and rank helpers.
 
 Single-process runs need no launcher: without torchrun's variables this is world size 1 and no
-process group is created.
+process group is created. Under `torchrun` (one node or many, via its rendezvous) RANK,
+WORLD_SIZE and LOCAL_RANK come from the environment; the backend is NCCL on CUDA and gloo on
+CPU. NCCL's own environment (NCCL_NVLS_ENABLE, NCCL_IB_*, ...) is left exactly as the user set it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,10 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+# Whether init_distributed created the default process group: teardown only destroys a group
+# it owns, so a caller (a test, a notebook) that set one up itself keeps it.
+_owns_group = False
 
 
 @dataclass(frozen=True)
@@ -39,17 +45,49 @@ def pick_device(requested: str, local_rank: int = 0) -> torch.device:
     return device
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name, str(default))
+    try:
+        return int(raw)
+    except ValueError:
+        raise RuntimeError(f"environment variable {name}={raw!r} is not an integer; launch with torchrun "
+                           f"or unset it") from None
+
+
 def init_distributed(requested_device: str = "auto") -> DistInfo:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    """Join the process group torchrun describes (no-op for a single process)."""
+    global _owns_group
+    world_size = _env_int("WORLD_SIZE", 1)
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if not 0 <= rank < world_size:
+        raise RuntimeError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size}); launch with torchrun")
     device = pick_device(requested_device, local_rank)
     if device.type == "cuda":
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise RuntimeError(f"LOCAL_RANK={local_rank} needs cuda:{device.index} but only "
+                               f"{torch.cuda.device_count()} GPU(s) are visible; lower --nproc_per_node")
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
+        # device_id binds the NCCL communicator to this GPU eagerly (no lazy init inside the step).
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        _owns_group = True
+    if world_size > 1 and dist.get_world_size() != world_size:
+        raise RuntimeError(f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} ranks")
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def get_rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def get_world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
 
 
 def barrier() -> None:
@@ -58,5 +96,55 @@ def barrier() -> None:
 
 
 def teardown() -> None:
-    if dist.is_available() and dist.is_initialized():
+    """Destroy the process group init_distributed created (others are the caller's to destroy)."""
+    global _owns_group
+    if _owns_group and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _owns_group = False
+
+
+# torch 2.13 renamed the tensor collectives; the GPU machines may run an older torch.
+def reduce_scatter(output: torch.Tensor, input: torch.Tensor, async_op: bool = True):
+    """Sum `input` (world_size * output.numel() elements) over ranks; rank r keeps chunk r in `output`."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, op=dist.ReduceOp.SUM, async_op=async_op)
+
+
+def all_gather(output: torch.Tensor, input: torch.Tensor, async_op: bool = True):
+    """Concatenate every rank's `input` into `output` (world_size * input.numel() elements)."""
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, async_op=async_op)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local_worker(rank: int, world_size: int, port: int, fn, args) -> None:
+    # The variables torchrun would set: init_distributed (and so the Trainer) reads them.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # N processes on a few cores: oversubscribed threads only slow things down
+    fn(rank, world_size, *args)
+
+
+def spawn_local(fn, world_size: int, *args) -> None:
+    """Run fn(rank, world_size, *args) in world_size fresh processes with torchrun's environment
+    (for CPU tests on gloo and quick experiments). A failure in any rank raises here."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_local_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def mean_over_ranks(t: torch.Tensor) -> torch.Tensor:
+    """The mean of `t` over all ranks (a copy; `t` itself on one rank). A collective: every rank
+    calls it. Used for reported losses, which are otherwise only rank 0's share of the batch."""
+    if not is_distributed():
+        return t
+    t = t.detach().clone()
+    dist.all_reduce(t)  # SUM then divide: gloo has no AVG
+    return t / dist.get_world_size()

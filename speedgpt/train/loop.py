@@ -22,7 +22,8 @@ from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
 from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum
-from ..parallel.dist import DistInfo, barrier, init_distributed
+from ..parallel.ddp import clip_grad_norm_, grad_sync_of
+from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .hardware import environment_snapshot, peak_flops
 from .metrics import MetricsLogger
@@ -110,6 +111,7 @@ class Trainer:
         if cfg.model.fp8_head and not self.model.fp8_head:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
+        self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
@@ -167,13 +169,15 @@ class Trainer:
     def train_step(self, step: int) -> torch.Tensor:
         windows = self.set_hyperparameters(step)
         total = torch.zeros((), device=self.device)
-        for _ in range(self.grad_accum):
+        self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
+        for i in range(self.grad_accum):
             inputs, targets = self.loader.next_batch()
             loss = self.forward(inputs, targets, windows=windows) / self.grad_accum
+            self.grad_sync.prepare(final=i == self.grad_accum - 1)  # only the last backward communicates
             loss.backward()
             total += loss.detach()
         if self.cfg.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.optim.grad_clip)
+            clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)  # works on sharded, reduced grads
         for opt in self.optimizers:
             opt.step()
         self.model.zero_grad(set_to_none=True)
@@ -194,7 +198,8 @@ class Trainer:
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:
-            torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG)
+            torch.distributed.all_reduce(loss)  # SUM, then divide: gloo has no AVG
+            loss /= self.dist.world_size
         return loss.item()
 
     # ------------------------------------------------------------------------------------------
@@ -204,9 +209,10 @@ class Trainer:
 
     def save(self) -> Path | None:
         path = None
+        optim_states = [opt.state_dict() for opt in self.optimizers]  # sharded: a collective, all ranks
         if self.dist.is_main:
             path = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(),
-                                   [opt.state_dict() for opt in self.optimizers], self.state(),
+                                   optim_states, self.state(),
                                    keep=self.cfg.train.keep_checkpoints)
         barrier()
         return path
@@ -279,7 +285,7 @@ class Trainer:
                 self.train_time = time.perf_counter() - t_start
                 dt = (self.train_time - last_log_time) / max(1, self.step - last_log_step)
                 last_log_time, last_log_step = self.train_time, self.step
-                self.log_train(loss.item(), dt, tokens_per_step, flops_per_token)
+                self.log_train(mean_over_ranks(loss).item(), dt, tokens_per_step, flops_per_token)  # global batch
             if (t.val_every and self.step % t.val_every == 0) or last:
                 t_eval = time.perf_counter()
                 val = self.evaluate()
@@ -293,7 +299,8 @@ class Trainer:
                 self.save()
                 t_start += time.perf_counter() - t_ckpt
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
-        result.train_losses = [float(x) for x in result.train_losses]
+        if result.train_losses:  # one collective at the end: every step's loss over the global batch
+            result.train_losses = mean_over_ranks(torch.stack(result.train_losses)).tolist()
         result.val_loss = result.val_history[-1][1] if result.val_history else None
         self.finish(result)
         return result
@@ -304,6 +311,9 @@ class Trainer:
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
                   "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
+        wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
+        if wait_ms is not None:
+            record["comm_wait_ms"] = round(wait_ms, 3)
         extra = ""
         if self.device.type == "cuda":
             record["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
@@ -341,4 +351,7 @@ class Trainer:
 
 
 def train(cfg: Config, *, run_dir: Path | str | None = None, resume: bool = False, quiet: bool = False) -> TrainResult:
-    return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet).run()
+    try:
+        return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet).run()
+    finally:
+        teardown()  # also after an error: a crashed rank must not leave the process group behind

@@ -1,0 +1,164 @@
+"""DistAdam: AdamW with ZeRO-2-style sharded state for data-parallel training.
+
+Each parameter is flattened and padded to a multiple of the world size W; rank r owns the
+contiguous slice [r*S, (r+1)*S) with S = ceil(numel / W). Its gradient arrives averaged by a
+reduce-scatter (launched from the backward hooks, see parallel/ddp.py), the rank updates only its
+slice and keeps exp_avg / exp_avg_sq only for it, then an all-gather gives every rank the whole
+updated parameter. Communication per step: one reduce-scatter + one all-gather = one all-reduce.
+
+The update is torch.optim.AdamW's (decoupled weight decay, bias correction); with W = 1 no
+communication happens. `state_dict()` gathers the full, unsharded state in torch.optim's format
+(so one file serves any world size, and torch's AdamW can load it); `load_state_dict()` takes a
+full state and keeps this rank's slices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..parallel.dist import all_gather, reduce_scatter
+
+
+class DistAdam(torch.optim.Optimizer):
+    def __init__(self, params, grad_sync, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8, weight_decay: float = 0.0):
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        super().__init__(params, defaults)
+        self.grad_sync = grad_sync
+        self.world_size, self.rank = grad_sync.world_size, grad_sync.rank
+        self._bucket = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                # One bucket per parameter: Adam's parameters here are few and large (embeddings, head);
+                # the handful of scalars cost a few tiny collectives.
+                self._bucket[p] = grad_sync.add_bucket([p], self._launch)
+
+    # -- layout ---------------------------------------------------------------------------------
+    def _shard(self, p: torch.Tensor) -> tuple[int, int, int]:
+        """(S, start, n): shard size, this rank's first element, and how many real elements it owns."""
+        S = math.ceil(p.numel() / self.world_size)
+        lo = self.rank * S
+        return S, lo, max(0, min(S, p.numel() - lo))
+
+    def _launch(self, bucket):
+        (p,) = bucket.params
+        S, _, _ = self._shard(p)
+        n = p.numel()
+        buf = torch.empty(S * self.world_size, dtype=p.dtype, device=p.device)
+        if p.grad is None:
+            buf.zero_()
+        else:
+            torch.mul(p.grad.reshape(-1), 1.0 / self.world_size, out=buf[:n])  # sum of grad/W = mean
+            buf[n:].zero_()
+        bucket.out = torch.empty(S, dtype=p.dtype, device=p.device)
+        return reduce_scatter(bucket.out, buf, async_op=True)
+
+    def _params_in_launch_order(self):
+        mine = {id(b): p for p, b in self._bucket.items()}
+        return [(mine[id(b)], b) for b in self.grad_sync.launch_all() if id(b) in mine]
+
+    def reduced_grads(self) -> list[torch.Tensor]:
+        """This rank's slices of the averaged gradients (for distributed norm clipping)."""
+        out = []
+        for p, b in self._params_in_launch_order():
+            g = self.grad_sync.wait(b)
+            out.append(g[: self._shard(p)[2]])
+        return out
+
+    # -- the update -----------------------------------------------------------------------------
+    @staticmethod
+    def _adamw(p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
+        """torch.optim.AdamW's single-tensor update, in place on p (a parameter or a slice of one)."""
+        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        beta1, beta2 = group["betas"]
+        if "exp_avg" not in state:
+            state["step"] = torch.tensor(0.0)  # on the CPU: reading it is no device sync
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        step = state["step"].item()
+        if wd:
+            p.mul_(1 - lr * wd)
+        exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+        exp_avg.lerp_(g, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+        step_size = lr / (1 - beta1 ** step)
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** step)).add_(eps)
+        p.addcdiv_(exp_avg, denom, value=-step_size)
+
+    def _group_of(self):
+        return {id(p): g for g in self.param_groups for p in g["params"]}
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        groups = self._group_of()
+        if self.world_size == 1:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        self._adamw(p, p.grad, self.state[p], group)
+            return
+        gathers = []
+        for p, b in self._params_in_launch_order():
+            S, lo, n = self._shard(p)
+            g = self.grad_sync.wait(b)
+            # Also with n == 0 (a tiny parameter with fewer elements than ranks): every rank then
+            # holds state for every parameter, so state_dict's gathers match across ranks.
+            self._adamw(p.view(-1)[lo:lo + n], g[:n], self.state[p], groups[id(p)])
+            send = g  # the reduced-gradient buffer is free now: reuse it to send the updated slice
+            send[:n].copy_(p.view(-1)[lo:lo + n])
+            # Divisible sizes gather straight into the parameter; others via a padded buffer.
+            direct = p.numel() == S * self.world_size and p.is_contiguous()
+            full = p.view(-1) if direct else torch.empty(S * self.world_size, dtype=p.dtype, device=p.device)
+            gathers.append((p, b, full, direct, send, all_gather(full, send, async_op=True)))
+        for p, b, full, direct, send, work in gathers:
+            self.grad_sync.wait_work(work)
+            if not direct:
+                p.view(-1).copy_(full[: p.numel()])
+            self.grad_sync.release(b)
+
+    # -- checkpoints: full state in torch.optim's format ----------------------------------------
+    def state_dict(self) -> dict:
+        """Collective when sharded: every rank must call it; every rank gets the full state."""
+        sd = super().state_dict()
+        if self.world_size == 1:
+            return sd
+        full = {}
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                st = self.state.get(p, {})
+                if "exp_avg" in st:
+                    full[index] = {"step": st["step"].clone(),
+                                   "exp_avg": self._gather(p, st["exp_avg"]),
+                                   "exp_avg_sq": self._gather(p, st["exp_avg_sq"])}
+                index += 1
+        sd["state"] = full
+        return sd
+
+    def _gather(self, p: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+        S, _, n = self._shard(p)
+        send = torch.zeros(S, dtype=part.dtype, device=p.device)
+        send[:n].copy_(part.reshape(-1)[:n])
+        out = torch.empty(S * self.world_size, dtype=part.dtype, device=p.device)
+        all_gather(out, send, async_op=False)
+        return out[: p.numel()].view(p.shape).clone()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a full (unsharded) state, from any world size or from torch's AdamW; keep this rank's slices."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            for k in ("fused", "foreach", "capturable", "differentiable", "amsgrad", "maximize",
+                      "decoupled_weight_decay"):
+                group.pop(k, None)  # torch AdamW's implementation flags: not DistAdam's business
+            for p in group["params"]:
+                st = self.state.get(p)
+                if not st:
+                    continue
+                st["step"] = torch.tensor(float(st["step"]))  # host scalar, as _adamw keeps it
+                if self.world_size > 1:
+                    _, lo, n = self._shard(p)
+                    for k in ("exp_avg", "exp_avg_sq"):
+                        st[k] = st[k].reshape(-1)[lo:lo + n].clone()
