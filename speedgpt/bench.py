@@ -35,7 +35,7 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) ->
     return 2 * n**3 / statistics.median(times)
 
 
-def bench_config(cfg: Config, steps: int, at_step: int | None = None) -> dict:
+def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0) -> dict:
     """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
     from .train.loop import Trainer
 
@@ -65,6 +65,14 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None) -> dict:
             t = time.perf_counter()
             trainer.train_step(s)
             step_times.append(time.perf_counter() - t)
+    if profile and cuda:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for s in schedule_steps[-2:]:
+                trainer.train_step(s)
+            torch.cuda.synchronize(device)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
     tok_s = cfg.train.batch_tokens / mean_s
@@ -120,12 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")
     p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps")
     args, overrides = p.parse_known_args(argv)
     preset = args.preset
     if not preset and not args.config:
         preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"
     cfg = resolve(preset, args.config, overrides)
-    rows = [("A", bench_config(cfg, args.steps, args.at_step))]
+    rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
     if args.ab:
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step)))
     measured = None
