@@ -86,3 +86,23 @@ def test_attention_windows_grow_in_blocks():
     longs = [w[0] for w in seq]
     assert longs == sorted(longs) and all(w % 128 == 0 for w in longs)
     assert all(s <= l and s % 128 == 0 for l, s in seq)
+
+
+def test_batched_muon_step_equals_per_matrix_updates():
+    """Muon.step batches same-shaped (incl. transposed) matrices; the result must equal the
+    one-matrix-at-a-time update."""
+    g = torch.Generator().manual_seed(0)
+    shapes = [(32, 96), (96, 32), (3, 32, 32), (32, 32), (5, 7)]
+    params = [torch.nn.Parameter(torch.randn(*s, generator=g)) for s in shapes]
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    opt, ref_opt = Muon(params, lr=0.02, momentum=0.9), Muon(ref, lr=0.02, momentum=0.9)
+    for _ in range(3):
+        for p, r in zip(params, ref):
+            p.grad = torch.randn(p.shape, generator=g)
+            r.grad = p.grad.clone()
+        opt.step()
+        with torch.no_grad():
+            for r in ref:
+                ref_opt.apply_update(r, ref_opt.update_for(r, r.grad, ref_opt.param_groups[0]), ref_opt.param_groups[0])
+    for p, r in zip(params, ref):
+        assert torch.allclose(p, r, atol=1e-5), p.shape

@@ -6,6 +6,8 @@ in a few bf16 matmuls, so each step moves all directions of a matrix by a simila
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 import torch
 
 from ..parallel.dist import all_gather, reduce_scatter
@@ -48,15 +50,18 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay)
         super().__init__(params, defaults)
 
-    def update_for(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
-        """Momentum + Newton–Schulz for one parameter; returns the orthogonalized step direction."""
+    def momentum_direction(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
+        """Update the momentum buffer; return the (Nesterov) direction to orthogonalize."""
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(grad)
         buf = state["momentum_buffer"]
         buf.lerp_(grad, 1 - group["momentum"])
-        g = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-        return newton_schulz(g, steps=group["ns_steps"])
+        return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+
+    def update_for(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
+        """Momentum + Newton–Schulz for one parameter; returns the orthogonalized step direction."""
+        return newton_schulz(self.momentum_direction(p, grad, group), steps=group["ns_steps"])
 
     def apply_update(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
         lr = group["lr"]
@@ -66,11 +71,22 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        # Matrices of one shape (up to transposition) share one batched Newton–Schulz: a few large
+        # launches instead of five iterations x three matmuls per matrix.
         for group in self.param_groups:
+            by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:
-                if p.grad is None:
-                    continue
-                self.apply_update(p, self.update_for(p, p.grad, group), group)
+                if p.grad is not None:
+                    m, n = p.shape[-2:]
+                    by_shape[(min(m, n), max(m, n), p.dtype, p.device)].append(p)
+            for params in by_shape.values():
+                dirs = [self.momentum_direction(p, p.grad, group) for p in params]
+                wide = [d.reshape(-1, *d.shape[-2:]) for d in dirs]
+                wide = [w.mT if w.size(-2) > w.size(-1) else w for w in wide]
+                ortho = newton_schulz(torch.cat(wide), steps=group["ns_steps"])
+                for p, d, chunk in zip(params, dirs, ortho.split([w.size(0) for w in wide])):
+                    chunk = chunk.mT if d.size(-2) > d.size(-1) else chunk
+                    self.apply_update(p, chunk.reshape(p.shape), group)
 
 
 class DistMuon(Muon):
