@@ -8,6 +8,7 @@ config (the same plus other overrides) in the same process for an A/B comparison
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -39,7 +40,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
     from .train.loop import Trainer
 
-    cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0"])
+    # log_every=1 arms the gradient-sync timers (multi-rank) on every step.
+    cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0", "--train.log_every=1"])
     trainer = Trainer(cfg, run_dir=Path(tempfile.mkdtemp(prefix="speedgpt-bench-")), quiet=True)
     t0 = time.perf_counter()
     trainer.setup()
@@ -52,7 +54,18 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     total = cfg.train.steps
     # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
     schedule_steps = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
-    step_times = []
+    # Host time spent handing out batches: the loader's whole cost to the step (copies are async).
+    loader_s = [0.0]
+    next_batch = trainer.loader.next_batch
+
+    def timed_next_batch(*a, **k):
+        t = time.perf_counter()
+        out = next_batch(*a, **k)
+        loader_s[0] += time.perf_counter() - t
+        return out
+
+    trainer.loader.next_batch = timed_next_batch
+    step_times, comm_ms = [], []
     for s in schedule_steps:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -61,6 +74,9 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
             end.record()
             end.synchronize()
             step_times.append(start.elapsed_time(end) / 1e3)
+            wait = trainer.grad_sync.comm_wait_ms()
+            if wait is not None:
+                comm_ms.append(wait)
         else:
             t = time.perf_counter()
             trainer.train_step(s)
@@ -86,11 +102,16 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "model_tflops_per_s": tok_s * flops / 1e12,
         "setup_s": setup_s,
         "compile_warmup_s": warm_s,
+        "loader_ms_per_step": loader_s[0] / len(step_times) * 1e3,
+        "world_size": trainer.dist.world_size,
         "attn_backend": trainer.model.attn_backend,
         "fp8_head": trainer.model.fp8_head,
     }
+    if comm_ms:
+        out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)
+        out["comm_exposed_frac"] = statistics.mean(comm_ms) / 1e3 / mean_s
     if trainer.peak:
-        out["mfu_datasheet"] = tok_s * flops / trainer.peak
+        out["mfu_datasheet"] = tok_s * flops / (trainer.peak * trainer.dist.world_size)
     if cuda:
         out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -101,15 +122,16 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
 
 
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
-    keys = ["tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
-            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
+    keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
+            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "loader_ms_per_step", "comm_wait_ms_per_step",
+            "comm_exposed_frac", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
         vals = []
         for _, r in rows:
             v = r.get(key)
             if key == "mfu_measured" and measured_peak:
-                v = r["model_tflops_per_s"] * 1e12 / measured_peak
+                v = r["model_tflops_per_s"] * 1e12 / (measured_peak * r["world_size"])
             vals.append("-" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)))
         if any(v != "-" for v in vals):
             lines.append(f"{key:<22}" + "".join(f"{v:>18}" for v in vals))
@@ -137,6 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
     if args.ab:
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step)))
+    from .parallel.dist import barrier, teardown
+
+    rank = int(os.environ.get("RANK", "0"))
+    barrier()  # no rank tears the group down while another still talks through it
+    teardown()
+    if rank:
+        return 0
     measured = None
     if args.peak and torch.cuda.is_available():
         measured = measure_matmul_peak(torch.device("cuda"))
