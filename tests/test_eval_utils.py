@@ -193,6 +193,21 @@ def test_render_example(enc):
     assert torch.equal(mask_bos[:, 1:], mask)
 
 
+def test_score_example_scores_exactly_the_ending_tokens(enc):
+    ex = hs.load_examples(FIXTURE)[0]
+    tokens, mask, _ = hs.render_example(ex, enc)
+    model = TableLM()
+    sums, means = hs.score_example(model, tokens, mask)
+    n_ctx = len(enc.encode(ex["ctx"]))
+    for i, ending in enumerate(ex["endings"]):
+        end = enc.encode(" " + ending)
+        # Token at position p is predicted by the logits at p - 1.
+        ces = [F.cross_entropy(model.logits(tokens[i, p - 1])[None].double(), tokens[i, p][None]).item()
+               for p in range(n_ctx, n_ctx + len(end))]
+        assert sums[i] == pytest.approx(sum(ces), rel=1e-5)
+        assert means[i] == pytest.approx(sum(ces) / len(end), rel=1e-5)
+
+
 class OracleLM(nn.Module):
     """Causal by construction: at each position it looks up the prefix so far; if it is a prefix of
     a known correct (context + ending) sequence, it puts a large logit on that sequence's next token."""

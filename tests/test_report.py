@@ -3,6 +3,7 @@ import io
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,14 @@ def test_cli_main_defaults_to_the_run_dir(tmp_path, capsys):
     assert report.main([str(run), "--target-loss", "4.5"]) == 0
     assert (run / "report.png").exists() and (run / "report.html").exists()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_import_is_cheap_and_side_effect_free(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, speedgpt.report, speedgpt.train.metrics; "
+            "print(sorted(m for m in ('matplotlib', 'rich', 'torch', 'wandb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(report.__file__).parents[1])})
+    assert out.stdout.strip() == "[]" and list(tmp_path.iterdir()) == []
