@@ -120,16 +120,15 @@ def test_nonuniform_model_against_direct_computation(enc):
     out = evaluate_loss_and_bpb(model, iter(batches), tb, device="cpu")
     losses, counted, nbytes = [], [], 0
     for x, y in batches:
-        logits = model.logits(x)
-        for b in range(y.shape[0]):
-            for t in range(y.shape[1]):
-                if y[b, t] < 0:
-                    continue
-                ce = F.cross_entropy(logits[b, t][None].double(), y[b, t][None]).item()
-                losses.append(ce)
-                if y[b, t] != EOT:
-                    counted.append(ce)
-                    nbytes += len(enc.decode_single_token_bytes(int(y[b, t])))
+        logp = torch.log_softmax(model.logits(x).double(), dim=-1)
+        for (b, t), target in zip(torch.cartesian_prod(torch.arange(y.shape[0]), torch.arange(y.shape[1])).tolist(),
+                                  y.flatten().tolist()):
+            if target < 0:
+                continue
+            losses.append(-logp[b, t, target].item())
+            if target != EOT:
+                counted.append(losses[-1])
+                nbytes += len(enc.decode_single_token_bytes(target))
     assert out["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
     assert out["bpb"] == pytest.approx(sum(counted) / (math.log(2) * nbytes), rel=1e-5)
 

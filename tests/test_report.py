@@ -48,15 +48,15 @@ def write_lines(run_dir, lines):
 
 
 def test_write_report_two_runs(tmp_path):
-    a = make_run(tmp_path / "a", "baseline")
-    b = make_run(tmp_path / "b", "muon-fast", steps=1400, speed=1.6, step_s=0.11, seed=1)
-    paths = write_report([a, b], tmp_path / "out", target_loss=3.28)
+    a = make_run(tmp_path / "a", "baseline", steps=600)
+    b = make_run(tmp_path / "b", "muon-fast", steps=500, speed=1.6, step_s=0.11, seed=1)
+    paths = write_report([a, b], tmp_path / "out", target_loss=3.4)
     png = paths["png"].read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20_000
     page = paths["html"].read_text()
     # Self-contained: the very same PNG is embedded, and the table is real HTML.
     assert base64.b64encode(png).decode() in page
-    assert "<table>" in page and "baseline" in page and "muon-fast" in page and "time to 3.28" in page
+    assert "<table>" in page and "baseline" in page and "muon-fast" in page and "time to 3.4" in page
     assert 'name = &quot;baseline&quot;' in page  # config folded in, escaped
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.png"]  # no temp files
 
