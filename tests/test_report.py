@@ -161,3 +161,24 @@ def test_import_is_cheap_and_side_effect_free(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(Path(report.__file__).parents[1])})
     assert out.stdout.strip() == "[]" and list(tmp_path.iterdir()) == []
+
+
+def test_empty_panels_are_labelled_not_drawn(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from speedgpt.report import load_runs, plot_runs
+
+    seen = {}
+    orig = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):  # look at the axes just before they are rendered
+        for ax in fig.axes:
+            drawn = sum(len(line.get_xdata()) > 0 for line in ax.get_lines())
+            seen[ax.get_title()] = ([t.get_text() for t in ax.texts], drawn)
+        return orig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    run = make_run(tmp_path / "cpu", "no-val", steps=10, with_val=False, gpu=False)
+    plot_runs(load_runs([run]), tmp_path / "p.png", target_loss=3.0)
+    assert seen["val loss vs tokens"] == (["no val_loss lines in metrics.jsonl"], 0)  # no target line either
+    assert seen["loss vs step"] == (["target 3"], 2)  # train curve + target line
