@@ -356,7 +356,7 @@ def _table_panel(ax, rows: list[dict], colors: list[str], target_loss: float | N
     if transposed:
         headers, lines = transpose_rows(headers, lines)
     else:
-        keep = [0, 1, 2, 4, 5] + ([6] if target_loss is not None else [])
+        keep = [0, 1, 4, 5] + ([6] if target_loss is not None else [])  # fits the panel's width
         headers, lines = [headers[i] for i in keep], [[line[i] for i in keep] for line in lines]
     table = ax.table(cellText=lines, colLabels=headers, loc="upper center", cellLoc="center")
     table.auto_set_font_size(False)
