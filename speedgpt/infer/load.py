@@ -137,7 +137,7 @@ def load_state(source: Source, device: torch.device) -> dict[str, torch.Tensor]:
 
         state = load_file(str(source.weights), device=str(device))
         # Tensors that shared storage were written once; the others are listed as aliases.
-        aliases = json.loads(_read_export_json(source.root).get("export", {}).get("aliases", "{}") or "{}")
+        aliases = _read_export_json(source.root).get("export", {}).get("aliases") or {}
         for alias, canonical in aliases.items():
             state[alias] = state[canonical]
         return state
