@@ -5,8 +5,8 @@ The export holds only the model weights (no optimizer state) under their plain p
 run config, the same data as the run's `config.toml`, plus `format_version` and an `export` table
 (source step, tokens, dtype, aliases). `speedgpt.infer.load.load_model(EXPORT_DIR)` reads it back.
 
-bf16 exports halve the file; 1-D parameters (skip weights, residual and value lambdas) stay fp32,
-being a few hundred numbers whose precision matters more than their size.
+bf16 exports halve the file; the scalar parameters (skip weights, residual and value lambdas) stay
+fp32, being a few hundred numbers whose precision matters more than their size.
 """
 
 from __future__ import annotations
@@ -50,6 +50,16 @@ def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
     return kept, aliases
 
 
+def scalar_param_names(cfg) -> set[str]:
+    """Names of the model's scalar parameters (its optimizer's "scalar" group), found on the meta device."""
+    from .model.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(cfg.model, 1)
+    ids = {id(p) for p in model.param_groups()["scalar"]}
+    return {name for name, p in model.named_parameters() if id(p) in ids}
+
+
 def export_model(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
                  checkpoint: str | int | None = None) -> Path:
     """Write `out` (default SOURCE/export) from a run directory's latest (or named) checkpoint.
@@ -75,7 +85,8 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
 
     state = strip_wrapper_prefixes(load_state(src, torch.device("cpu")))
     target = DTYPES[dtype]
-    state = {k: (v.to(target) if v.is_floating_point() and v.ndim >= 2 else v) for k, v in state.items()}
+    keep_fp32 = scalar_param_names(cfg)
+    state = {k: (v.to(target) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}
     tensors, aliases = dedupe_shared(state)
     meta = {"format_version": EXPORT_FORMAT_VERSION, **cfg.to_dict(),
             "export": {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
