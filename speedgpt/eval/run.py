@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ..infer.load import LoadError
-
 
 EVAL_BATCH_TOKENS = 32_768
 
@@ -154,6 +152,3 @@ def format_table(record: dict) -> str:
         rows.append(("hellaswag acc", f"{record['hellaswag_acc_sum']:.4f}"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)
-
-
-__all__ = ["EvalError", "LoadError", "evaluate_run", "resolve_eval_files", "plan_batches", "format_table"]
