@@ -125,11 +125,132 @@ def cmd_bench(argv: list[str]) -> int:
     return bench_main(argv)
 
 
+EVAL_EPILOG = """\
+examples:
+  speedgpt eval runs/x                             # the run's own val split, as many tokens as it validated on
+  speedgpt eval runs/x --data data/fineweb10B --tokens 1048576
+  speedgpt eval runs/x --hellaswag download --limit 1000
+  speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
+"""
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt eval", epilog=EVAL_EPILOG,
+                                description="Validation loss, bits per byte and optionally HellaSwag accuracy of a "
+                                            "trained model; appended to the run's metrics.jsonl as an eval record.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
+    p.add_argument("--data", metavar="GLOB_OR_DIR", help="shards to score (default: the run's own data)")
+    p.add_argument("--split", default="val", choices=["val", "train"], help="which shards of a directory (default val)")
+    p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
+    p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
+    p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    p.add_argument("--batch-rows", type=int, help="rows per forward (default: fits in about 32K tokens)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
+    args = p.parse_args(argv)
+
+    from .config import ConfigError
+    from .eval.run import EvalError, evaluate_run
+    from .infer.load import LoadError
+
+    try:
+        evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
+                     limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,
+                     log=not args.no_log)
+    except (LoadError, EvalError, ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"speedgpt eval: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+SAMPLE_EPILOG = """\
+examples:
+  speedgpt sample runs/x --prompt "def fibonacci(n):"            # streams the continuation
+  speedgpt sample runs/x --prompt "import numpy" --prompt "class Tree:" --temperature 0  # one batch
+  speedgpt sample runs/x/export --prompt "" --max-tokens 200 --seed 1                    # unconditional
+Prompts of different lengths run in one batch: the shared prefix is prefilled together, the longer
+prompts' remaining tokens are fed one per step, so each row equals sampling its prompt alone.
+"""
+
+
+def cmd_sample(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt sample", epilog=SAMPLE_EPILOG,
+                                description="Continue prompts with a trained model (KV cache; stops at end-of-text).",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
+    p.add_argument("--prompt", action="append", required=True, metavar="TEXT",
+                   help="prompt text; repeat for several prompts, generated together in one batch")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0: all (default 50)")
+    p.add_argument("--seed", type=int, help="seed for reproducible samples (default: fresh randomness)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (the slow reference)")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    args = p.parse_args(argv)
+    if args.max_tokens < 0 or args.top_k < 0:
+        p.error("--max-tokens and --top-k must be >= 0")
+
+    from .config import ConfigError
+    from .infer.generate import sample_texts
+    from .infer.load import LoadError, load_model
+
+    try:
+        model, _ = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
+        opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                    seed=args.seed, use_cache=not args.no_cache)
+        if len(args.prompt) == 1:
+            # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
+            pending = [args.prompt[0]]
+
+            def write(piece: str) -> None:
+                print(pending.pop() + piece if pending else piece, end="", flush=True)
+
+            sample_texts(model, args.prompt, stream=write, **opts)
+            print(pending.pop() if pending else "")
+        else:
+            for i, text in enumerate(sample_texts(model, args.prompt, **opts)):
+                print(f"--- sample {i + 1}/{len(args.prompt)} ---\n{text}")
+    except (LoadError, ConfigError, ValueError) as e:
+        print(f"speedgpt sample: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt export",
+                                description="Write a run's weights as model.safetensors + config.json, loadable by "
+                                            "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
+    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export; an old export there is replaced)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weight dtype (default bf16)")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    args = p.parse_args(argv)
+
+    from .config import ConfigError
+    from .export import ExportError, export_model
+    from .infer.load import LoadError
+
+    try:
+        out = export_model(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint)
+    except (LoadError, ExportError, ConfigError) as e:
+        print(f"speedgpt export: {e}", file=sys.stderr)
+        return 2
+    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype})")
+    return 0
+
+
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
     "bench": (cmd_bench, "measure tokens/s, MFU, memory and compile time of a preset (A/B with --ab)"),
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
+    "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
+    "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
 }
 
 

@@ -15,16 +15,19 @@ import argparse
 import base64
 import datetime as _dt
 import html
-import math
 import os
 import statistics
-import tomllib
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
 from speedgpt.train.metrics import finite, read_metrics
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the tomli backport (a declared dependency there)
+    import tomli as tomllib
 
 REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
@@ -253,13 +256,16 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     def marker(n):  # a lone point needs a marker to be visible at all
         return "o" if n <= 40 else None
 
-    for run, c in zip(runs, colors):
-        xs, ys = series(run.train, "step", "train_loss")
+    def noisy_curve(ax, xs, ys, c):
+        # Per-step train loss and throughput jitter: draw them faint, with the smoothed line on top.
         if len(xs) >= _SMOOTH_MIN_POINTS:
-            ax_loss.plot(xs, ys, color=c, alpha=0.18, lw=0.7)
-            ax_loss.plot(xs, _ema(ys, len(ys) / 40), color=c, lw=1.4)
-        elif xs:
-            ax_loss.plot(xs, ys, color=c, lw=1.4, marker=marker(len(xs)), ms=3)
+            ax.plot(xs, ys, color=c, alpha=0.2, lw=0.7)
+            ax.plot(xs, _ema(ys, len(ys) / 40), color=c, lw=1.4)
+        else:
+            ax.plot(xs, ys, color=c, lw=1.4, marker=marker(len(xs)), ms=3)
+
+    for run, c in zip(runs, colors):
+        noisy_curve(ax_loss, *series(run.train, "step", "train_loss"), c)
         xs, ys = series(run.evals, "step", "val_loss")
         ax_loss.plot(xs, ys, color=c, lw=1.2, ls="--", marker=marker(len(xs)) or ".", ms=4)
         for ax, xkey, div in ((ax_tok, "tokens", 1.0), (ax_time, "time_s", t_div)):
@@ -267,12 +273,7 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
             ax.plot([x / div for x in xs], ys, color=c, lw=1.5, marker=marker(len(xs)), ms=4)
         xs, ys = series(run.train, "step", "lr")
         ax_lr.plot(xs, ys, color=c, lw=1.5, marker=marker(len(xs)), ms=3)
-        xs, ys = series(run.train, "step", "tok_per_s")
-        if len(xs) >= _SMOOTH_MIN_POINTS:  # per-step throughput jitters; the smoothed line is what compares
-            ax_tps.plot(xs, ys, color=c, lw=0.6, alpha=0.2)
-            ax_tps.plot(xs, _ema(ys, len(ys) / 40), color=c, lw=1.4)
-        else:
-            ax_tps.plot(xs, ys, color=c, lw=1.4, marker=marker(len(xs)), ms=3)
+        noisy_curve(ax_tps, *series(run.train, "step", "tok_per_s"), c)
 
     ax_loss.set(title="loss vs step", xlabel="step", ylabel="loss (nats/token)")
     ax_tok.set(title="val loss vs tokens", xlabel="tokens", ylabel="val loss")
@@ -283,7 +284,8 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     ax_tps.yaxis.set_major_formatter(EngFormatter(sep=""))
     ax_tps.set_ylim(bottom=0)
 
-    for ax in (ax_loss, ax_tok, ax_time):
+    empty = {ax for ax in (ax_loss, ax_tok, ax_time, ax_lr, ax_tps) if not _has_points(ax)}
+    for ax in {ax_loss, ax_tok, ax_time} - empty:
         ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
         if ys and max(ys) >= 2 * min(ys):
             # Early loss is ~3x the final one and the tail is what matters: log y shows both.
@@ -299,7 +301,7 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     for ax in (ax_loss, ax_tok, ax_time, ax_lr, ax_tps):
         ax.grid(True, which="major", alpha=0.3)
         ax.grid(True, which="minor", alpha=0.1)
-        if not _has_points(ax):
+        if ax in empty:
             # Empty axes would show meaningless default ticks (-0.04..0.04): say why it is empty.
             ax.set_xticks([])
             ax.set_yticks([])
@@ -354,7 +356,7 @@ def _table_panel(ax, rows: list[dict], colors: list[str], target_loss: float | N
     if transposed:
         headers, lines = transpose_rows(headers, lines)
     else:
-        keep = [0, 1, 2, 4, 5] + ([6] if target_loss is not None else [])
+        keep = [0, 1, 4, 5] + ([6] if target_loss is not None else [])  # fits the panel's width
         headers, lines = [headers[i] for i in keep], [[line[i] for i in keep] for line in lines]
     table = ax.table(cellText=lines, colLabels=headers, loc="upper center", cellLoc="center")
     table.auto_set_font_size(False)

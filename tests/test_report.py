@@ -3,6 +3,7 @@ import io
 import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -47,15 +48,15 @@ def write_lines(run_dir, lines):
 
 
 def test_write_report_two_runs(tmp_path):
-    a = make_run(tmp_path / "a", "baseline")
-    b = make_run(tmp_path / "b", "muon-fast", steps=1400, speed=1.6, step_s=0.11, seed=1)
-    paths = write_report([a, b], tmp_path / "out", target_loss=3.28)
+    a = make_run(tmp_path / "a", "baseline", steps=600)
+    b = make_run(tmp_path / "b", "muon-fast", steps=500, speed=1.6, step_s=0.11, seed=1)
+    paths = write_report([a, b], tmp_path / "out", target_loss=3.4)
     png = paths["png"].read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 20_000
     page = paths["html"].read_text()
     # Self-contained: the very same PNG is embedded, and the table is real HTML.
     assert base64.b64encode(png).decode() in page
-    assert "<table>" in page and "baseline" in page and "muon-fast" in page and "time to 3.28" in page
+    assert "<table>" in page and "baseline" in page and "muon-fast" in page and "time to 3.4" in page
     assert 'name = &quot;baseline&quot;' in page  # config folded in, escaped
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["report.html", "report.png"]  # no temp files
 
@@ -149,3 +150,35 @@ def test_cli_main_defaults_to_the_run_dir(tmp_path, capsys):
     assert report.main([str(run), "--target-loss", "4.5"]) == 0
     assert (run / "report.png").exists() and (run / "report.html").exists()
     assert "wrote" in capsys.readouterr().out
+
+
+def test_import_is_cheap_and_side_effect_free(tmp_path):
+    import subprocess
+    import sys
+
+    code = ("import sys, speedgpt.report, speedgpt.train.metrics; "
+            "print(sorted(m for m in ('matplotlib', 'rich', 'torch', 'wandb') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={"PYTHONPATH": str(Path(report.__file__).parents[1])})
+    assert out.stdout.strip() == "[]" and list(tmp_path.iterdir()) == []
+
+
+def test_empty_panels_are_labelled_not_drawn(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    from speedgpt.report import load_runs, plot_runs
+
+    seen = {}
+    orig = matplotlib.figure.Figure.savefig
+
+    def spy(fig, *args, **kwargs):  # look at the axes just before they are rendered
+        for ax in fig.axes:
+            drawn = sum(len(line.get_xdata()) > 0 for line in ax.get_lines())
+            seen[ax.get_title()] = ([t.get_text() for t in ax.texts], drawn)
+        return orig(fig, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    run = make_run(tmp_path / "cpu", "no-val", steps=10, with_val=False, gpu=False)
+    plot_runs(load_runs([run]), tmp_path / "p.png", target_loss=3.0)
+    assert seen["val loss vs tokens"] == (["no val_loss lines in metrics.jsonl"], 0)  # no target line either
+    assert seen["loss vs step"] == (["target 3"], 2)  # train curve + target line

@@ -1,8 +1,21 @@
-"""Autoregressive sampling with a KV cache, so each new token costs one position's compute."""
+"""Autoregressive sampling with a KV cache, so each new token costs one position's compute.
+
+Prompts of different lengths share one batch without padding: all rows run through the common
+prefix (the shortest prompt's length) in one prefill, then advance one position per step
+together; a row whose prompt is not yet used up takes its own next prompt token instead of the
+sampled one ("teacher forcing"). Every row thus sits at the same position at every step, so
+rotary positions, the causal/window mask and the KV cache need no per-row offsets or padding
+masks, and the result equals generating each prompt alone. The price: the longer prompts' tail
+goes through the model one token per step instead of in the prefill.
+
+The cache path is checked against the plain full-sequence forward (`use_cache=False`), which is
+the reference. The cache does no document masking: both paths agree while a row holds a single
+document, i.e. up to the first end-of-text token a row generates, which is where sampling stops.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
@@ -21,52 +34,164 @@ def _pick(logits_BV: torch.Tensor, temperature: float, top_k: int | None, gen: t
     return torch.multinomial(probs, 1, generator=gen)
 
 
+def _context_len(model: GPT) -> int:
+    return model.rotary.max_seq_len
+
+
 @torch.no_grad()
-def generate(model: GPT, prompt_BT: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
-    """Yield (B, 1) next tokens. Prompts of one batch share a length (and so positions)."""
+def decode_steps(model: GPT, prompts: Sequence[Sequence[int]] | torch.Tensor, max_new_tokens: int, *,
+                 temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                 use_cache: bool = True, device: torch.device | str | None = None
+                 ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    """The core loop. Yields `(pos, tokens_B, generated_B)` for each position filled: the token now at
+    `pos` in every row and whether it was sampled (True) or taken from that row's prompt (False).
+
+    Row r gets at most `max_new_tokens` sampled tokens, and no row grows past the model's context
+    (its training sequence length). Rows that are done keep being computed (so the batch stays
+    rectangular) until the longest is done; callers ignore those positions.
+    """
     model.eval()
-    device = prompt_BT.device
+    device = torch.device(device) if device is not None else next(model.parameters()).device
+    if isinstance(prompts, torch.Tensor):
+        if prompts.ndim != 2:
+            raise ValueError(f"prompt tensor must be (batch, length), got shape {tuple(prompts.shape)}")
+        device = prompts.device
+        rows = prompts.tolist()
+    else:
+        rows = [list(map(int, p)) for p in prompts]
+    if not rows or any(len(r) == 0 for r in rows):
+        raise ValueError("every prompt needs at least one token (e.g. BOS for an unconditional sample)")
+    B, ctx_len = len(rows), _context_len(model)
+    lengths = [len(r) for r in rows]
+    if max(lengths) >= ctx_len:
+        raise ValueError(f"prompt of {max(lengths)} tokens does not fit the model's context of {ctx_len}; "
+                         f"shorten it")
+    total = min(ctx_len, max(lengths) + max_new_tokens)  # every row's tokens fit in [0, total)
+    seq_BT = torch.zeros(B, total, dtype=torch.long, device=device)
+    in_prompt_BT = torch.zeros(B, total, dtype=torch.bool, device=device)
+    for i, r in enumerate(rows):
+        seq_BT[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+        in_prompt_BT[i, :len(r)] = True
+    start = min(lengths)
+    if max_new_tokens <= 0 or start >= total:
+        return
     gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     vocab = model.vocab_size
-    B, T = prompt_BT.shape
-    max_len = min(model.rotary.max_seq_len, T + max_new_tokens)
-    if T >= model.rotary.max_seq_len:
-        raise ValueError(f"prompt of {T} tokens does not fit the model's context of {model.rotary.max_seq_len}")
-    seq = prompt_BT
+    cache = None
     if use_cache:
         cfg = model.cfg
-        cache = KVCache(cfg.depth, B, cfg.resolved_heads(), max_len, cfg.head_dim, device, model.compute_dtype)
-        logits = model(prompt_BT, kv_cache=cache)[:, -1, :vocab]
+        cache = KVCache(cfg.depth, B, cfg.resolved_heads(), total, cfg.head_dim, device, model.compute_dtype)
+        logits_BV = model(seq_BT[:, :start], kv_cache=cache)[:, -1, :vocab]  # prefill the common prefix
     else:
-        logits = model(seq)[:, -1, :vocab]
-    for i in range(max_new_tokens):
-        nxt = _pick(logits, temperature, top_k, gen)
-        yield nxt
-        if T + i + 1 >= max_len:
+        logits_BV = model(seq_BT[:, :start])[:, -1, :vocab]
+    for pos in range(start, total):
+        sampled_B = _pick(logits_BV, temperature, top_k, gen)[:, 0]
+        forced_B = in_prompt_BT[:, pos]
+        seq_BT[:, pos] = torch.where(forced_B, seq_BT[:, pos], sampled_B)
+        yield pos, seq_BT[:, pos], ~forced_B
+        if pos + 1 >= total:
             return
-        if use_cache:
-            logits = model(nxt, kv_cache=cache)[:, -1, :vocab]
+        if cache is not None:
+            logits_BV = model(seq_BT[:, pos:pos + 1], kv_cache=cache)[:, -1, :vocab]  # one new position
         else:
-            seq = torch.cat([seq, nxt], dim=1)
-            logits = model(seq)[:, -1, :vocab]
+            logits_BV = model(seq_BT[:, :pos + 1])[:, -1, :vocab]
+
+
+def generate(model: GPT, prompt_BT: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
+             top_k: int | None = None, seed: int | None = None, use_cache: bool = True) -> Iterator[torch.Tensor]:
+    """Yield (B, 1) next tokens. Prompts of one batch share a length (and so positions); for prompts
+    of different lengths and stopping at end-of-text use `generate_batch`."""
+    for _, tokens_B, _ in decode_steps(model, prompt_BT, max_new_tokens, temperature=temperature, top_k=top_k,
+                                       seed=seed, use_cache=use_cache):
+        yield tokens_B[:, None]
+
+
+def generate_batch(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                   temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
+                   use_cache: bool = True, stop_token: int | None = BOS_ID,
+                   on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
+    """Generate continuations of token-id prompts (any lengths) in one batch; returns each row's new
+    tokens, without the stop token. A row stops at `stop_token` (end-of-text) or after
+    `max_new_tokens`; the loop ends when every row has stopped. `on_token(row, token)` sees each
+    kept token as it is made, for streaming.
+    """
+    out: list[list[int]] = [[] for _ in prompts]
+    done = [False] * len(prompts)
+    steps = decode_steps(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                         use_cache=use_cache)
+    for _, tokens_B, generated_B in steps:
+        # One host read per step: stopping is a per-row Python decision, and streaming needs the ids anyway.
+        for row, (tok, is_new) in enumerate(zip(tokens_B.tolist(), generated_B.tolist())):
+            if not is_new or done[row]:
+                continue
+            if tok == stop_token:
+                done[row] = True
+                continue
+            out[row].append(tok)
+            if on_token is not None:
+                on_token(row, tok)
+            if len(out[row]) >= max_new_tokens:
+                done[row] = True
+        if all(done):
+            steps.close()
+            break
+    return out
+
+
+class Utf8Stream:
+    """Turns token ids into printable text as they come: a BPE token may end mid-way through a
+    multi-byte character, so bytes are held back until they complete one."""
+
+    def __init__(self, tokenizer, write: Callable[[str], None]):
+        import codecs
+
+        self.tokenizer = tokenizer
+        self.write = write
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def __call__(self, token: int) -> None:
+        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
+        if text:
+            self.write(text)
+
+    def flush(self) -> None:
+        text = self.decoder.decode(b"", final=True)
+        if text:
+            self.write(text)
+
+
+def encode_prompt(prompt: str, tokenizer=None) -> list[int]:
+    """BOS + the prompt's tokens: training documents start with BOS, so a prompt is a document's start."""
+    from ..data.tokenizer import get_tokenizer
+
+    return [BOS_ID] + (tokenizer or get_tokenizer()).encode_ordinary(prompt)
+
+
+def sample_texts(model: GPT, prompts: Sequence[str], *, max_new_tokens: int = 64, temperature: float = 0.8,
+                 top_k: int | None = 50, seed: int | None = 0, use_cache: bool = True,
+                 stream: Callable[[str], None] | None = None) -> list[str]:
+    """Continue each prompt (one batch); returns prompt + continuation per prompt. With `stream`,
+    a single prompt's continuation is passed to it piece by piece as it is generated."""
+    from ..data.tokenizer import get_tokenizer
+
+    enc = get_tokenizer()
+    ids = [encode_prompt(p, enc) for p in prompts]
+    on_token = None
+    streamer = None
+    if stream is not None:
+        if len(prompts) != 1:
+            raise ValueError("streaming shows one prompt's continuation; pass a single prompt or no stream")
+        streamer = Utf8Stream(enc, stream)
+        on_token = lambda row, tok: streamer(tok)  # noqa: E731
+    new = generate_batch(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                         use_cache=use_cache, on_token=on_token)
+    if streamer is not None:
+        streamer.flush()
+    return [p + enc.decode(toks) for p, toks in zip(prompts, new)]
 
 
 def sample_text(model: GPT, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
                 top_k: int | None = 50, seed: int | None = 0, stream=None) -> str:
     """Sample one continuation of `prompt`; stops at end-of-text. Streams pieces to `stream(str)` if given."""
-    from ..data.tokenizer import get_tokenizer
-
-    enc = get_tokenizer()
-    device = next(model.parameters()).device
-    prompt_ids = [BOS_ID] + enc.encode_ordinary(prompt)
-    out: list[int] = []
-    for tok in generate(model, torch.tensor([prompt_ids], device=device), max_new_tokens,
-                        temperature=temperature, top_k=top_k, seed=seed):
-        t = int(tok[0, 0])
-        if t == BOS_ID:  # end of document
-            break
-        out.append(t)
-        if stream is not None:
-            stream(enc.decode([t]))
-    return prompt + enc.decode(out)
+    return sample_texts(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                        seed=seed, stream=stream)[0]

@@ -1,0 +1,154 @@
+"""`speedgpt eval`: validation loss, bits per byte and optionally HellaSwag for a trained model.
+
+The loss is computed exactly as the trainer's validation does (the first N tokens of the split as
+contiguous windows of the run's validation length), so numbers at the same step agree with the
+run's own curve; bits per byte makes runs with different tokenizers or data comparable.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+EVAL_BATCH_TOKENS = 32_768
+
+
+class EvalError(ValueError):
+    """Evaluation data is missing or too small; the message says what to pass instead."""
+
+
+def default_corpus_dir(cfg) -> Path:
+    # The same place speedgpt.train.loop.resolve_data_files builds the default local corpus in; kept
+    # in step with it by test_eval_cli. Not built here: the run that trained on it already did.
+    d = cfg.data
+    root = Path(d.cache_dir).expanduser() if d.cache_dir else Path.home() / ".cache" / "speedgpt"
+    return root / (f"local-python-{d.local_max_tokens}" if d.local_max_tokens else "local-python-all")
+
+
+def resolve_eval_files(cfg, data: str | None, split: str) -> list[Path]:
+    """Shards to score: `data` if given, else the run's own split as its training resolved it."""
+    from ..data.shards import find_shards
+
+    d = cfg.data
+    if data:
+        where = data
+    elif split == "val" and d.val_files:
+        where = d.val_files
+    elif d.train_files:
+        where = d.train_files
+    else:
+        where = str(default_corpus_dir(cfg))
+        if not Path(where).is_dir():
+            raise EvalError(f"the run trained on the default local corpus, expected at {where}, which is gone; "
+                            f"rebuild it with `speedgpt data local-python` or pass --data GLOB_OR_DIR")
+    try:
+        return find_shards(where, split)
+    except FileNotFoundError as e:
+        raise EvalError(str(e)) from None
+
+
+def plan_batches(available: int, want: int, seq_len: int, max_rows: int) -> tuple[int, int]:
+    """(tokens, rows per batch): at most `want` tokens (all that `available` allows, one kept back for
+    the last target) as whole rows, with a batch size that divides the row count, so that
+    val_batches' "multiple of batch_size * seq_len" holds without dropping more than a row's tail."""
+    rows = min(want, available - 1) // seq_len
+    if rows < 1:
+        raise EvalError(f"{available:,} tokens cannot fill one row of {seq_len} tokens (+1 target); use more "
+                        f"validation data")
+    batch = max(b for b in range(1, min(rows, max_rows) + 1) if rows % b == 0)
+    if batch * 4 < min(rows, max_rows):  # an awkward (e.g. prime) row count: drop a few rows instead
+        batch = min(rows, max_rows)
+        rows -= rows % batch
+    return rows * seq_len, batch
+
+
+def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "val", tokens: int | None = None,
+                 hellaswag: str | None = None, limit: int | None = None, device: str = "auto",
+                 checkpoint: str | int | None = None, batch_rows: int | None = None, log: bool = True,
+                 print_fn=print) -> dict:
+    """Evaluate a run (or export) directory; returns the eval record. For a run directory the record
+    is appended to its metrics.jsonl (unless `log=False`)."""
+    from ..config import micro_batch_rows
+    from ..data.loader import val_batches
+    from ..data.shards import read_header
+    from ..data.tokenizer import BOS_ID, get_tokenizer
+    from ..infer.load import load_model, locate
+    from .bpb import evaluate_loss_and_bpb, token_byte_lengths
+
+    if split not in ("val", "train"):
+        raise EvalError(f"--split {split}: use val or train")
+    src = locate(source, checkpoint)
+    model, cfg = load_model(source, device=device, checkpoint=checkpoint)
+    dev = next(model.parameters()).device
+    files = resolve_eval_files(cfg, data, split)
+    seq = cfg.data.val_seq_len or cfg.data.seq_len
+    available = sum(read_header(f) for f in files)
+    want = tokens if tokens is not None else cfg.data.val_tokens
+    if want < seq:
+        raise EvalError(f"--tokens {want} is less than one row of {seq} tokens; ask for at least {seq}")
+    # The training micro-batch fits, but an eval forward also holds fp32 logits for every position
+    # (tokens x 50K vocab): cap a batch at EVAL_BATCH_TOKENS unless told otherwise.
+    train_tokens = micro_batch_rows(cfg)[0] * cfg.data.seq_len
+    max_rows = batch_rows or max(1, min(train_tokens, EVAL_BATCH_TOKENS) // seq)
+    n_tokens, rows = plan_batches(available, want, seq, max_rows)
+    if n_tokens < want:
+        print_fn(f"eval: scoring {n_tokens:,} tokens (asked {want:,}; the {split} shards hold {available:,})")
+
+    tok = get_tokenizer()
+    t0 = time.perf_counter()
+    batches = val_batches(files, seq_len=seq, batch_size=rows, max_tokens=n_tokens, device=dev)
+    res = evaluate_loss_and_bpb(model, batches, token_byte_lengths(tok, cfg.model.padded_vocab()), device=dev)
+    record = {"step": src.step if src.step is not None else 0, "tokens": src.tokens or 0,
+              "time_s": src.train_time_s or 0.0, "event": "eval", "val_loss": res["loss"], "val_bpb": res["bpb"]}
+    if hellaswag:
+        record.update(_hellaswag(model, cfg, hellaswag, limit, tok, dev, BOS_ID, print_fn))
+    record.update({"eval_tokens": res["tokens"], "eval_data": str(data or files[0].parent), "eval_split": split,
+                   "checkpoint": src.weights.name if src.kind == "run" else str(src.root),
+                   "eval_s": round(time.perf_counter() - t0, 3)})
+    print_fn(format_table(record))
+    if log and src.kind == "run":
+        from ..train.metrics import MetricsLogger
+
+        with MetricsLogger(src.root) as metrics:
+            metrics.log(record)
+        print_fn(f"eval: appended to {src.root / 'metrics.jsonl'}")
+    return record
+
+
+def _hellaswag(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> dict:
+    from .hellaswag import download_hellaswag, evaluate_hellaswag, load_examples, render_example
+
+    if where == "download":
+        root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else Path.home() / ".cache" / "speedgpt"
+        path = download_hellaswag(root / "hellaswag")
+    else:
+        path = Path(where)
+        if not path.is_file():
+            raise EvalError(f"--hellaswag {where}: no such file; pass a hellaswag_val.jsonl or 'download'")
+    examples = load_examples(path, limit)
+    # Rows longer than the model's context cannot be scored (no positions for them): skip and say so.
+    ctx = model.rotary.max_seq_len
+    fits = [ex for ex in examples if render_example(ex, tok, bos=bos)[0].size(1) <= ctx]
+    if len(fits) < len(examples):
+        print_fn(f"eval: skipped {len(examples) - len(fits)} HellaSwag example(s) longer than the "
+                 f"{ctx}-token context")
+    if not fits:
+        raise EvalError(f"no HellaSwag example in {path} fits the model's {ctx}-token context")
+    # bos: the model was trained on documents that start with BOS, so a context is a document start.
+    hs = evaluate_hellaswag(model, fits, tok, device=dev, bos=bos)
+    # acc_norm (length-normalized) is the figure usually quoted for small GPTs; the summed one is kept too.
+    return {"hellaswag_acc": hs["acc_norm"], "hellaswag_acc_sum": hs["acc"], "hellaswag_n": hs["n"]}
+
+
+def format_table(record: dict) -> str:
+    rows = [("checkpoint", str(record.get("checkpoint", ""))), ("step", f"{record['step']:,}"),
+            ("tokens trained", f"{record['tokens']:,}"),
+            ("data", f"{record.get('eval_data', '')} ({record.get('eval_split', '')})"),
+            ("tokens scored", f"{record.get('eval_tokens', 0):,}"),
+            ("val loss", f"{record['val_loss']:.4f}"), ("val bpb", f"{record['val_bpb']:.4f}")]
+    if "hellaswag_acc" in record:
+        rows.append(("hellaswag acc_norm", f"{record['hellaswag_acc']:.4f} (n={record['hellaswag_n']})"))
+        rows.append(("hellaswag acc", f"{record['hellaswag_acc_sum']:.4f}"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

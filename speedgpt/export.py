@@ -1,0 +1,116 @@
+"""Export a trained model as `model.safetensors` + `config.json`, readable without speedgpt's pickles.
+
+The export holds only the model weights (no optimizer state) under their plain parameter names
+(wrapper prefixes such as torch.compile's `_orig_mod.` stripped). `config.json` is the full resolved
+run config, the same data as the run's `config.toml`, plus `format_version` and an `export` table
+(source step, tokens, dtype, aliases). `speedgpt.infer.load.load_model(EXPORT_DIR)` reads it back.
+
+bf16 exports halve the file; the scalar parameters (skip weights, residual and value lambdas) stay
+fp32, being a few hundred numbers whose precision matters more than their size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+class ExportError(RuntimeError):
+    """The export cannot be written where asked; the message says what to do."""
+
+
+def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """safetensors refuses tensors that share memory (e.g. tied weights). Keep the first name of
+    each identical view and return the others as `{alias: kept_name}`; a view of another tensor's
+    storage that is not identical to it is copied instead, so no data is lost."""
+    kept: dict[str, torch.Tensor] = {}
+    aliases: dict[str, str] = {}
+    by_view: dict[tuple, str] = {}
+    storages: set[tuple] = set()
+    for name in sorted(state):
+        t = state[name]
+        storage = (t.device.type, t.untyped_storage().data_ptr())
+        view = (*storage, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+        if view in by_view:
+            aliases[name] = by_view[view]
+            continue
+        if storage in storages:
+            t = t.clone()  # partial overlap with a tensor already kept: store its own copy
+        else:
+            storages.add(storage)
+        by_view[view] = name
+        kept[name] = t.contiguous()
+    return kept, aliases
+
+
+def scalar_param_names(cfg) -> set[str]:
+    """Names of the model's scalar parameters (its optimizer's "scalar" group), found on the meta device."""
+    from .model.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(cfg.model, 1)
+    ids = {id(p) for p in model.param_groups()["scalar"]}
+    return {name for name, p in model.named_parameters() if id(p) in ids}
+
+
+def export_model(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
+                 checkpoint: str | int | None = None) -> Path:
+    """Write `out` (default SOURCE/export) from a run directory's latest (or named) checkpoint.
+
+    Written into a temporary directory next to `out` and renamed into place, so a crash never
+    leaves a half export; an existing export at `out` is replaced, any other non-empty directory is not.
+    """
+    from safetensors.torch import save_file
+
+    from . import __version__
+    from .infer.load import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
+                             locate, strip_wrapper_prefixes)
+
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    src = locate(source, checkpoint)
+    cfg = load_config(src)
+    out = Path(out) if out is not None else src.root / "export"
+    if out.resolve() == src.root.resolve():
+        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {src.root / 'export'}")
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / EXPORT_CONFIG).is_file())):
+        raise ExportError(f"{out} exists and is not an export; choose an empty or new --out directory")
+
+    state = strip_wrapper_prefixes(load_state(src, torch.device("cpu")))
+    target = DTYPES[dtype]
+    keep_fp32 = scalar_param_names(cfg)
+    state = {k: (v.to(target) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}
+    tensors, aliases = dedupe_shared(state)
+    meta = {"format_version": EXPORT_FORMAT_VERSION, **cfg.to_dict(),
+            "export": {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
+                       "step": src.step, "tokens": src.tokens, "train_time_s": src.train_time_s,
+                       "dtype": dtype, "speedgpt_version": __version__,
+                       "aliases": aliases}}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
+        (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
+        # mkdtemp (and safetensors) create private files; an export is meant to be shared: use the umask.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)
+        for name in (EXPORT_WEIGHTS, EXPORT_CONFIG):
+            os.chmod(tmp / name, 0o666 & ~umask)
+            with open(tmp / name, "rb") as f:
+                os.fsync(f.fileno())
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

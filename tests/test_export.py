@@ -1,0 +1,135 @@
+"""`speedgpt export`: safetensors + config.json that load back to the same model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from evalkit import make_run
+from speedgpt.cli import main
+from speedgpt.config import load_toml
+from speedgpt.export import dedupe_shared, export_model
+from speedgpt.infer.load import LoadError, load_model
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def logits_of(model, seed=0):
+    x = torch.randint(0, 50257, (2, 64), generator=torch.Generator().manual_seed(seed))
+    with torch.no_grad():
+        return model(x)
+
+
+def test_fp32_round_trip_gives_identical_logits(tmp_path):
+    run = make_run(tmp_path)
+    out = export_model(run, tmp_path / "exp", dtype="fp32")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    a, cfg_a = load_model(run)
+    b, cfg_b = load_model(out)
+    assert cfg_a.to_dict() == cfg_b.to_dict() == load_toml(run / "config.toml").to_dict()
+    assert b.windows == a.windows == (64, 16)
+    ref = logits_of(a)
+    assert torch.equal(ref, logits_of(b))
+    assert ref.std() > 0.1  # random weights: the comparison means something
+
+
+def test_config_json_is_the_full_config_plus_format_and_provenance(tmp_path):
+    run = make_run(tmp_path, steps=(1, 2))
+    out = export_model(run, tmp_path / "exp", checkpoint=1)
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["format_version"] == 1
+    full = load_toml(run / "config.toml").to_dict()
+    assert {k: meta[k] for k in full} == full
+    assert meta["export"]["step"] == 1 and meta["export"]["checkpoint"] == "step_000001"
+    assert meta["export"]["tokens"] == 256 and meta["export"]["dtype"] == "bf16"
+
+
+def test_bf16_export_is_close_and_keeps_scalars_fp32(tmp_path):
+    from safetensors import safe_open
+
+    run = make_run(tmp_path)
+    out = export_model(run, tmp_path / "exp")  # bf16 by default
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert dtypes["embed.weight"] == "BF16" and dtypes["blocks.0.attn.qkv_w"] == "BF16"
+    assert dtypes["block_lambdas"] == "F32" and dtypes["skip_weights"] == "F32"
+    a, _ = load_model(run)
+    b, _ = load_model(out)
+    ref, got = logits_of(a), logits_of(b)
+    assert not torch.equal(ref, got)
+    assert (ref - got).abs().max() < 0.1 * ref.abs().max()
+    fp32 = export_model(run, tmp_path / "exp32", dtype="fp32")
+    assert (out / "model.safetensors").stat().st_size < 0.6 * (fp32 / "model.safetensors").stat().st_size
+
+
+def test_compiled_prefix_and_shared_tensors(tmp_path):
+    from safetensors import safe_open
+
+    run = make_run(tmp_path, prefix="_orig_mod.", tie=True)
+    ref_model, _ = load_model(run)  # load strips the prefix and keeps the tie
+    assert torch.equal(ref_model.lm_head.weight, ref_model.embed.weight)
+    out = export_model(run, tmp_path / "exp", dtype="fp32")
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+    assert not any(k.startswith("_orig_mod.") for k in keys)
+    assert "embed.weight" in keys and "lm_head.weight" not in keys  # written once
+    assert json.loads((out / "config.json").read_text())["export"]["aliases"] == {"lm_head.weight": "embed.weight"}
+    model, _ = load_model(out)
+    assert torch.equal(logits_of(model), logits_of(ref_model))
+
+
+def test_dedupe_shared_copies_partial_overlaps():
+    base = torch.arange(12.0)
+    state = {"a": base.view(3, 4), "b": base.view(3, 4), "c": base[4:8], "d": torch.ones(2)}
+    kept, aliases = dedupe_shared(state)
+    assert aliases == {"b": "a"} and set(kept) == {"a", "c", "d"}
+    assert kept["c"].untyped_storage().data_ptr() != base.untyped_storage().data_ptr()
+    assert torch.equal(kept["c"], base[4:8])
+    from safetensors.torch import save
+
+    save(kept)  # safetensors accepts the result
+
+
+def test_cli_export_replaces_old_exports_only(tmp_path, capsys):
+    run = make_run(tmp_path)
+    assert main(["export", str(run)]) == 0
+    assert "exported" in capsys.readouterr().out
+    assert (run / "export" / "model.safetensors").is_file()
+    assert main(["export", str(run), "--dtype", "fp32"]) == 0  # over the old export: fine
+    assert json.loads((run / "export" / "config.json").read_text())["export"]["dtype"] == "fp32"
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert main(["export", str(run), "--out", str(other)]) == 2
+    assert "is not an export" in capsys.readouterr().err
+    assert (other / "keep.txt").read_text() == "mine"
+    assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]  # no temp dirs left behind
+    assert main(["export", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_export_format_checks(tmp_path):
+    run = make_run(tmp_path)
+    out = export_model(run, tmp_path / "exp", dtype="fp32")
+    meta = json.loads((out / "config.json").read_text())
+    meta["format_version"] = 99
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(LoadError, match="format_version=99"):
+        load_model(out)
+    meta["format_version"] = 1
+    meta["model"]["model_dim"] = 128
+    meta["model"]["head_dim"] = 32
+    (out / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(LoadError, match="do not fit the model"):
+        load_model(out)
+    (out / "model.safetensors").unlink()
+    with pytest.raises(LoadError, match="has no model.safetensors"):
+        load_model(out)
