@@ -32,8 +32,10 @@ def tiny_cfg(**kw) -> ModelConfig:
 
 
 def make_model(randomize: bool, seed: int = 0, **kw):
-    model = build_model(tiny_cfg(**kw), SEQ, "cpu", seed=seed)
-    model.windows = (24, 7)  # both shorter than the sequences below: old keys must fall out of the window
+    # Windows are whole blocks: blocks of 4 tokens make both windows (6 and 2 blocks) shorter than the
+    # sequences below, so old keys must fall out of the window.
+    model = build_model(tiny_cfg(**kw), SEQ, "cpu", seed=seed, window_block=4)
+    model.windows = (24, 7)
     if randomize:
         g = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():

@@ -173,7 +173,8 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
             dtype = getattr(torch, cfg.train.dtype)
     max_len = max(cfg.data.seq_len, cfg.data.val_seq_len or 0)
     model = build_model(cfg.model, max_len, dev, seed=0, dtype=dtype,
-                        attn_backend=choose_backend(cfg.model.attn_backend, dev))
+                        attn_backend=choose_backend(cfg.model.attn_backend, dev),
+                        window_block=cfg.schedule.window_block)
     # The final window of the schedule is the one the finished model was trained (and evaluated) with.
     model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
     state = strip_wrapper_prefixes(load_state(source, dev))
