@@ -54,9 +54,9 @@ def test_override_errors_name_the_key(override, fragment):
 
 
 @pytest.mark.parametrize("override,fragment", [
-    (["--model.num_heads=3"], "does not divide model.model_dim=256"),
-    (["--train.batch_tokens=1000"], "not divisible by data.seq_len=256"),
-    (["--train.micro_batch_size=3"], "does not divide the 16 rows"),
+    (["--model.num_heads=3"], "does not divide model.model_dim=128"),
+    (["--train.batch_tokens=1000"], "not divisible by data.seq_len=128"),
+    (["--train.micro_batch_size=3"], "does not divide the 8 rows"),
     (["--model.attn_backend=cuda"], "must be one of auto, sdpa, flex"),
     (["--model.attn_free_layers=[9]"], "outside 0..3"),
     (["--schedule.cooldown_frac=1.5"], r"schedule.cooldown_frac=1.5 must lie in \[0, 1\]"),
@@ -68,7 +68,7 @@ def test_validation_errors(override, fragment):
 
 
 def test_world_size_must_divide_rows():
-    cfg = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=1280"])  # 5 rows of 256
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=640"])  # 5 rows of 128
     validate(cfg, world_size=1)
     with pytest.raises(ConfigError, match="does not divide across 2 ranks"):
         validate(cfg, world_size=2)

@@ -19,7 +19,8 @@ def test_short_run_learns_and_saves_its_config(tiny_cfg, tmp_path):
     saved = load_toml(tmp_path / "run" / "config.toml")
     assert saved == tiny_cfg  # the run dir's config reproduces the run
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert {x["step"] for x in lines if "val_loss" in x} == {6, 12}
+    assert {x["step"] for x in lines if "val_loss" in x} == {0, 6, 12}
+    assert result.val_history[0][1] == pytest.approx(math.log(50304), abs=0.05)
     assert all({"train_loss", "lr", "tok_per_s", "step_ms", "tokens"} <= x.keys() for x in lines if "train_loss" in x)
     env = json.loads((tmp_path / "run" / "env.json").read_text())
     assert env["torch"] and "packages" in env

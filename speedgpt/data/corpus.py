@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import hashlib
 import json
 import os
 import sys
@@ -224,8 +225,8 @@ class PythonSourceFiles(Source):
     """The ``.py`` files of the running interpreter's stdlib and site-packages.
 
     A corpus that exists on every machine that can run speedgpt: the default training data
-    when nothing else is there. Files are ordered by root (stdlib first), then relative
-    path; doc ids are
+    when nothing else is there. Files are ordered by root (stdlib first), then by a stable
+    hash of the relative path; doc ids are
     ``<root label>/<relative path>`` so the val split does not depend on the install prefix.
     """
 
@@ -249,9 +250,11 @@ class PythonSourceFiles(Source):
                         if key not in seen:  # site-packages may sit inside the stdlib tree
                             seen.add(key)
                             self.files.append((f"{label}/{path.relative_to(root).as_posix()}", path))
-        # Roots in order (stdlib first: the same on every machine with this Python), then paths.
+        # Roots in order (stdlib first: the same on every machine with this Python), then a stable
+        # hash of the path: alphabetical order would put whole packages back to back, so a capped
+        # corpus (and the first steps of any run) would see a few packages instead of a sample.
         order = {label: i for i, (label, _) in enumerate(self.roots)}
-        self.files.sort(key=lambda item: (order[item[0].split("/", 1)[0]], item[0]))
+        self.files.sort(key=lambda item: (order[item[0].split("/", 1)[0]], _path_hash(item[0])))
 
     def describe(self) -> dict:
         return {
@@ -259,6 +262,7 @@ class PythonSourceFiles(Source):
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "roots": [label for label, _ in self.roots],
             "files": len(self.files),
+            "order": "path-hash",
         }
 
     def _iter(self):
@@ -277,6 +281,10 @@ def python_source_roots() -> list[tuple[str, Path]]:
         if p.is_dir() and all(p.resolve() != r.resolve() for _, r in roots):
             roots.append((label, p))
     return roots
+
+
+def _path_hash(doc_id: str) -> bytes:
+    return hashlib.blake2b(doc_id.encode(), digest_size=8).digest()
 
 
 def python_source_files() -> PythonSourceFiles:

@@ -266,6 +266,8 @@ class Trainer:
         result = TrainResult(self.run_dir, self.step, self.tokens, self.train_time, None)
         tokens_per_step = t.batch_tokens
         flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
+        if self.step == 0 and t.val_every:
+            self.validate(result)  # the starting point of the curves
         last_log_time, last_log_step = self.train_time, self.step
         t_start = time.perf_counter() - self.train_time
         stop = False
@@ -283,16 +285,16 @@ class Trainer:
                 if self.device.type == "cuda":
                     torch.cuda.synchronize(self.device)
                 self.train_time = time.perf_counter() - t_start
-                dt = (self.train_time - last_log_time) / max(1, self.step - last_log_step)
+                n = max(1, self.step - last_log_step)
+                dt = (self.train_time - last_log_time) / n
                 last_log_time, last_log_step = self.train_time, self.step
-                self.log_train(mean_over_ranks(loss).item(), dt, tokens_per_step, flops_per_token)  # global batch
+                # The mean over the steps since the last log (over the global batch): a smoother curve
+                # than one step's loss, for the same single host sync.
+                window = mean_over_ranks(torch.stack(result.train_losses[-n:]).mean())
+                self.log_train(window.item(), dt, tokens_per_step, flops_per_token)
             if (t.val_every and self.step % t.val_every == 0) or last:
                 t_eval = time.perf_counter()
-                val = self.evaluate()
-                result.val_history.append((self.step, val))
-                self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time,
-                                  "val_loss": val})
-                self.log(f"step {self.step}/{t.steps} | val loss {val:.4f}")
+                self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
             if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
                 t_ckpt = time.perf_counter()
@@ -304,6 +306,12 @@ class Trainer:
         result.val_loss = result.val_history[-1][1] if result.val_history else None
         self.finish(result)
         return result
+
+    def validate(self, result: TrainResult) -> None:
+        val = self.evaluate()
+        result.val_history.append((self.step, val))
+        self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time, "val_loss": val})
+        self.log(f"step {self.step}/{self.cfg.train.steps} | val loss {val:.4f}")
 
     def log_train(self, loss: float, step_s: float, tokens_per_step: int, flops_per_token: float) -> None:
         t = self.cfg.train
