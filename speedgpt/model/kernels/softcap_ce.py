@@ -162,7 +162,8 @@ if HAVE_TRITON:
         for start in range(0, V, BLOCK_V):
             cols = start + offs
             mask = cols < V
-            x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+            # masked lanes: -inf gives p = 0 (0.0 could overflow exp2 for a very negative lse)
+            x = tl.load(x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
             z2, t = _capped_log2(x, cap, HAS_CAP, TANH_LIBDEVICE)
             p = tl.exp2(z2 - lse2)
             d = p - tl.where(cols == tgt, 1.0, 0.0)
