@@ -136,6 +136,42 @@ def test_bad_arguments():
         softcap_cross_entropy(x, t[:3], 15.0)
 
 
+def test_model_hook_matches_unfused_loss_and_grads():
+    """GPT.forward with fused_ce on (forced on CPU: the op's torch fallback, or the Triton interpreter
+    under TRITON_INTERPRET=1) gives the unfused path's loss and gradients; logits-only path unchanged."""
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.model.gpt import BOS_ID, build_model
+
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--model.depth=2", "--model.model_dim=64",
+                                                    "--model.head_dim=16", "--model.value_embeds=1"]).model
+    assert cfg.fused_ce is False and cfg.logit_softcap > 0
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50257, (2, 16), generator=g)
+    x[:, 0] = BOS_ID
+    y = torch.randint(0, 50257, (2, 16), generator=g)
+    y[0, 3] = IGNORE
+    model = build_model(cfg, 16, "cpu", seed=0)
+    assert model.fused_ce is False  # never switched on off CUDA
+    with torch.no_grad():
+        model.lm_head.weight.normal_(0, 0.5)  # non-uniform logits, some beyond the cap
+    results = {}
+    for fused in (False, True):
+        model.fused_ce = fused
+        model.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        rows = model(x, y, reduction="none")
+        results[fused] = (loss.detach(), rows.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None])
+        assert model(x).shape == (2, 16, 50304)
+    (l0, r0, g0), (l1, r1, g1) = results[False], results[True]
+    torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(r1, r0, rtol=1e-5, atol=1e-5)
+    assert r1.shape == (2, 16) and r1[0, 3] == 0
+    assert len(g0) == len(g1) and len(g0) > 5
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 # ------------------------------------------------------------------ the Triton kernels
 
 def _kernel_device():

@@ -325,6 +325,7 @@ def softcap_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, cap: floa
         raise ValueError(f"reduction must be mean, sum or none, not {reduction!r}")
     if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
         raise ValueError(f"targets {tuple(targets.shape)} do not match logits {tuple(logits.shape)}")
+    targets = targets.contiguous()  # the kernels index targets[row]
     loss, _ = softcap_ce_fwd(logits, targets, float(cap), int(ignore_index), bool(inplace_backward))
     if reduction == "none":
         return loss
