@@ -22,7 +22,7 @@ underflows in fp32 for cap <= 40. Larger caps (and cap = 0) use an online max pe
 
 tanh(y) = 1 - 2 / (exp(2y) + 1): one exp2 and one fast division in fp32; its absolute error
 (~1e-7, times cap for z) is what matters for a softmax. libdevice's tanhf is selectable
-(TANH_LIBDEVICE) on the GPU; the Triton interpreter has no libdevice.
+(CONFIG["tanh"]) on the GPU; the Triton interpreter has no libdevice.
 
 Reductions follow F.cross_entropy: "mean" divides by the number of targets != ignore_index
 (NaN when all are ignored, as torch), "sum", "none" (ignored rows get 0). Targets must lie in
@@ -55,8 +55,9 @@ FIXED_MAX_CAP = 40.0  # caps up to this use the max-free log-sum-exp (see module
 CONFIG = {
     "fwd_block_v": 4096, "fwd_warps": 8,
     "bwd_block_v": 4096, "bwd_warps": 8,
-    "tanh_libdevice": False,
+    "tanh": "exp",  # exp | libdevice | approx (see _capped_log2)
 }
+_TANH_MODES = {"exp": 0, "libdevice": 1, "approx": 2}
 
 
 def interpreting() -> bool:
@@ -84,11 +85,16 @@ if HAVE_TRITON:
         _libdevice = None
 
     @triton.jit
-    def _capped_log2(x, cap, HAS_CAP: tl.constexpr, TANH_LIBDEVICE: tl.constexpr):
-        """(z * log2(e), tanh(x / cap)) with z = cap * tanh(x / cap) in fp32 (t unused without a cap)."""
+    def _capped_log2(x, cap, HAS_CAP: tl.constexpr, TANH: tl.constexpr):
+        """(z * log2(e), tanh(x / cap)) with z = cap * tanh(x / cap) in fp32 (t unused without a cap).
+        TANH: 0 exp formula (default), 1 libdevice tanhf, 2 tanh.approx.f32 (GPU only; ~2^-11
+        relative error, i.e. up to ~7e-3 absolute in z at cap 15: less accurate than the fp32 reference)."""
         if HAS_CAP:
-            if TANH_LIBDEVICE:
+            if TANH == 1:
                 t = _libdevice.tanh(x / cap)
+            elif TANH == 2:
+                t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x / cap],
+                                              dtype=tl.float32, is_pure=True, pack=1)
             else:
                 # tanh(y) = 1 - 2 / (exp(2y) + 1); exp(2y) = exp2(x * 2 log2(e) / cap).
                 # exp2 -> inf for large x gives t = 1, exp2 -> 0 gives t = -1: no NaN.
@@ -103,7 +109,7 @@ if HAVE_TRITON:
     @triton.jit
     def _softcap_ce_fwd_kernel(
         X, stride_x, T, LOSS, LSE, V, cap, ignore_index,
-        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH_LIBDEVICE: tl.constexpr,
+        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH: tl.constexpr,
         BLOCK_V: tl.constexpr,
     ):
         row = tl.program_id(0).to(tl.int64)
@@ -116,8 +122,8 @@ if HAVE_TRITON:
             for start in range(0, V, BLOCK_V):
                 cols = start + offs
                 mask = cols < V
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH_LIBDEVICE)
+                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
                 acc += tl.where(mask, tl.exp2(z2 - c2), 0.0)
             lse2 = c2 + tl.log2(tl.sum(acc, axis=0))
         else:
@@ -127,8 +133,8 @@ if HAVE_TRITON:
             for start in range(0, V, BLOCK_V):
                 cols = start + offs
                 mask = cols < V
-                x = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH_LIBDEVICE)
+                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
                 z2 = tl.where(mask, z2, -float("inf"))
                 m_new = tl.maximum(m, tl.max(z2, axis=0))
                 s = s * tl.exp2(m - m_new) + tl.sum(tl.exp2(z2 - m_new), axis=0)
@@ -139,7 +145,7 @@ if HAVE_TRITON:
         valid = tgt != ignore_index
         in_range = valid & (tgt >= 0) & (tgt < V)
         xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
-        zt2, _tt = _capped_log2(xt, cap, HAS_CAP, TANH_LIBDEVICE)
+        zt2, _tt = _capped_log2(xt, cap, HAS_CAP, TANH)
         zt = tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
         loss = tl.where(valid, lse - zt, 0.0)
         tl.store(LOSS + row, loss)
@@ -148,7 +154,7 @@ if HAVE_TRITON:
     @triton.jit
     def _softcap_ce_bwd_kernel(
         X, stride_x, G, stride_g, T, LSE, DLOSS, stride_dloss, V, cap, ignore_index,
-        HAS_CAP: tl.constexpr, TANH_LIBDEVICE: tl.constexpr, BLOCK_V: tl.constexpr,
+        HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
         # G may alias X (in-place): each chunk is fully read before it is written, by one program.
         row = tl.program_id(0).to(tl.int64)
@@ -163,8 +169,8 @@ if HAVE_TRITON:
             cols = start + offs
             mask = cols < V
             # masked lanes: -inf gives p = 0 (0.0 could overflow exp2 for a very negative lse)
-            x = tl.load(x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
-            z2, t = _capped_log2(x, cap, HAS_CAP, TANH_LIBDEVICE)
+            x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+            z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
             p = tl.exp2(z2 - lse2)
             d = p - tl.where(cols == tgt, 1.0, 0.0)
             if HAS_CAP:
@@ -187,7 +193,7 @@ def _triton_fwd(logits, targets, cap, ignore_index):
     if N:
         _softcap_ce_fwd_kernel[(N,)](
             x, x.stride(0), targets, loss, lse, V, float(cap), int(ignore_index),
-            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH_LIBDEVICE=bool(CONFIG["tanh_libdevice"]),
+            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]],
             BLOCK_V=min(CONFIG["fwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["fwd_warps"])
     return loss, lse
 
@@ -198,7 +204,7 @@ def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out):
     if N:
         _softcap_ce_bwd_kernel[(N,)](
             x, x.stride(0), out, out.stride(0), targets, lse, dloss, dloss.stride(0), V, float(cap),
-            int(ignore_index), HAS_CAP=cap > 0, TANH_LIBDEVICE=bool(CONFIG["tanh_libdevice"]),
+            int(ignore_index), HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]],
             BLOCK_V=min(CONFIG["bwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["bwd_warps"])
     return out
 
