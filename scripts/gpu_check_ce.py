@@ -13,8 +13,12 @@ import argparse
 import sys
 import traceback
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from anywhere, installed or not
 
 IGNORE = -100
 DEV = "cuda"  # "cpu" only for a dry run of this script under TRITON_INTERPRET=1 (tiny shapes)
