@@ -130,8 +130,10 @@ def check_correctness(x, t, cap, sce, compiled_ref):
     xc = x.detach().clone().requires_grad_()
     lc = fn(xc, t)
     lc.backward()
-    ok = torch.equal(lc, loss) and torch.equal(xc.grad, ours_grad)
-    print(f"torch.compile(fullgraph) of the op equals eager: {ok}")
+    # the final sum / n_valid may reduce in another order when compiled: loss to 1e-6, grad bitwise
+    ok = torch.allclose(lc, loss, rtol=1e-6, atol=0) and torch.equal(xc.grad, ours_grad)
+    print(f"torch.compile(fullgraph) of the op equals eager: {ok} (loss diff {abs(lc.item() - loss.item()):.1e}, "
+          f"grad bitwise {torch.equal(xc.grad, ours_grad)})")
     if not ok:
         fail("compiled op differs from eager")
     del xl, xr, xc, ours_grad, ref_grad_c, buf
