@@ -51,6 +51,7 @@ class ModelConfig:
     doc_masking: bool = True  # attend only within the document (documents start at BOS)
     fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
     bf16_embeds: bool = False
+    fused_ce: bool = False  # softcapped cross-entropy as one Triton kernel pair (CUDA + triton only)
 
     def resolved_dim(self) -> int:
         if self.model_dim:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .fp8 import E4M3_MAX, fp8_linear, fp8_supported
+from .kernels.softcap_ce import available as fused_ce_available, softcap_cross_entropy
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
 from .rotary import Rotary
 
@@ -81,6 +82,7 @@ class GPT(nn.Module):
         self.window_block = 128  # windows are whole blocks of this many tokens (flex's block size)
         self.attn_backend = "sdpa"
         self.fp8_head = False  # switched on by build_model where the device supports it
+        self.fused_ce = False  # likewise: the loss through model/kernels/softcap_ce.py
         self.fp8_w_bound = 24.0
         self.fp8_grad_scale = 1.0 / E4M3_MAX  # set by the trainer from tokens per step (see model/fp8.py)
 
@@ -146,9 +148,15 @@ class GPT(nn.Module):
         if self.fp8_head:
             B, T, D = x.shape
             logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
-                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1).float()
+                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1)
         else:
-            logits = self.lm_head(x).float()
+            logits = self.lm_head(x)
+        if self.fused_ce and targets_BT is not None:
+            # fp32 softcap + cross-entropy in one kernel pair; the backward overwrites the (unused) logits
+            loss = softcap_cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1),
+                                         cfg.logit_softcap, reduction, inplace_backward=True)
+            return loss.view_as(targets_BT) if reduction == "none" else loss
+        logits = logits.float()
         if cfg.logit_softcap:
             logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
         if targets_BT is None:
@@ -192,6 +200,7 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
     model.attn_backend = attn_backend
     model.window_block = window_block
     model.fp8_head = cfg.fp8_head and fp8_supported(device)
+    model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
     if cfg.bf16_embeds:
         for emb in [model.embed, *model.value_embeds]:
             emb.to(torch.bfloat16)

@@ -1,0 +1,345 @@
+"""Fused softcapped cross-entropy over the lm_head logits (Triton forward + backward).
+
+    loss_i = logsumexp_j(z_ij) - z_i,t_i,   z = cap * tanh(x / cap)   (cap = 0: z = x)
+
+The unfused torch code materializes the fp32 logits, the capped logits and the softmax (several
+passes over a 49152 x 50304 fp32 tensor per micro-step). Here:
+
+- forward: one read of the (bf16) logits per row; capped logits computed in fp32 in registers;
+  writes the per-row loss and logsumexp (fp32, 4 bytes per row each). Nothing else is saved.
+- backward: one read of the logits + one write of the gradient in the logits' dtype,
+  recomputing z from x and using the saved logsumexp:
+      dL/dx_ij = g_i * (softmax_ij - [j == t_i]) * (1 - tanh^2(x_ij / cap))
+  With `inplace_backward=True` the gradient is written into the logits' own buffer (saves a
+  (rows x vocab) allocation: 4.9 GB at the speedrun shape). Only do this when nothing else reads
+  the logits after the loss: the op saves the logits for its backward and overwrites them there.
+  In eager mode autograd's version counter catches a second reader that saved them; a caller that
+  merely keeps a Python reference sees the gradient afterwards.
+
+The log-sum-exp needs no running max when the cap is small: capped logits lie in [-cap, cap],
+so exp(z - cap) lies in [exp(-2 cap), 1] and the sum of V such terms neither overflows nor
+underflows in fp32 for cap <= 40. Larger caps (and cap = 0) use an online max per chunk.
+
+tanh(y) = 1 - 2 / (exp(2y) + 1): one exp2 and one fast division in fp32; its absolute error
+(~1e-7, times cap for z) is what matters for a softmax. libdevice's tanhf is selectable
+(CONFIG["tanh"]) on the GPU; the Triton interpreter has no libdevice.
+
+Reductions follow F.cross_entropy: "mean" divides by the number of targets != ignore_index
+(NaN when all are ignored, as torch), "sum", "none" (ignored rows get 0). Targets must lie in
+[0, V) or equal ignore_index; others are not checked (the loss of such a row is its logsumexp).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+
+try:  # CI and CPU-only installs have no triton; the torch fallback below still works.
+    import triton
+    import triton.language as tl
+
+    HAVE_TRITON = True
+except Exception:  # pragma: no cover - depends on the install
+    triton = None
+    tl = None
+    HAVE_TRITON = False
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+FIXED_MAX_CAP = 40.0  # caps up to this use the max-free log-sum-exp (see module docstring)
+
+# Launch parameters; scripts/gpu_check_ce.py sweeps these. One program per row, the vocab in
+# chunks of block_v columns. Hopper: 4096-8192 columns per iteration and 8-16 warps.
+CONFIG = {
+    "fwd_block_v": 4096, "fwd_warps": 8,
+    "bwd_block_v": 4096, "bwd_warps": 8,
+    "tanh": "exp",  # exp | libdevice | approx (see _capped_log2)
+}
+_TANH_MODES = {"exp": 0, "libdevice": 1, "approx": 2}
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available(device: torch.device | str | None = None) -> bool:
+    """Whether the Triton kernels can run for tensors on `device` (CUDA, or CPU under the interpreter)."""
+    if not HAVE_TRITON:
+        return False
+    if device is None:
+        return torch.cuda.is_available() or interpreting()
+    device = torch.device(device)
+    return device.type == "cuda" or (device.type == "cpu" and interpreting())
+
+
+# --------------------------------------------------------------------------------------------
+# Triton kernels
+# --------------------------------------------------------------------------------------------
+
+if HAVE_TRITON:
+    try:
+        from triton.language.extra import libdevice as _libdevice
+    except Exception:  # pragma: no cover
+        _libdevice = None
+
+    @triton.jit
+    def _capped_log2(x, cap, HAS_CAP: tl.constexpr, TANH: tl.constexpr):
+        """(z * log2(e), tanh(x / cap)) with z = cap * tanh(x / cap) in fp32 (t unused without a cap).
+        TANH: 0 exp formula (default), 1 libdevice tanhf, 2 tanh.approx.f32 (GPU only; ~2^-11
+        relative error, i.e. up to ~7e-3 absolute in z at cap 15: less accurate than the fp32 reference)."""
+        if HAS_CAP:
+            if TANH == 1:
+                t = _libdevice.tanh(x / cap)
+            elif TANH == 2:
+                t = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=r,r", [x / cap],
+                                              dtype=tl.float32, is_pure=True, pack=1)
+            else:
+                # tanh(y) = 1 - 2 / (exp(2y) + 1); exp(2y) = exp2(x * 2 log2(e) / cap).
+                # exp2 -> inf for large x gives t = 1, exp2 -> 0 gives t = -1: no NaN.
+                e = tl.exp2(x * (2.0 * 1.4426950408889634 / cap))
+                t = 1.0 - tl.fdiv(2.0, e + 1.0)
+            z2 = t * (cap * 1.4426950408889634)
+        else:
+            t = x
+            z2 = x * 1.4426950408889634
+        return z2, t
+
+    @triton.jit
+    def _softcap_ce_fwd_kernel(
+        X, stride_x, T, LOSS, LSE, V, cap, ignore_index,
+        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH: tl.constexpr,
+        BLOCK_V: tl.constexpr,
+    ):
+        row = tl.program_id(0).to(tl.int64)
+        x_row = X + row * stride_x
+        offs = tl.arange(0, BLOCK_V)
+        if FIXED_MAX:
+            # capped logits <= cap: exp2(z2 - c2) in [2^-2c2, 1]; accumulate per lane, reduce once.
+            c2 = cap * 1.4426950408889634
+            acc = tl.zeros([BLOCK_V], dtype=tl.float32)
+            for start in range(0, V, BLOCK_V):
+                cols = start + offs
+                mask = cols < V
+                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
+                acc += tl.where(mask, tl.exp2(z2 - c2), 0.0)
+            lse2 = c2 + tl.log2(tl.sum(acc, axis=0))
+        else:
+            # online max per chunk (log2 domain)
+            m = tl.full((), float("-inf"), tl.float32)
+            s = tl.full((), 0.0, tl.float32)
+            for start in range(0, V, BLOCK_V):
+                cols = start + offs
+                mask = cols < V
+                x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
+                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
+                z2 = tl.where(mask, z2, -float("inf"))
+                m_new = tl.maximum(m, tl.max(z2, axis=0))
+                s = s * tl.exp2(m - m_new) + tl.sum(tl.exp2(z2 - m_new), axis=0)
+                m = m_new
+            lse2 = m + tl.log2(s)
+        lse = lse2 * 0.6931471805599453
+        tgt = tl.load(T + row).to(tl.int64)
+        valid = tgt != ignore_index
+        in_range = valid & (tgt >= 0) & (tgt < V)
+        xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
+        zt2, _tt = _capped_log2(xt, cap, HAS_CAP, TANH)
+        zt = tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
+        loss = tl.where(valid, lse - zt, 0.0)
+        tl.store(LOSS + row, loss)
+        tl.store(LSE + row, lse)
+
+    @triton.jit
+    def _softcap_ce_bwd_kernel(
+        X, stride_x, G, stride_g, T, LSE, DLOSS, stride_dloss, V, cap, ignore_index,
+        HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_V: tl.constexpr,
+    ):
+        # G may alias X (in-place): each chunk is fully read before it is written, by one program.
+        row = tl.program_id(0).to(tl.int64)
+        x_row = X + row * stride_x
+        g_row = G + row * stride_g
+        tgt = tl.load(T + row).to(tl.int64)
+        scale = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
+        scale = tl.where(tgt != ignore_index, scale, 0.0)
+        lse2 = tl.load(LSE + row) * 1.4426950408889634
+        offs = tl.arange(0, BLOCK_V)
+        for start in range(0, V, BLOCK_V):
+            cols = start + offs
+            mask = cols < V
+            # masked lanes: -inf gives p = 0 (0.0 could overflow exp2 for a very negative lse)
+            x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
+            z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
+            p = tl.exp2(z2 - lse2)
+            d = p - tl.where(cols == tgt, 1.0, 0.0)
+            if HAS_CAP:
+                d = d * (1.0 - t * t)
+            # fp32 -> bf16 rounds to nearest even on the GPU (the interpreter truncates: 2x the error)
+            tl.store(g_row + cols, (d * scale).to(G.dtype.element_ty), mask=mask)
+
+
+def _rows(logits: torch.Tensor) -> torch.Tensor:
+    if logits.dim() != 2:
+        raise ValueError(f"softcap_cross_entropy wants 2-D logits (rows, vocab), got {tuple(logits.shape)}")
+    return logits if logits.stride(-1) == 1 else logits.contiguous()
+
+
+def _triton_fwd(logits, targets, cap, ignore_index):
+    x = _rows(logits)
+    N, V = x.shape
+    loss = torch.empty(N, dtype=torch.float32, device=x.device)
+    lse = torch.empty(N, dtype=torch.float32, device=x.device)
+    if N:
+        _softcap_ce_fwd_kernel[(N,)](
+            x, x.stride(0), targets, loss, lse, V, float(cap), int(ignore_index),
+            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]],
+            BLOCK_V=min(CONFIG["fwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["fwd_warps"])
+    return loss, lse
+
+
+def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out):
+    x = _rows(logits)
+    N, V = x.shape
+    if N:
+        _softcap_ce_bwd_kernel[(N,)](
+            x, x.stride(0), out, out.stride(0), targets, lse, dloss, dloss.stride(0), V, float(cap),
+            int(ignore_index), HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]],
+            BLOCK_V=min(CONFIG["bwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["bwd_warps"])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Pure-torch reference (CPU fallback and test oracle)
+# --------------------------------------------------------------------------------------------
+
+def capped(logits: torch.Tensor, cap: float) -> torch.Tensor:
+    z = logits.float()
+    return cap * torch.tanh(z / cap) if cap else z
+
+
+def reference_rows(logits, targets, cap: float, ignore_index: int = -100):
+    """Per-row (loss, logsumexp) in fp32, the forward op's contract, in plain torch."""
+    z = capped(logits, cap)
+    lse = torch.logsumexp(z, dim=-1)
+    valid = targets != ignore_index
+    zt = z.gather(1, torch.where(valid, targets, 0).long().unsqueeze(1)).squeeze(1)
+    return torch.where(valid, lse - zt, 0.0), lse
+
+
+def reference_grad(logits, targets, lse, dloss, cap: float, ignore_index: int = -100):
+    """dL/dlogits for per-row upstream gradients `dloss`, in the logits' dtype."""
+    z = capped(logits, cap)
+    valid = targets != ignore_index
+    d = torch.exp(z - lse.unsqueeze(1))
+    d.scatter_add_(1, torch.where(valid, targets, 0).long().unsqueeze(1),
+                   -valid.float().unsqueeze(1))
+    if cap:
+        d = d * (1 - torch.tanh(logits.float() / cap).square())
+    return (d * torch.where(valid, dloss.float(), 0.0).unsqueeze(1)).to(logits.dtype)
+
+
+def softcap_cross_entropy_reference(logits, targets, cap: float, reduction: str = "mean",
+                                    ignore_index: int = -100):
+    """What the model computes without the kernel: fp32 softcap then F.cross_entropy."""
+    return F.cross_entropy(capped(logits, cap), targets.long(), reduction=reduction, ignore_index=ignore_index)
+
+
+# --------------------------------------------------------------------------------------------
+# Custom ops (compose with torch.compile: fake kernels + autograd registration)
+# --------------------------------------------------------------------------------------------
+
+def _use_triton(t: torch.Tensor) -> bool:
+    return available(t.device)
+
+
+@torch.library.custom_op("speedgpt::softcap_ce_fwd", mutates_args=())
+def softcap_ce_fwd(logits: torch.Tensor, targets: torch.Tensor, cap: float, ignore_index: int,
+                   inplace_backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per-row loss, per-row logsumexp), fp32. inplace_backward only tells the backward what to do."""
+    if _use_triton(logits):
+        return _triton_fwd(logits, targets, cap, ignore_index)
+    return reference_rows(logits, targets, cap, ignore_index)
+
+
+@softcap_ce_fwd.register_fake
+def _(logits, targets, cap, ignore_index, inplace_backward):
+    n = logits.shape[0]
+    return logits.new_empty(n, dtype=torch.float32), logits.new_empty(n, dtype=torch.float32)
+
+
+@torch.library.custom_op("speedgpt::softcap_ce_bwd", mutates_args=())
+def softcap_ce_bwd(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                   cap: float, ignore_index: int) -> torch.Tensor:
+    """Gradient w.r.t. the logits, in a new tensor of the logits' dtype."""
+    if _use_triton(logits):
+        out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+        return _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out)
+    return reference_grad(logits, targets, lse, dloss, cap, ignore_index)
+
+
+@softcap_ce_bwd.register_fake
+def _(logits, targets, lse, dloss, cap, ignore_index):
+    return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+
+
+@torch.library.custom_op("speedgpt::softcap_ce_bwd_", mutates_args=("logits",))
+def softcap_ce_bwd_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
+                    cap: float, ignore_index: int) -> None:
+    """Gradient w.r.t. the logits, written over the logits."""
+    if _use_triton(logits) and logits.stride(-1) == 1:
+        _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, logits)
+    else:
+        logits.copy_(reference_grad(logits, targets, lse, dloss, cap, ignore_index))
+
+
+@softcap_ce_bwd_.register_fake
+def _(logits, targets, lse, dloss, cap, ignore_index):
+    return None
+
+
+def _setup_context(ctx, inputs, output):
+    logits, targets, cap, ignore_index, inplace_backward = inputs
+    _, lse = output
+    ctx.save_for_backward(logits, targets, lse)
+    ctx.cap, ctx.ignore_index, ctx.inplace = cap, ignore_index, inplace_backward
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dloss, _dlse):
+    logits, targets, lse = ctx.saved_tensors
+    if ctx.inplace:
+        softcap_ce_bwd_(logits, targets, lse, dloss, ctx.cap, ctx.ignore_index)
+        grad = logits
+    else:
+        grad = softcap_ce_bwd(logits, targets, lse, dloss, ctx.cap, ctx.ignore_index)
+    return grad, None, None, None, None
+
+
+softcap_ce_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def softcap_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str = "mean",
+                          ignore_index: int = -100, inplace_backward: bool = False) -> torch.Tensor:
+    """F.cross_entropy(cap * tanh(logits.float() / cap), targets) without materializing fp32 logits.
+
+    logits: (N, V), any float dtype (bf16 from the lm_head); last dim contiguous preferred.
+    targets: (N,) integer class ids in [0, V) or ignore_index. cap: softcap (0 disables it).
+    reduction: "mean" (over non-ignored rows) | "sum" | "none" (fp32 per-row losses, shape (N,)).
+    inplace_backward: the backward writes dL/dlogits into the logits' storage (see module docstring).
+    Triton on CUDA (and on CPU under TRITON_INTERPRET=1); plain torch elsewhere."""
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be mean, sum or none, not {reduction!r}")
+    if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
+        raise ValueError(f"targets {tuple(targets.shape)} do not match logits {tuple(logits.shape)}")
+    targets = targets.contiguous()  # the kernels index targets[row]
+    loss, _ = softcap_ce_fwd(logits, targets, float(cap), int(ignore_index), bool(inplace_backward))
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (targets != ignore_index).sum()
+
+
+__all__ = ["softcap_cross_entropy", "softcap_cross_entropy_reference", "reference_rows", "reference_grad",
+           "available", "CONFIG", "HAVE_TRITON"]
