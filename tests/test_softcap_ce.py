@@ -143,7 +143,8 @@ def test_model_hook_matches_unfused_loss_and_grads():
     from speedgpt.model.gpt import BOS_ID, build_model
 
     cfg = apply_overrides(load_preset("tiny-cpu"), ["--model.depth=2", "--model.model_dim=64",
-                                                    "--model.head_dim=16", "--model.value_embeds=1"]).model
+                                                    "--model.head_dim=16", "--model.value_embeds=1",
+                                                    "--model.logit_softcap=15.0"]).model
     assert cfg.fused_ce is False and cfg.logit_softcap > 0
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 50257, (2, 16), generator=g)
