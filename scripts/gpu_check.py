@@ -66,10 +66,41 @@ def check_fp8(N=49152, Din=768, V=50304):
     return max(e) < 0.1
 
 
+def check_generation(T=512):
+    """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward."""
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.model.attention import KVCache
+    from speedgpt.model.gpt import build_model
+
+    cfg = apply_overrides(load_preset("speedrun-124m"), ["--model.depth=4", "--model.attn_free_layers=[2]",
+                                                          "--model.window_pattern=LS"]).model
+    m = build_model(cfg, 1024, "cuda", seed=0, dtype=torch.bfloat16, attn_backend="flex", window_block=128)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.ndim >= 2 and p.abs().sum() == 0:  # zero-initialized projections and head
+                p.normal_(0, 0.02)
+    m.windows = (256, 128)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randint(0, 50000, (1, T), device="cuda", generator=g)
+    x[0, 0] = 50256
+    with torch.no_grad():
+        full = m(x).float()
+        cache = KVCache(cfg.depth, 1, cfg.resolved_heads(), T, cfg.head_dim, x.device, torch.bfloat16)
+        parts = [m(x[:, :300], kv_cache=cache)] + [m(x[:, t:t + 1], kv_cache=cache) for t in range(300, T)]
+        inc = torch.cat(parts, dim=1).float()
+        m.fp8_head = False
+        bf16_head = m(x).float()
+    e_cache, e_fp8 = rel(inc, full), rel(full, bf16_head)
+    agree = (inc.argmax(-1) == full.argmax(-1)).float().mean().item()
+    print(f"generation: cached vs full logits rel err {e_cache:.2e} (argmax agreement {agree:.3f}); "
+          f"fp8 vs bf16 head rel err {e_fp8:.2e}; fp8 head was {'on' if cfg.fp8_head else 'off'}")
+    return e_cache < 0.05 and e_fp8 < 0.1 and agree > 0.95
+
+
 def main():
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     ok = True
-    for name, fn in (("flex", check_flex), ("fp8", check_fp8)):
+    for name, fn in (("flex", check_flex), ("fp8", check_fp8), ("generation", check_generation)):
         try:
             passed = fn()
         except Exception as e:  # report and continue: one broken path should not hide the other's result

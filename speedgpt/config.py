@@ -135,7 +135,7 @@ class RunConfig:
     name: str = ""
     dir: str = ""  # empty: runs/<name>-<timestamp>
     sample_tokens: int = 64  # sample printed at the end; 0 disables
-    sample_prompt: str = "def "
+    sample_prompt: str = "import"  # no trailing space: GPT-2 attaches a word's space to the next token
     report: bool = True
     tensorboard: bool = False
     wandb: bool = False
