@@ -17,6 +17,17 @@ TINY_OVERRIDES = [
 ]
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny matmuls on a shared 2-core machine: a second OpenMP thread only adds contention."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def text_shards(tmp_path_factory) -> Path:
     """train/val shards of GPT-2 tokens from the interpreter's own stdlib sources (deterministic)."""

@@ -19,13 +19,7 @@ from speedgpt.train.metrics import read_metrics
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_mini.jsonl"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core machine run many times faster on one thread than on two.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def last_record(run: Path) -> dict:

@@ -14,12 +14,7 @@ from speedgpt.export import dedupe_shared, export_model
 from speedgpt.infer.load import LoadError, load_model
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def logits_of(model, seed=0):

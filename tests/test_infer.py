@@ -13,13 +13,7 @@ SEQ = 48
 VOCAB = 512  # small head: the tests exercise the layers, not a 50K-way softmax (BOS-free prompts)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny matmuls on a shared 2-core machine run many times faster on one thread than on two.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_cfg(**kw) -> ModelConfig:

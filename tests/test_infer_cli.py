@@ -14,12 +14,7 @@ from speedgpt.infer.load import LoadError, load_model, locate, resolve_device
 from speedgpt.optim.schedules import attention_windows
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture

@@ -27,13 +27,7 @@ TINY = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--mod
 SEQ = 32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matmuls on a shared 2-core machine: OpenMP's second thread only adds contention."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_cfg(extra=()):
