@@ -7,6 +7,7 @@ Each subcommand parses its own arguments and imports its heavy modules only when
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -36,16 +37,16 @@ def cmd_train(argv: list[str]) -> int:
     if args.list_presets:
         print("\n".join(preset_names()))
         return 0
-    bad = [o for o in overrides if not o.startswith("--") or "." not in o.split("=", 1)[0]]
-    if bad:
-        p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
-    # "--key value" is accepted too: fold it into "--key=value".
+    # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
     folded: list[str] = []
     for item in overrides:
         if folded and "=" not in folded[-1] and not item.startswith("--"):
             folded[-1] += "=" + item
         else:
             folded.append(item)
+    bad = [o for o in folded if not o.startswith("--") or "." not in o.split("=", 1)[0] or "=" not in o]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
     run_dir = args.run_dir
     config_file = args.config
     if args.resume:
@@ -64,10 +65,18 @@ def cmd_train(argv: list[str]) -> int:
 
     from .train.loop import train
 
+    from .train.checkpoint import CheckpointError
+
     try:
         train(cfg, run_dir=run_dir, resume=bool(args.resume))
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
+        return 2
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        # Bad data or checkpoints: one line that says what to do. SPEEDGPT_DEBUG=1 shows the traceback.
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt train: error: {e}", file=sys.stderr)
         return 2
     return 0
 

@@ -356,9 +356,21 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if t.batch_tokens % d.seq_len:
         raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by data.seq_len={d.seq_len}; "
                           f"use a multiple such as {max(1, t.batch_tokens // d.seq_len) * d.seq_len}")
+    if t.micro_batch_size < 0:
+        raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} must be >= 0 (0: all of a rank's rows at once)")
     micro_batch_rows(cfg, world_size)
     if t.steps < 1:
         raise ConfigError(f"train.steps={t.steps} must be at least 1")
+    for key in ("log_every",):
+        if getattr(t, key) < 1:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be at least 1")
+    for key in ("val_every", "checkpoint_every", "warmup_steps", "micro_batch_size"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
+    if d.val_seq_len and d.val_seq_len < 2:
+        raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
+    if s.window_block < 1:
+        raise ConfigError(f"schedule.window_block={s.window_block} must be at least 1 (128 suits FlexAttention)")
     if s.kind not in ("constant_cooldown", "warmup_cosine", "wsd"):
         raise ConfigError(f"schedule.kind='{s.kind}' must be one of constant_cooldown, warmup_cosine, wsd")
     for key in ("warmup_frac", "cooldown_frac", "final_lr_frac", "short_window_frac"):

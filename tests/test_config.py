@@ -60,6 +60,10 @@ def test_override_errors_name_the_key(override, fragment):
     (["--model.attn_backend=cuda"], "must be one of auto, sdpa, flex"),
     (["--model.attn_free_layers=[9]"], "outside 0..3"),
     (["--schedule.cooldown_frac=1.5"], r"schedule.cooldown_frac=1.5 must lie in \[0, 1\]"),
+    (["--train.log_every=0"], "train.log_every=0 must be at least 1"),
+    (["--train.micro_batch_size=-1"], "train.micro_batch_size=-1 must be >= 0"),
+    (["--data.val_seq_len=1"], "data.val_seq_len=1 must be 0"),
+    (["--schedule.window_block=0"], "schedule.window_block=0 must be at least 1"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

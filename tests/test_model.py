@@ -139,3 +139,16 @@ def test_kv_cache_matches_full_forward():
     steps = [m(x[:, t:t + 1], kv_cache=cache) for t in range(25, 40)]
     inc = torch.cat([first] + steps, dim=1)
     assert torch.allclose(full, inc, atol=1e-4)
+
+
+def test_flex_falls_back_to_dense_masks_for_partial_blocks():
+    """Sampling without cache and HellaSwag rows have any length; flex needs whole blocks."""
+    cfg = tiny_model_cfg()
+    m = build_model(cfg, 128, "cpu", seed=0, window_block=32)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    x, y = batch(B=1, T=87)
+    with torch.no_grad():
+        dense = m(x, y, reduction="none")
+        m.attn_backend = "flex"
+        fallback = m(x, y, reduction="none")
+    assert torch.equal(dense, fallback)

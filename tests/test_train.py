@@ -71,3 +71,32 @@ def test_time_budget_stops_early_with_final_eval(tiny_cfg, tmp_path):
     result = train(cfg, run_dir=tmp_path / "run", quiet=True)
     assert result.steps == 1 and result.val_loss is not None
     assert list_checkpoints(tmp_path / "run" / "checkpoints")
+
+
+def test_checkpoints_order_numerically(tmp_path):
+    from speedgpt.train.checkpoint import latest_checkpoint
+
+    for step in (999_999, 1_000_000):
+        save_checkpoint(tmp_path, step, {}, [], {}, keep=5)
+    assert latest_checkpoint(tmp_path).name == "step_1000000"
+
+
+def test_cli_accepts_key_space_value_overrides(text_shards, tmp_path):
+    from conftest import TINY_OVERRIDES
+    from speedgpt.cli import main
+
+    args = [o for o in TINY_OVERRIDES if not o.startswith("--train.steps")]
+    rc = main(["train", "--preset", "tiny-cpu", *args, "--train.steps", "2", f"--data.train_files={text_shards}",
+               "--run-dir", str(tmp_path / "run")])
+    assert rc == 0
+    assert load_toml(tmp_path / "run" / "config.toml").train.steps == 2
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    from speedgpt.cli import main
+
+    assert main(["train", "--train.log_every=0", "--train.device=cpu"]) == 2
+    assert "train.log_every=0 must be at least 1" in capsys.readouterr().err
+    rc = main(["train", "--data.train_files=/no/such/dir", "--train.device=cpu", "--run-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no files match /no/such/dir" in err

@@ -134,6 +134,10 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
     device = inputs_BT.device
     doc = document_ids(inputs_BT, bos_id) if doc_masking else torch.zeros_like(inputs_BT, dtype=torch.int32)
     masks: dict[str, Any] = {}
+    if backend == "flex" and T % block:
+        # Short odd-length inputs (sampling without cache, HellaSwag rows): the dense mask is exact
+        # and cheap there; flex's block lists need whole blocks.
+        backend = "sdpa"
     flex = FlexMasks(doc, block) if backend == "flex" else None
     for key, window in (("L", windows[0]), ("S", windows[1])):
         if key not in patterns:

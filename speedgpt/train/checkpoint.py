@@ -65,8 +65,9 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     ckpt_root = Path(ckpt_root)
     if not ckpt_root.is_dir():
         return []
-    found = [p for p in ckpt_root.iterdir() if p.is_dir() and p.name.startswith(STEP_PREFIX)]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in ckpt_root.iterdir()
+             if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))  # numeric: step 1000000 > 999999
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path:

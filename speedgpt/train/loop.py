@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, micro_batch_rows, save_toml, validate
+from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
 from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
 from ..optim.build import build_optimizers
@@ -102,6 +102,12 @@ class Trainer:
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
                                   seed=cfg.train.seed)
         backend = choose_backend(cfg.model.attn_backend, self.device)
+        block = cfg.schedule.window_block
+        for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
+            if backend == "flex" and length % block:
+                raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
+                                  f"FlexAttention; use {max(block, length // block * block)} or "
+                                  f"--model.attn_backend=sdpa")
         max_len = max(d.seq_len, d.val_seq_len or 0)
         self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
                                       attn_backend=backend, window_block=cfg.schedule.window_block)
@@ -277,13 +283,12 @@ class Trainer:
             self.tokens += tokens_per_step
             self.train_time = time.perf_counter() - t_start
             result.train_losses.append(loss)
-            if t.time_budget_s and self.train_time >= t.time_budget_s:
+            if t.time_budget_s and self.budget_spent():
                 self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
                 stop = True
             last = self.step == t.steps or stop
             if self.step % t.log_every == 0 or last:
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
+                self.sync_device()
                 self.train_time = time.perf_counter() - t_start
                 n = max(1, self.step - last_log_step)
                 dt = (self.train_time - last_log_time) / n
@@ -293,10 +298,12 @@ class Trainer:
                 window = mean_over_ranks(torch.stack(result.train_losses[-n:]).mean())
                 self.log_train(window.item(), dt, tokens_per_step, flops_per_token)
             if (t.val_every and self.step % t.val_every == 0) or last:
+                self.sync_device()  # queued training kernels count as training, not as evaluation
                 t_eval = time.perf_counter()
                 self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
             if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                self.sync_device()
                 t_ckpt = time.perf_counter()
                 self.save()
                 t_start += time.perf_counter() - t_ckpt
@@ -306,6 +313,22 @@ class Trainer:
         result.val_loss = result.val_history[-1][1] if result.val_history else None
         self.finish(result)
         return result
+
+    def sync_device(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def budget_spent(self) -> bool:
+        """Whether train.time_budget_s is used up. Every rank must stop at the same step (or their
+        collectives would no longer match), so on several ranks rank 0's clock decides, read on
+        logging steps only: that keeps the broadcast, a host sync, off the other steps."""
+        if self.dist.world_size == 1:
+            return self.train_time >= self.cfg.train.time_budget_s
+        if self.step % self.cfg.train.log_every:
+            return False
+        flag = torch.tensor([float(self.train_time >= self.cfg.train.time_budget_s)], device=self.device)
+        torch.distributed.broadcast(flag, src=0)
+        return bool(flag.item())
 
     def validate(self, result: TrainResult) -> None:
         val = self.evaluate()
