@@ -151,6 +151,23 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
     return AttnContext(backend=backend, masks=masks)
 
 
+_compiled_flex = None
+
+
+def flex_attention_fused(q, k, v, block_mask, scale: float) -> torch.Tensor:
+    """FlexAttention through its fused kernel also when the model itself runs eagerly (eval, sampling
+    without compile): uncompiled, flex materializes the whole (T x T) score matrix, 54 GiB at 48K
+    tokens. Inside a compiled model the inner compile is simply inlined. CPU keeps the reference path."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if q.device.type != "cuda":
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+
+
 def norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
@@ -230,8 +247,7 @@ class CausalSelfAttention(nn.Module):
             mask = (kpos <= qpos) & ((qpos // block) - (kpos // block) < window_blocks(window, block))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         elif ctx.backend == "flex":
-            from torch.nn.attention.flex_attention import flex_attention
-            y = flex_attention(q, k, v, block_mask=ctx.masks[window_key], scale=self.scale)
+            y = flex_attention_fused(q, k, v, ctx.masks[window_key], self.scale)
         else:
             mask = ctx.masks[window_key]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
