@@ -76,6 +76,15 @@ class DataConfig:
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
 
+    def cache_root(self) -> Path:
+        """Where built corpora and downloaded eval data live (read at call time, never at import)."""
+        return Path(self.cache_dir).expanduser() if self.cache_dir else Path.home() / ".cache" / "speedgpt"
+
+    def default_corpus_dir(self) -> Path:
+        """The local Python-source corpus used when no data.train_files is given."""
+        return self.cache_root() / (f"local-python-{self.local_max_tokens}" if self.local_max_tokens
+                                    else "local-python-all")
+
 
 @dataclass
 class OptimConfig:

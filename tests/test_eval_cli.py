@@ -13,7 +13,7 @@ import torch
 
 from evalkit import make_run, tiny_config, write_corpus
 from speedgpt.cli import main
-from speedgpt.eval.run import EvalError, default_corpus_dir, plan_batches, resolve_eval_files
+from speedgpt.eval.run import EvalError, plan_batches, resolve_eval_files
 from speedgpt.train.metrics import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_mini.jsonl"
@@ -142,7 +142,7 @@ def test_default_corpus_matches_the_trainers(tmp_path, monkeypatch):
     train_files, val_files = resolve_data_files(cfg, DistInfo(), lambda msg: None)
     assert resolve_eval_files(cfg, None, "val") == val_files
     assert resolve_eval_files(cfg, None, "train") == train_files
-    assert val_files[0].parent == default_corpus_dir(cfg)
+    assert val_files[0].parent == cfg.data.default_corpus_dir()
 
 
 @pytest.mark.parametrize("available, want, seq, max_rows, expect", [

@@ -18,14 +18,6 @@ class EvalError(ValueError):
     """Evaluation data is missing or too small; the message says what to pass instead."""
 
 
-def default_corpus_dir(cfg) -> Path:
-    # The same place speedgpt.train.loop.resolve_data_files builds the default local corpus in; kept
-    # in step with it by test_eval_cli. Not built here: the run that trained on it already did.
-    d = cfg.data
-    root = Path(d.cache_dir).expanduser() if d.cache_dir else Path.home() / ".cache" / "speedgpt"
-    return root / (f"local-python-{d.local_max_tokens}" if d.local_max_tokens else "local-python-all")
-
-
 def resolve_eval_files(cfg, data: str | None, split: str) -> list[Path]:
     """Shards to score: `data` if given, else the run's own split as its training resolved it."""
     from ..data.shards import find_shards
@@ -38,7 +30,7 @@ def resolve_eval_files(cfg, data: str | None, split: str) -> list[Path]:
     elif d.train_files:
         where = d.train_files
     else:
-        where = str(default_corpus_dir(cfg))
+        where = str(cfg.data.default_corpus_dir())
         if not Path(where).is_dir():
             raise EvalError(f"the run trained on the default local corpus, expected at {where}, which is gone; "
                             f"rebuild it with `speedgpt data local-python` or pass --data GLOB_OR_DIR")
@@ -120,8 +112,7 @@ def _hellaswag(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> d
     from .hellaswag import download_hellaswag, evaluate_hellaswag, load_examples, render_example
 
     if where == "download":
-        root = Path(cfg.data.cache_dir).expanduser() if cfg.data.cache_dir else Path.home() / ".cache" / "speedgpt"
-        path = download_hellaswag(root / "hellaswag")
+        path = download_hellaswag(cfg.data.cache_root() / "hellaswag")
     else:
         path = Path(where)
         if not path.is_file():

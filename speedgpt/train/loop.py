@@ -55,8 +55,7 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
         return train_files, val_files
     from ..data.tokenize import ensure_local_python_corpus
 
-    root = Path(d.cache_dir).expanduser() if d.cache_dir else Path.home() / ".cache" / "speedgpt"
-    out = root / (f"local-python-{d.local_max_tokens}" if d.local_max_tokens else "local-python-all")
+    out = d.default_corpus_dir()
     if dist_info.is_main:
         log(f"data: no data.train_files given; using the local Python-source corpus at {out}")
         ensure_local_python_corpus(out, max_tokens=d.local_max_tokens or None)
