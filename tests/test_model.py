@@ -152,3 +152,17 @@ def test_flex_falls_back_to_dense_masks_for_partial_blocks():
         m.attn_backend = "flex"
         fallback = m(x, y, reduction="none")
     assert torch.equal(dense, fallback)
+
+
+def test_window_schedule_does_not_recompile():
+    """Windows enter the compiled model as tensors: a new window size must reuse the graph."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    m = build_model(tiny_model_cfg("--model.window_pattern=LS"), 64, "cpu", seed=0, window_block=16)
+    x, y = batch(B=1, T=64)
+    compiled = torch.compile(m, backend="aot_eager", dynamic=False)
+    losses = [compiled(x, y, windows=torch.tensor(w, dtype=torch.int32)).item() for w in ((16, 16), (48, 32), (64, 16))]
+    assert counters["stats"]["unique_graphs"] == 1
+    assert losses[0] == pytest.approx(m(x, y, windows=(16, 16)).item(), abs=1e-5)
