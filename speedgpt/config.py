@@ -6,6 +6,7 @@ directory and `load_toml` of that file reproduces the run.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import typing
@@ -165,12 +166,9 @@ class Config:
         return dataclasses.asdict(self)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config) if f.name != "preset"}
-
-
-def _section_class(name: str) -> type:
-    return {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig}[name]
+# Config's sections and the dataclass of each: the one table both parsing and rebuilding use.
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +206,7 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
 
 
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
-    cfg = _deepcopy(base) if base is not None else Config()
+    cfg = copy.deepcopy(base) if base is not None else Config()
     for section, values in data.items():
         if section == "preset":
             cfg.preset = str(values)
@@ -228,14 +226,10 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config
     return cfg
 
 
-def _deepcopy(cfg: Config) -> Config:
-    return config_from_plain(cfg.to_dict())
-
-
 def config_from_plain(d: dict[str, Any]) -> Config:
+    """Rebuild a Config from `Config.to_dict()` output (e.g. one sent to another process)."""
     out = Config(preset=d.get("preset", ""))
-    for section in SECTIONS:
-        cls = _section_class(section)
+    for section, cls in SECTIONS.items():
         setattr(out, section, cls(**{k: (list(v) if isinstance(v, list) else v) for k, v in d[section].items()}))
     return out
 
@@ -370,10 +364,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     micro_batch_rows(cfg, world_size)
     if t.steps < 1:
         raise ConfigError(f"train.steps={t.steps} must be at least 1")
-    for key in ("log_every",):
-        if getattr(t, key) < 1:
-            raise ConfigError(f"train.{key}={getattr(t, key)} must be at least 1")
-    for key in ("val_every", "checkpoint_every", "warmup_steps", "micro_batch_size"):
+    if t.log_every < 1:
+        raise ConfigError(f"train.log_every={t.log_every} must be at least 1")
+    for key in ("val_every", "checkpoint_every", "warmup_steps"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
     if d.val_seq_len and d.val_seq_len < 2:
@@ -388,7 +381,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
             raise ConfigError(f"schedule.{key}={v} must lie in [0, 1]")
     if s.warmup_frac + s.cooldown_frac > 1.0 and s.kind != "warmup_cosine":
         raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
-    if s.window_block < 1 or s.window_start < 1 or s.window_end < s.window_start:
+    if s.window_start < 1 or s.window_end < s.window_start:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
     if t.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
