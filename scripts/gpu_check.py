@@ -1,6 +1,7 @@
 """GPU checks of the paths CPU tests cannot run fused: compiled FlexAttention masks against a dense
-SDPA reference, and the FP8 lm_head ops against bf16, at the speedrun's shapes. Prints relative
-errors; exits non-zero on a failure. Usage: python scripts/gpu_check.py"""
+SDPA reference, the FP8 lm_head ops against bf16 (and the fused head + loss against fp32, timed), at
+the speedrun's shapes. Prints relative errors; exits non-zero on a failure.
+Usage: python scripts/gpu_check.py [flex|fp8|fp8_ce|generation ...]   (no names: all)"""
 
 from __future__ import annotations
 
@@ -66,6 +67,74 @@ def check_fp8(N=49152, Din=768, V=50304):
     return max(e) < 0.1
 
 
+def _cuda_ms(fn, reps=5):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
+    """The fused FP8 head + softcapped cross-entropy (loss and e5m2 gradient from one kernel) against
+    an fp32 reference, then its forward + backward time against the unfused compiled path it replaces
+    (FP8 head, fp32 softcap, F.cross_entropy, e5m2 cast in the compiled backward), per micro-step."""
+    from speedgpt.model import fp8
+    from speedgpt.model.kernels import softcap_ce
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = F.rms_norm(torch.randn(N, Din, device="cuda", generator=g), (Din,)).bfloat16().requires_grad_()
+    w = (torch.randn(V, Din, device="cuda", generator=g) * 0.2).requires_grad_()
+    w.data[vocab:] = 0
+    t = torch.randint(0, vocab, (N,), device="cuda", generator=g)
+    xs, ws = Din ** 0.5 / fp8.E4M3_MAX, 24 / fp8.E4M3_MAX
+
+    def fused():
+        return fp8.fp8_head_cross_entropy(x, w, t, cap, xs, ws)
+
+    @torch.compile
+    def unfused(a, b):
+        z = fp8.fp8_linear(a, b, xs, ws, 1.0 / (N * fp8.E4M3_MAX)).float()
+        return F.cross_entropy(cap * torch.tanh(z / cap), t)
+
+    # accuracy on the first 8192 rows (an fp32 reference of the full shape needs ~40 GB)
+    n = 8192
+    xa = x.detach()[:n].clone().requires_grad_()
+    wa = w.detach().clone().requires_grad_()
+    loss = fp8.fp8_head_cross_entropy(xa, wa, t[:n], cap, xs, ws)
+    loss.backward()
+    xr, wr = xa.detach().float().requires_grad_(), wa.detach().clone().requires_grad_()
+    z = xr @ wr.T
+    ref = F.cross_entropy(cap * torch.tanh(z / cap), t[:n])
+    ref.backward()
+    e = (abs(loss.item() - ref.item()) / ref.item(), rel(xa.grad, xr.grad), rel(wa.grad, wr.grad))
+    print(f"fp8 head+CE {n}x{Din}x{V}: loss {loss.item():.5f} vs fp32 {ref.item():.5f} (rel {e[0]:.1e}), "
+          f"rel err dx {e[1]:.3f}, dw {e[2]:.3f}", flush=True)
+    del xa, wa, xr, wr, z, ref
+
+    def step(f):
+        def run():
+            f().backward()
+            x.grad = w.grad = None
+        return run
+
+    t_unfused = _cuda_ms(step(lambda: unfused(x, w)))
+    results = {}
+    for bn, bv, warps in ((32, 256, 8), (16, 512, 8), (64, 128, 8), (32, 512, 16), (16, 256, 4)):
+        softcap_ce.CONFIG.update(fp8g_block_n=bn, fp8g_block_v=bv, fp8g_warps=warps)
+        results[(bn, bv, warps)] = _cuda_ms(step(fused))
+    best = min(results, key=results.get)
+    for k, ms in results.items():
+        print(f"  fused block_n={k[0]:3d} block_v={k[1]:4d} warps={k[2]:2d}: {ms:7.2f} ms fwd+bwd")
+    print(f"fp8 head+CE fwd+bwd per micro-step: unfused compiled {t_unfused:.2f} ms, fused {results[best]:.2f} ms "
+          f"(best {best}) = {t_unfused / results[best]:.2f}x", flush=True)
+    return e[0] < 1e-2 and e[1] < 0.1 and e[2] < 0.1
+
+
 def check_generation(T=512):
     """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward."""
     from speedgpt.config import apply_overrides, load_preset
@@ -100,7 +169,9 @@ def check_generation(T=512):
 def main():
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     ok = True
-    for name, fn in (("flex", check_flex), ("fp8", check_fp8), ("generation", check_generation)):
+    checks = {"flex": check_flex, "fp8": check_fp8, "fp8_ce": check_fp8_ce, "generation": check_generation}
+    for name in sys.argv[1:] or checks:
+        fn = checks[name]
         try:
             passed = fn()
         except Exception as e:  # report and continue: one broken path should not hide the other's result

@@ -36,6 +36,42 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) ->
     return 2 * n**3 / statistics.median(times)
 
 
+# GPU kernels by what they do, matched on kernel names (first match wins); the rest is "other".
+KERNEL_CATEGORIES = (
+    ("flex attention", ("flex", "attention")),
+    ("cross-entropy (ours)", ("softcap_ce",)),
+    ("fp8 matmul", ("f8", "fp8", "e4m3", "e5m2")),
+    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "wgmma")),
+    ("triton templates (flex)", ("triton_tem",)),
+    ("nccl", ("nccl",)),
+    ("memcpy/memset", ("memcpy", "memset")),
+    ("triton fused (inductor)", ("triton_",)),
+    ("aten elementwise/reduce", ("elementwise", "reduce", "vectorized")),
+)
+
+
+def kernel_category(name: str) -> str:
+    low = name.lower()
+    for category, keys in KERNEL_CATEGORIES:
+        if any(k in low for k in keys):
+            return category
+    return "other"
+
+
+def print_kernel_categories(prof, steps: int) -> None:
+    """Per-step GPU time by kernel category, from the profiler's device-side kernel events."""
+    from collections import Counter
+
+    totals: Counter = Counter()
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            totals[kernel_category(evt.name)] += evt.device_time_total / 1e3 / steps
+    print(f"GPU time per step by kernel category (ms, {steps} profiled steps):")
+    for category, ms in totals.most_common():
+        print(f"  {category:28s} {ms:9.1f}")
+    print(f"  {'total':28s} {sum(totals.values()):9.1f}")
+
+
 def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0) -> dict:
     """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
     from .train.loop import Trainer
@@ -89,6 +125,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
                 trainer.train_step(s)
             torch.cuda.synchronize(device)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
+        print_kernel_categories(prof, steps=2)
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
     tok_s = cfg.train.batch_tokens / mean_s

@@ -52,7 +52,9 @@ class ModelConfig:
     doc_masking: bool = True  # attend only within the document (documents start at BOS)
     fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
     bf16_embeds: bool = False
-    fused_ce: bool = False  # softcapped cross-entropy as one Triton kernel pair (CUDA + triton only)
+    # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
+    # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
+    fused_ce: bool = False
 
     def resolved_dim(self) -> int:
         if self.model_dim:

@@ -1,11 +1,12 @@
-"""The FP8 head ops on CPU (torch._scaled_mm has a CPU path): accuracy against fp32, the backward,
+"""The FP8 head ops on CPU (torch._scaled_mm has a CPU path): accuracy against fp32 (and fp64 for the
+fused head + loss), the backward,
 and that compilation (fake kernels, autograd registration) reproduces eager results."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.model.fp8 import E4M3_MAX, fp8_linear
+from speedgpt.model.fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 dtypes in this torch")
 
@@ -56,3 +57,88 @@ def test_fp8_linear_compiles_like_eager():
     compiled = torch.compile(lambda a, b: fp8_linear(a, b, *scales), backend="aot_eager", fullgraph=True)(x, w)
     compiled.backward(gout.bfloat16())
     assert torch.equal(eager, compiled) and torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+
+
+def ce_inputs(N=96, D=64, V=200, seed=0, ignore=True):
+    g = torch.Generator().manual_seed(seed)
+    x = F.rms_norm(torch.randn(N, D, generator=g), (D,)).bfloat16().requires_grad_()
+    w = (torch.randn(V, D, generator=g) * 0.5).requires_grad_()  # logits up to ~±30: the cap matters
+    t = torch.randint(0, V, (N,), generator=g)
+    if ignore:
+        t[7::11] = -100
+    return x, w, t
+
+
+def fp64_loss_and_grads(x, w, t, cap, reduction="mean"):
+    xr, wr = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    z = xr @ wr.T
+    loss = F.cross_entropy(cap * torch.tanh(z / cap) if cap else z, t, reduction=reduction)
+    loss.backward()
+    return loss, xr.grad, wr.grad
+
+
+@pytest.mark.parametrize("cap,reduction", [(15.0, "mean"), (0.0, "mean"), (15.0, "sum")])
+def test_fp8_head_cross_entropy_matches_fp64(cap, reduction):
+    """Loss from the FP8 logits, both gradients through the e5m2 logit gradient made in the forward."""
+    x, w, t = ce_inputs()
+    loss = fp8_head_cross_entropy(x, w, t, cap, 64 ** 0.5 / E4M3_MAX, 24 / E4M3_MAX, reduction)
+    (loss * 3.0).backward()  # an upstream gradient other than 1 must reach both gradients
+    ref, gx, gw = fp64_loss_and_grads(x, w, t, cap, reduction)
+    assert abs(loss.item() - ref.item()) < 0.02 * abs(ref.item())  # e4m3 logits
+    assert rel(x.grad, 3 * gx) < 0.1 and rel(w.grad, 3 * gw) < 0.1  # e5m2 gradient: ~5 %
+    assert x.grad.dtype == torch.bfloat16 and w.grad.dtype == torch.float32
+    ignored = t == -100
+    assert ignored.any()
+
+
+def test_fp8_head_cross_entropy_ignored_rows_get_no_gradient():
+    x, w, t = ce_inputs()
+    t[:] = -100
+    t[:4] = 3
+    fp8_head_cross_entropy(x, w, t, 15.0, 64 ** 0.5 / E4M3_MAX, 24 / E4M3_MAX).backward()
+    assert x.grad[4:].abs().sum() == 0 and x.grad[:4].abs().sum() > 0
+
+
+def test_fp8_head_cross_entropy_compiles_like_eager():
+    x, w, t = ce_inputs(seed=2)
+    scales = (64 ** 0.5 / E4M3_MAX, 24 / E4M3_MAX)
+    eager = fp8_head_cross_entropy(x, w, t, 15.0, *scales)
+    eager.backward()
+    gx, gw = x.grad.clone(), w.grad.clone()
+    x.grad = w.grad = None
+    fn = torch.compile(lambda a, b: fp8_head_cross_entropy(a, b, t, 15.0, *scales), backend="aot_eager",
+                       fullgraph=True)
+    compiled = fn(x, w)
+    compiled.backward()
+    assert torch.equal(eager, compiled) and torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+
+
+def test_model_fused_fp8_head_trains_like_the_bf16_free_head():
+    """The model's training path through the fused op against the same model with a plain fp32 head:
+    the loss and every matrix's gradient (the fused op's e5m2 logit gradient feeds all of them)."""
+    from speedgpt.config import ModelConfig
+    from speedgpt.model.gpt import build_model
+
+    cfg = ModelConfig(depth=2, model_dim=64, head_dim=32, vocab_size=300, value_embeds=1, logit_softcap=15.0)
+    m = build_model(cfg, 64, "cpu", seed=0)
+    with torch.no_grad():
+        m.lm_head.weight.normal_(0, 0.3)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 300, (2, 64), generator=g)
+    y = torch.randint(0, 300, (2, 64), generator=g)
+    runs = []
+    for fp8 in (False, True):
+        m.fp8_head = m.fused_ce = fp8
+        m.zero_grad()
+        loss = m(x, y)
+        loss.backward()
+        # scalars (lambdas) excluded: sums of few, cancelling terms, their relative error says little
+        runs.append((loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()
+                                   if p.ndim >= 2 and "lambdas" not in n}))
+    (l_ref, g_ref), (l_fused, g_fused) = runs
+    assert abs(l_ref - l_fused) < 0.01 * l_ref  # e4m3 logits
+    assert g_ref.keys() == g_fused.keys() and "lm_head.weight" in g_ref
+    errors = {n: rel(g_fused[n], g_ref[n]) for n in g_ref if g_ref[n].norm() > 0}
+    assert len(errors) >= 5 and max(errors.values()) < 0.1, errors  # e5m2: ~4 %
+    with torch.no_grad():
+        assert torch.isfinite(m(x, y)) and m(x).shape == (2, 64, 384)  # no-grad and no-target paths

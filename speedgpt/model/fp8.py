@@ -15,6 +15,13 @@ Scales are static, derived from bounds rather than measured each step (an amax p
   minus one-hot, times a softcap derivative <= 1). grad_scale = 1 / (tokens_per_step * 448) puts
   that bound at 448, 2^7 below e5m2's maximum (57344), while gradients down to ~3e-8 of the bound
   stay representable.
+
+`fp8_head_cross_entropy` fuses the head with the softcapped cross-entropy for training: one Triton
+pass over the bf16 logits (model/kernels/softcap_ce.py) computes the loss and, already in the
+forward, the per-token logit gradient, written in e5m2 in both layouts `_scaled_mm` wants (row-
+and column-major), so the logits are freed at once, no separate cast pass exists and the weight
+gradient is an FP8 matmul too. Its gradient scale is G_SCALE (below); the upstream gradient of the
+loss arrives in the backward as a device scalar and is folded into the matmul scales.
 """
 
 from __future__ import annotations
@@ -22,6 +29,10 @@ from __future__ import annotations
 import torch
 
 E4M3_MAX = 448.0
+# Per-token logit gradients (softmax minus one-hot, times a softcap derivative <= 1) lie in [-1, 1].
+# Times 2^15 they stay below e5m2's maximum (57344) and values down to 2^-31 (e5m2's smallest
+# subnormal, 2^-16, over the scale) survive: far below what a softmax over 50K classes produces.
+G_SCALE = 2.0 ** 15
 
 
 def fp8_supported(device: torch.device) -> bool:
@@ -89,6 +100,85 @@ def _backward(ctx, grad_out, _grad_w8):
 
 
 fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+        out_dtype: torch.dtype) -> torch.Tensor:
+    """a @ b for fp8 operands (a row-major, b column-major) with tensorwise scales."""
+    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=False)
+
+
+@torch.library.custom_op("speedgpt::fp8_head_ce_fwd", mutates_args=())
+def fp8_head_ce_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, x_scale: float,
+                    w_scale: float, ignore_index: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed loss, G e5m2 (N, V), G^T e5m2 (V, N), x^T e4m3 (D, N), w e4m3 (V, D)); the last four are
+    what the backward needs. G = G_SCALE * dloss_i / dlogits_ij, computed here (see module docstring)."""
+    from .kernels.softcap_ce import softcap_ce_fp8_grad
+
+    x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
+    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
+    logits = torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x.device),
+                              scale_b=_scale(w_scale, x.device), use_fast_accum=True)
+    loss, g8, g8t = softcap_ce_fp8_grad(logits, targets, cap, G_SCALE, ignore_index)
+    del logits  # 4.8 GB at the speedrun shape, not kept for the backward
+    return loss.sum(), g8, g8t, x8.T.contiguous(), w8
+
+
+@fp8_head_ce_fwd.register_fake
+def _(x, w, targets, cap, x_scale, w_scale, ignore_index):
+    (N, D), V = x.shape, w.shape[0]
+    e5, e4 = torch.float8_e5m2, torch.float8_e4m3fn
+    return (x.new_empty((), dtype=torch.float32), x.new_empty(N, V, dtype=e5), x.new_empty(V, N, dtype=e5),
+            x.new_empty(D, N, dtype=e4), x.new_empty(V, D, dtype=e4))
+
+
+@torch.library.custom_op("speedgpt::fp8_head_ce_bwd", mutates_args=())
+def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8: torch.Tensor, dloss: torch.Tensor,
+                    x_scale: float, w_scale: float, x_dtype: torch.dtype, w_dtype: torch.dtype
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x (N, D), grad_w (V, D)) from the saved e5m2 gradient, both FP8 matmuls."""
+    g_scale = (dloss.float() / G_SCALE).reshape(())
+    dev = g8.device
+    # grad_x = G @ W: W (V, D) as the column-major second operand is a small transposed copy.
+    grad_x = _mm(g8, w8.T.contiguous().T, g_scale, _scale(w_scale, dev), torch.bfloat16)
+    # grad_w = G^T @ x: G^T row-major and x column-major are exactly what the forward saved.
+    grad_w = _mm(g8t, x8t.T, g_scale, _scale(x_scale, dev), torch.float32)
+    return grad_x.to(x_dtype), grad_w.to(w_dtype)
+
+
+@fp8_head_ce_bwd.register_fake
+def _(g8, g8t, x8t, w8, dloss, x_scale, w_scale, x_dtype, w_dtype):
+    N, V, D = g8.shape[0], g8.shape[1], w8.shape[1]
+    return g8.new_empty(N, D, dtype=x_dtype), g8.new_empty(V, D, dtype=w_dtype)
+
+
+def _ce_setup_context(ctx, inputs, output):
+    x, w, _, _, x_scale, w_scale, _ = inputs
+    _, g8, g8t, x8t, w8 = output
+    ctx.save_for_backward(g8, g8t, x8t, w8)
+    ctx.meta = (x_scale, w_scale, x.dtype, w.dtype)
+    ctx.mark_non_differentiable(g8, g8t, x8t, w8)
+
+
+def _ce_backward(ctx, dloss, *_):
+    grad_x, grad_w = fp8_head_ce_bwd(*ctx.saved_tensors, dloss, *ctx.meta)
+    return grad_x, grad_w, None, None, None, None, None
+
+
+fp8_head_ce_fwd.register_autograd(_ce_backward, setup_context=_ce_setup_context)
+
+
+def fp8_head_cross_entropy(x_2d: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float,
+                           x_scale: float, w_scale: float, reduction: str = "mean",
+                           ignore_index: int = -100) -> torch.Tensor:
+    """Softcapped cross-entropy of the FP8 head's logits x_2d @ w.T, for training (see module
+    docstring); reduction "mean" (over non-ignored targets) or "sum"."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"fp8_head_cross_entropy: reduction must be mean or sum, not {reduction!r}")
+    loss_sum = fp8_head_ce_fwd(x_2d, w, targets.contiguous(), float(cap), float(x_scale), float(w_scale),
+                               int(ignore_index))[0]
+    return loss_sum / (targets != ignore_index).sum() if reduction == "mean" else loss_sum
 
 
 def fp8_linear(x_2d: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float) -> torch.Tensor:

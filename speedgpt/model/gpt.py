@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from .fp8 import E4M3_MAX, fp8_linear, fp8_supported
+from .fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear, fp8_supported
 from .kernels.softcap_ce import available as fused_ce_available, softcap_cross_entropy
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
 from .rotary import Rotary
@@ -145,8 +145,14 @@ class GPT(nn.Module):
         if kv_cache is not None:
             kv_cache.pos += inputs_BT.size(1)
         x = norm(x)
+        B, T, D = x.shape
+        if (self.fp8_head and self.fused_ce and targets_BT is not None and reduction in ("mean", "sum")
+                and torch.is_grad_enabled()):
+            # training: head + loss + logit gradient in one op; the logits never leave it (model/fp8.py)
+            return fp8_head_cross_entropy(x.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
+                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.fp8_w_bound / E4M3_MAX,
+                                          reduction)
         if self.fp8_head:
-            B, T, D = x.shape
             logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
                                 self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1)
         else:
