@@ -227,7 +227,7 @@ if HAVE_TRITON:
         tl.store(LOSS + rows, loss, mask=row_ok)
         row_scale = tl.where(valid, g_scale, 0.0)
         for start in range(0, V, BLOCK_V):
-            cols = start + offs
+            cols = (start + offs).to(tl.int64)  # cols * N exceeds 2^31 at the speedrun's shape
             mask = row_ok[:, None] & (cols < V)[None, :]
             x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
