@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve(preset, args.config, overrides)
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
     if args.ab:
+        print(f"A: {format_results(rows, None)}", flush=True)  # kept even if B fails or times out
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step)))
     from .parallel.dist import barrier, teardown
 

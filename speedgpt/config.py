@@ -137,6 +137,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
     compile: bool = False
+    # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
+    # coordinate descent: slower cold compile, faster steps where those kernels matter.
+    coordinate_descent_tuning: bool = False
     warmup_steps: int = 0  # compile/kernel warmup steps on real data, then exact state reset
     time_budget_s: float = 0.0  # stop early (with a final eval and checkpoint) after this much training time
     peak_flops: float = 0.0  # bf16 peak for MFU; 0: the device's table value

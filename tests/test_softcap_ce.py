@@ -258,22 +258,23 @@ def test_kernel_non_contiguous_rows(small_blocks):
 
 
 @needs_kernels
-@pytest.mark.parametrize("cap,V", [(15.0, 1000), (0.0, 257), (50.0, 700)])
-def test_fp8_grad_kernel_matches_reference(cap, V, monkeypatch):
-    """Loss and scaled gradient from one launch, in both layouts. Written to fp32 buffers the kernel's
-    math is checked exactly (the interpreter truncates fp8 casts); the e5m2 output on CUDA is checked
-    against the reference rounded the same way. Rows that do not fill the last tile included."""
-    monkeypatch.setitem(sce.CONFIG, "fp8g_block_n", 16)
-    monkeypatch.setitem(sce.CONFIG, "fp8g_block_v", 128)
-    monkeypatch.setitem(sce.CONFIG, "fp8g_warps", 4)
-    x, t = make(N=40, V=V, scale=8.0, device=DEVICE)
+@pytest.mark.parametrize("cap,V,N,tiles", [(15.0, 1000, 40, (16, 128, 4)), (0.0, 257, 40, (16, 128, 4)),
+                                           (50.0, 700, 40, (16, 128, 4)), (15.0, 2000, 300, None)])
+def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, monkeypatch):
+    """Loss and scaled gradient, in both layouts. Written to fp32 buffers the kernel's math is checked
+    exactly (the interpreter truncates fp8 casts); the e5m2 output on CUDA is checked against the
+    reference rounded the same way. Partial tiles in both dimensions; small and default tiles."""
+    if tiles:
+        for key, value in zip(("fp8g_block_n", "fp8g_block_v", "fp8g_warps"), tiles):
+            monkeypatch.setitem(sce.CONFIG, key, value)
+    x, t = make(N=N, V=V, scale=8.0, device=DEVICE)
     loss_ref, lse = reference_rows(x.cpu(), t.cpu(), cap, IGNORE)
     g_ref = reference_grad(x.cpu().float(), t.cpu(), lse, torch.full_like(lse, 2.0 ** 15), cap, IGNORE)
     dtypes = [torch.float32] + ([torch.float8_e5m2] if DEVICE == "cuda" else [])
     for dtype in dtypes:
         loss, g, gt = sce._triton_fp8_grad(x, t, cap, 2.0 ** 15, IGNORE, dtype)
         torch.testing.assert_close(loss.cpu(), loss_ref, rtol=1e-5, atol=1e-4)
-        assert g.dtype == gt.dtype == dtype and gt.shape == (V, 40)
+        assert g.dtype == gt.dtype == dtype and gt.shape == (V, N)
         assert torch.equal(gt.cpu(), g.cpu().T.contiguous())
         expect = g_ref.to(dtype).float()
         err = (g.cpu().float() - expect).norm() / expect.norm()

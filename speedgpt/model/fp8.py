@@ -16,8 +16,8 @@ Scales are static, derived from bounds rather than measured each step (an amax p
   that bound at 448, 2^7 below e5m2's maximum (57344), while gradients down to ~3e-8 of the bound
   stay representable.
 
-`fp8_head_cross_entropy` fuses the head with the softcapped cross-entropy for training: one Triton
-pass over the bf16 logits (model/kernels/softcap_ce.py) computes the loss and, already in the
+`fp8_head_cross_entropy` fuses the head with the softcapped cross-entropy for training: Triton
+kernels over the bf16 logits (model/kernels/softcap_ce.py) compute the loss and, already in the
 forward, the per-token logit gradient, written in e5m2 in both layouts `_scaled_mm` wants (row-
 and column-major), so the logits are freed at once, no separate cast pass exists and the weight
 gradient is an FP8 matmul too. Its gradient scale is G_SCALE (below); the upstream gradient of the
@@ -159,6 +159,7 @@ def _ce_setup_context(ctx, inputs, output):
     ctx.save_for_backward(g8, g8t, x8t, w8)
     ctx.meta = (x_scale, w_scale, x.dtype, w.dtype)
     ctx.mark_non_differentiable(g8, g8t, x8t, w8)
+    ctx.set_materialize_grads(False)  # else autograd fills 4.8 GB of zero "gradients" for g8 and g8t
 
 
 def _ce_backward(ctx, dloss, *_):

@@ -117,6 +117,10 @@ class Trainer:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
+        if cfg.train.compile:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0

@@ -56,8 +56,8 @@ CONFIG = {
     "fwd_block_v": 4096, "fwd_warps": 8,
     "bwd_block_v": 4096, "bwd_warps": 8,
     "tanh": "exp",  # exp | libdevice | approx (see _capped_log2)
-    # loss + e5m2 gradient in one launch: tiles of rows, so the transposed copy is written coalesced
-    "fp8g_block_n": 32, "fp8g_block_v": 256, "fp8g_warps": 8,
+    # e5m2 gradient: one (rows x vocab) tile per program, so its transposed copy is written coalesced
+    "fp8g_block_n": 64, "fp8g_block_v": 128, "fp8g_warps": 8,
 }
 _TANH_MODES = {"exp": 0, "libdevice": 1, "approx": 2}
 
@@ -183,60 +183,28 @@ if HAVE_TRITON:
 
     @triton.jit
     def _softcap_ce_fp8_grad_kernel(
-        X, stride_x, T, LOSS, G, GT, N, V, cap, g_scale, ignore_index,
-        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+        X, stride_x, T, LSE, G, GT, N, V, cap, g_scale, ignore_index,
+        HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
-        """Loss and gradient in one launch, for a tile of BLOCK_N rows: pass 1 over the vocab gives the
-        logsumexp, pass 2 writes g_scale * dloss_i/dx_ij in e5m2 twice, row-major into G (N, V) and
-        transposed into GT (V, N): the two layouts the FP8 backward matmuls want (see model/fp8.py)."""
+        """g_scale * dloss_i/dx_ij for one (BLOCK_N x BLOCK_V) tile, given the rows' logsumexp, written
+        in e5m2 twice: row-major into G (N, V) and transposed into GT (V, N), the two layouts the FP8
+        backward matmuls want (model/fp8.py). One tile per program: many independent programs keep
+        enough loads in flight to run at memory speed."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = tl.program_id(1).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)  # cols * N > 2^31
         row_ok = rows < N
-        x_rows = X + rows[:, None] * stride_x
-        offs = tl.arange(0, BLOCK_V)
-        if FIXED_MAX:
-            c2 = cap * 1.4426950408889634
-            acc = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
-            for start in range(0, V, BLOCK_V):
-                cols = start + offs
-                mask = row_ok[:, None] & (cols < V)[None, :]
-                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
-                acc += tl.where(mask, tl.exp2(z2 - c2), 0.0)
-            lse2 = c2 + tl.log2(tl.sum(acc, axis=1))
-        else:
-            m = tl.full([BLOCK_N], float("-inf"), tl.float32)
-            s = tl.zeros([BLOCK_N], dtype=tl.float32)
-            for start in range(0, V, BLOCK_V):
-                cols = start + offs
-                mask = row_ok[:, None] & (cols < V)[None, :]
-                x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
-                z2 = tl.where(mask, z2, -float("inf"))
-                m_new = tl.maximum(m, tl.max(z2, axis=1))
-                m_new = tl.where(m_new == -float("inf"), 0.0, m_new)  # padding rows: keep exp2 finite
-                s = s * tl.exp2(m - m_new) + tl.sum(tl.exp2(z2 - m_new[:, None]), axis=1)
-                m = m_new
-            lse2 = m + tl.log2(s)
+        mask = row_ok[:, None] & (cols < V)[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tgt = tl.load(T + rows, mask=row_ok, other=ignore_index).to(tl.int64)
-        valid = row_ok & (tgt != ignore_index)
-        in_range = valid & (tgt >= 0) & (tgt < V)
-        xt = tl.load(X + rows * stride_x + tl.where(in_range, tgt, 0), mask=row_ok, other=0.0).to(tl.float32)
-        zt2, _tt = _capped_log2(xt, cap, HAS_CAP, TANH)
-        loss = tl.where(valid, (lse2 - tl.where(in_range, zt2, 0.0)) * 0.6931471805599453, 0.0)
-        tl.store(LOSS + rows, loss, mask=row_ok)
-        row_scale = tl.where(valid, g_scale, 0.0)
-        for start in range(0, V, BLOCK_V):
-            cols = (start + offs).to(tl.int64)  # cols * N exceeds 2^31 at the speedrun's shape
-            mask = row_ok[:, None] & (cols < V)[None, :]
-            x = tl.load(x_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
-            d = tl.exp2(z2 - lse2[:, None]) - tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
-            if HAS_CAP:
-                d = d * (1.0 - t * t)
-            d8 = (d * row_scale[:, None]).to(G.dtype.element_ty)
-            tl.store(G + rows[:, None] * V + cols[None, :], d8, mask=mask)
-            tl.store(GT + cols[:, None] * N + rows[None, :], tl.trans(d8), mask=tl.trans(mask))
+        lse2 = tl.load(LSE + rows, mask=row_ok, other=0.0) * 1.4426950408889634
+        z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
+        d = tl.exp2(z2 - lse2[:, None]) - tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
+        if HAS_CAP:
+            d = d * (1.0 - t * t)
+        row_scale = tl.where(row_ok & (tgt != ignore_index), g_scale, 0.0)
+        d8 = (d * row_scale[:, None]).to(G.dtype.element_ty)
+        tl.store(G + rows[:, None] * V + cols[None, :], d8, mask=mask)
+        tl.store(GT + cols[None, :] * N + rows[:, None], d8, mask=mask)
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -272,15 +240,14 @@ def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out):
 def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
     x = _rows(logits)
     N, V = x.shape
-    loss = torch.empty(N, dtype=torch.float32, device=x.device)
+    loss, lse = _triton_fwd(x, targets, cap, ignore_index)
     g = torch.empty(N, V, dtype=fp8_dtype, device=x.device)
     gt = torch.empty(V, N, dtype=fp8_dtype, device=x.device)
     if N:
-        bn = CONFIG["fp8g_block_n"]
-        _softcap_ce_fp8_grad_kernel[(triton.cdiv(N, bn),)](
-            x, x.stride(0), targets, loss, g, gt, N, V, float(cap), float(g_scale), int(ignore_index),
-            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]],
-            BLOCK_N=bn, BLOCK_V=min(CONFIG["fp8g_block_v"], triton.next_power_of_2(V)),
+        bn, bv = CONFIG["fp8g_block_n"], CONFIG["fp8g_block_v"]
+        _softcap_ce_fp8_grad_kernel[(triton.cdiv(N, bn), triton.cdiv(V, bv))](
+            x, x.stride(0), targets, lse, g, gt, N, V, float(cap), float(g_scale), int(ignore_index),
+            HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]], BLOCK_N=bn, BLOCK_V=bv,
             num_warps=CONFIG["fp8g_warps"])
     return loss, g, gt
 
@@ -318,8 +285,9 @@ def reference_grad(logits, targets, lse, dloss, cap: float, ignore_index: int = 
 def softcap_ce_fp8_grad(logits: torch.Tensor, targets: torch.Tensor, cap: float, g_scale: float,
                         ignore_index: int = -100, fp8_dtype: torch.dtype = torch.float8_e5m2):
     """(per-row loss fp32, G, G^T contiguous) with G = g_scale * dloss_i/dlogits_ij in `fp8_dtype`:
-    the loss and its unreduced gradient in one pass, for a caller that knows the gradient is needed
-    (the FP8 head, model/fp8.py). Ignored rows get loss 0 and a zero gradient row.
+    the loss and its unreduced gradient together, for a caller that knows the gradient is needed
+    (the FP8 head, model/fp8.py): the forward kernel (loss, logsumexp), then one gradient kernel that
+    reads the logits once and writes both fp8 layouts. Ignored rows get loss 0 and a zero gradient row.
     Triton where available, plain torch elsewhere (same contract)."""
     if available(logits.device):
         return _triton_fp8_grad(logits, targets.contiguous(), cap, g_scale, ignore_index, fp8_dtype)
