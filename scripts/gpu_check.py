@@ -124,15 +124,17 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
 
     t_unfused = _cuda_ms(step(lambda: unfused(x, w)))
     results = {}
-    for bn, bv, warps, tanh in ((64, 128, 8, "exp"), (32, 256, 8, "exp"), (64, 256, 8, "exp"),
-                                (128, 64, 8, "exp"), (64, 128, 4, "exp"), (64, 128, 8, "approx"),
-                                (32, 256, 8, "approx")):
-        softcap_ce.CONFIG.update(fp8g_block_n=bn, fp8g_block_v=bv, fp8g_warps=warps, tanh=tanh)
-        results[(bn, bv, warps, tanh)] = _cuda_ms(step(fused))
-    softcap_ce.CONFIG["tanh"] = "exp"
+    for bn, bv, warps, tanh, trans in ((64, 128, 8, "exp", True), (64, 128, 8, "approx", True),
+                                       (32, 256, 8, "approx", True), (64, 256, 8, "approx", True),
+                                       (128, 128, 8, "approx", True), (64, 128, 4, "approx", True),
+                                       (32, 256, 8, "approx", False), (64, 128, 8, "exp", False)):
+        softcap_ce.CONFIG.update(fp8g_block_n=bn, fp8g_block_v=bv, fp8g_warps=warps, tanh=tanh, fp8g_trans=trans)
+        results[(bn, bv, warps, tanh, trans)] = _cuda_ms(step(fused))
+    softcap_ce.CONFIG.update(tanh="exp", fp8g_trans=True)
     best = min(results, key=results.get)
     for k, ms in results.items():
-        print(f"  fused block_n={k[0]:3d} block_v={k[1]:4d} warps={k[2]:2d} tanh={k[3]:6s}: {ms:7.2f} ms fwd+bwd")
+        print(f"  fused block_n={k[0]:3d} block_v={k[1]:4d} warps={k[2]:2d} tanh={k[3]:6s} trans={k[4]!s:5s}: "
+              f"{ms:7.2f} ms fwd+bwd")
     print(f"fp8 head+CE fwd+bwd per micro-step: unfused compiled {t_unfused:.2f} ms, fused {results[best]:.2f} ms "
           f"(best {best}) = {t_unfused / results[best]:.2f}x", flush=True)
     return e[0] < 1e-2 and e[1] < 0.1 and e[2] < 0.1

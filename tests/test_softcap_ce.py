@@ -258,12 +258,14 @@ def test_kernel_non_contiguous_rows(small_blocks):
 
 
 @needs_kernels
+@pytest.mark.parametrize("trans", [True, False])
 @pytest.mark.parametrize("cap,V,N,tiles", [(15.0, 1000, 40, (16, 128, 4)), (0.0, 257, 40, (16, 128, 4)),
                                            (50.0, 700, 40, (16, 128, 4)), (15.0, 2000, 300, None)])
-def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, monkeypatch):
+def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, trans, monkeypatch):
     """Loss and scaled gradient, in both layouts. Written to fp32 buffers the kernel's math is checked
     exactly (the interpreter truncates fp8 casts); the e5m2 output on CUDA is checked against the
     reference rounded the same way. Partial tiles in both dimensions; small and default tiles."""
+    monkeypatch.setitem(sce.CONFIG, "fp8g_trans", trans)
     if tiles:
         for key, value in zip(("fp8g_block_n", "fp8g_block_v", "fp8g_warps"), tiles):
             monkeypatch.setitem(sce.CONFIG, key, value)
