@@ -258,14 +258,17 @@ def test_kernel_non_contiguous_rows(small_blocks):
 
 
 @needs_kernels
-@pytest.mark.parametrize("trans", [True, False])
+@pytest.mark.parametrize("tanh", ["exp", "approx"])
 @pytest.mark.parametrize("cap,V,N,tiles", [(15.0, 1000, 40, (16, 128, 4)), (0.0, 257, 40, (16, 128, 4)),
                                            (50.0, 700, 40, (16, 128, 4)), (15.0, 2000, 300, None)])
-def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, trans, monkeypatch):
+def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, tanh, monkeypatch):
     """Loss and scaled gradient, in both layouts. Written to fp32 buffers the kernel's math is checked
     exactly (the interpreter truncates fp8 casts); the e5m2 output on CUDA is checked against the
-    reference rounded the same way. Partial tiles in both dimensions; small and default tiles."""
-    monkeypatch.setitem(sce.CONFIG, "fp8g_trans", trans)
+    reference rounded the same way. Partial tiles in both dimensions; small and default tiles. The
+    approximate tanh (the default on the GPU; no interpreter support) is checked to its own accuracy."""
+    if tanh == "approx" and DEVICE != "cuda":
+        pytest.skip("tanh.approx.f32 is PTX: GPU only")
+    monkeypatch.setitem(sce.CONFIG, "fp8g_tanh", tanh)
     if tiles:
         for key, value in zip(("fp8g_block_n", "fp8g_block_v", "fp8g_warps"), tiles):
             monkeypatch.setitem(sce.CONFIG, key, value)
@@ -280,7 +283,8 @@ def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, trans, monkeypatch)
         assert torch.equal(gt.cpu(), g.cpu().T.contiguous())
         expect = g_ref.to(dtype).float()
         err = (g.cpu().float() - expect).norm() / expect.norm()
-        assert err < (1e-5 if dtype == torch.float32 else 2e-2), (dtype, err)
+        tol = {torch.float32: 1e-5 if tanh == "exp" else 1e-2}.get(dtype, 2e-2 if tanh == "exp" else 3e-2)
+        assert err < tol, (dtype, tanh, err)
         assert g[t == IGNORE].float().abs().sum() == 0
 
 
