@@ -96,8 +96,25 @@ class OptimConfig:
     muon_momentum_start: float = 0.85
     muon_momentum_warmup_steps: int = 300
     muon_nesterov: bool = True
-    muon_ns_steps: int = 5
-    muon_weight_decay: float = 0.0
+    muon_ns_steps: int = 5  # orthogonalization iterations (at most 5 with polar_express)
+    muon_weight_decay: float = 0.0  # decoupled: p <- p - lr * wd * p each step
+    # How Muon orthogonalizes: "newton_schulz" repeats one quintic whose singular values end in
+    # ~[0.7, 1.2]; "polar_express" (Amsel et al. 2025; speedrun record 2025-09-29) uses a different,
+    # minimax-optimal quintic per iteration and ends in ~[0.86, 1.14] for the same five matmul rounds.
+    muon_ortho: str = "newton_schulz"
+    # NorMuon (Li et al. 2025; speedrun records from 2025-10): orthogonalized updates still give some
+    # output units (rows) much larger steps than others; keep an EMA of each row's mean squared update,
+    # divide rows by its root, then restore the matrix's Frobenius norm so muon_lr keeps its meaning.
+    normuon: bool = False
+    normuon_beta2: float = 0.95  # EMA factor of the per-row second moment (the paper's default)
+    # Cautious weight decay (Chen et al. 2025; speedrun records 2025-10-28, 2025-11-10): decay Muon's
+    # matrices only where the parameter and its update have the same sign (the step already moves
+    # them towards zero), so the decay never fights the update. Needs muon_weight_decay > 0.
+    cautious_wd: bool = False
+    # Muon's weight decay over training: "constant", or "lr": multiplied by the lr schedule's
+    # multiplier, so it shrinks in the cooldown with the lr (the 2025-11-10 record's finding; its
+    # decay per step is then lr * wd * multiplier, quadratic in the schedule).
+    wd_schedule: str = "constant"
     embed_lr: float = 0.3
     value_embed_lr: float = 0.3
     head_lr: float = 0.008
@@ -390,6 +407,25 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
     if t.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
+    o = cfg.optim
+    if o.muon_ortho not in ("newton_schulz", "polar_express"):
+        raise ConfigError(f"optim.muon_ortho='{o.muon_ortho}' must be newton_schulz or polar_express")
+    if o.muon_ns_steps < 1:
+        raise ConfigError(f"optim.muon_ns_steps={o.muon_ns_steps} must be at least 1 (5 is the speedrun's)")
+    if o.muon_ortho == "polar_express" and o.muon_ns_steps > 5:
+        raise ConfigError(f"optim.muon_ns_steps={o.muon_ns_steps}: Polar Express has coefficients for at most 5 "
+                          f"iterations; use --optim.muon_ns_steps=5 or --optim.muon_ortho=newton_schulz")
+    if not 0.0 < o.normuon_beta2 < 1.0:
+        raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
+    if o.muon_weight_decay < 0:
+        raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
+    if o.wd_schedule not in ("constant", "lr"):
+        raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant or lr")
+    if not o.muon_weight_decay:  # an A/B run with a switch that silently does nothing would mislead
+        for key, on in (("cautious_wd", o.cautious_wd), ("wd_schedule", o.wd_schedule != "constant")):
+            if on:
+                raise ConfigError(f"optim.{key}={getattr(o, key)!r} does nothing with optim.muon_weight_decay=0; "
+                                  f"set a decay, e.g. --optim.muon_weight_decay=0.036")
 
 
 def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> Config:

@@ -52,12 +52,14 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
     ]
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     world = get_world_size() if world_size is None else world_size
+    muon_kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
+                       ns_steps=cfg.muon_ns_steps, weight_decay=cfg.muon_weight_decay, ortho=cfg.muon_ortho,
+                       normuon=cfg.normuon, normuon_beta2=cfg.normuon_beta2, cautious_wd=cfg.cautious_wd)
     if world == 1:
         adam = torch.optim.AdamW(adam_groups, betas=betas, eps=cfg.adam_eps,
                                  weight_decay=cfg.adam_weight_decay, fused=device.type == "cuda")
         _keep_impl_flags(adam)
-        muon = Muon(groups["matrix"], lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
-                    ns_steps=cfg.muon_ns_steps, weight_decay=cfg.muon_weight_decay)
+        muon = Muon(groups["matrix"], **muon_kwargs)
     else:
         from ..optim.adam import DistAdam
         from ..optim.muon import DistMuon
@@ -65,8 +67,7 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
 
         sync = GradSync(world, get_rank(), device)
         adam = DistAdam(adam_groups, sync, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay)
-        muon = DistMuon(groups["matrix"], sync, lr=cfg.muon_lr, momentum=cfg.muon_momentum,
-                        nesterov=cfg.muon_nesterov, ns_steps=cfg.muon_ns_steps, weight_decay=cfg.muon_weight_decay)
+        muon = DistMuon(groups["matrix"], sync, **muon_kwargs)
     optimizers = [adam, muon]
     for opt in optimizers:
         for group in opt.param_groups:

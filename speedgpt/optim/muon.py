@@ -1,7 +1,10 @@
-"""Muon: momentum SGD whose update for each hidden matrix is orthogonalized by Newton–Schulz.
+"""Muon: momentum SGD whose update for each hidden matrix is orthogonalized by an odd matrix polynomial.
 
-The quintic iteration below pushes every singular value of the (normalized) update towards ~1
+The quintic iterations below push every singular value of the (normalized) update towards ~1
 in a few bf16 matmuls, so each step moves all directions of a matrix by a similar amount.
+Three switches from the later speedrun records, all off by default (OptimConfig says why):
+Polar Express coefficients (`ortho`), NorMuon's per-row normalization (`normuon`) and
+cautious weight decay (`cautious_wd`).
 """
 
 from __future__ import annotations
@@ -14,21 +17,43 @@ from ..parallel.dist import all_gather, reduce_scatter
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
+# Polar Express (Amsel, Persson, Musco, Gower 2025, "The Polar Express: Optimal Matrix Sign Methods
+# and Their Application to the Muon Algorithm", arXiv:2505.16932): a different odd quintic
+# p_t(x) = a x + b x^3 + c x^5 per iteration, each the minimax-optimal one for the interval the
+# previous ones leave. These are the five used by modded-nanogpt since its 2025-09-29 record
+# (train_gpt.py, "Computed for num_iters=5, safety_factor=2e-2, cushion=2"). The paper's own
+# Algorithm 1 uses a slightly different set (its raw coefficients divided by 1.01, 1.01^3, 1.01^5
+# and a 1.01 normalization); the two are close, this one matches the speedrun.
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+# The same record divides by 1.02 x the Frobenius norm (plus 1e-6), not by the norm itself: the first
+# polynomial is fitted on [0, 1] and grows fast past it (p_1(1) = 1.55, p_1(1.1) = 4.6), so the 2%
+# margin keeps bf16 rounding from pushing the top singular value out of the fitted interval.
+POLAR_EXPRESS_SAFETY = 1.02
+ORTHO_METHODS = ("newton_schulz", "polar_express")
 
-def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Approximately orthogonalize the last two dims of G (batched). Singular values land in ~[0.7, 1.2].
+
+def _odd_quintic_iterations(G: torch.Tensor, coeffs, inflate: float, eps: float,
+                            dtype: torch.dtype | None) -> torch.Tensor:
+    """X <- a_t X + (b_t A + c_t A^2) X with A = X X^T, for each (a_t, b_t, c_t) in coeffs, batched
+    over the leading dims, after scaling X so its spectral norm is at most 1/inflate.
 
     bf16 on GPUs (tensor cores; the iteration tolerates the rounding); fp32 on CPUs, whose bf16
     matmuls are slower than fp32 ones."""
-    a, b, c = NS_COEFFS
     if dtype is None:
         dtype = torch.bfloat16 if G.is_cuda else torch.float32
     X = G.to(dtype)
     transposed = G.size(-2) > G.size(-1)
     if transposed:  # iterate on the wide orientation: the Gram matrix X X^T is then the small one
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
-    for _ in range(steps):
+    norm = X.norm(dim=(-2, -1), keepdim=True)  # spectral norm <= Frobenius norm
+    X = X / ((norm * inflate if inflate != 1.0 else norm) + eps)
+    for a, b, c in coeffs:
         A = X @ X.mT
         B = b * A + c * (A @ A)
         X = a * X + B @ X
@@ -37,17 +62,77 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: tor
     return X
 
 
+def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximately orthogonalize the last two dims of G (batched) with one fixed quintic repeated
+    `steps` times. Singular values land in ~[0.7, 1.2]."""
+    return _odd_quintic_iterations(G, [NS_COEFFS] * steps, 1.0, eps, dtype)
+
+
+def polar_express(G: torch.Tensor, steps: int = 5, eps: float = 1e-6, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Approximately orthogonalize the last two dims of G (batched) with the first `steps` (<= 5)
+    Polar Express polynomials: same cost per iteration as newton_schulz; after all five, singular
+    values land in ~[0.86, 1.14]. The set is tuned for five: intermediate iterates overshoot
+    (p_1(1) = 1.55), so fewer steps is a truncation, not a smaller optimal method."""
+    if not 1 <= steps <= len(POLAR_EXPRESS_COEFFS):
+        raise ValueError(f"polar_express: steps={steps}, but coefficients exist for 1..{len(POLAR_EXPRESS_COEFFS)} "
+                         f"iterations; use muon_ns_steps <= {len(POLAR_EXPRESS_COEFFS)} or newton_schulz")
+    return _odd_quintic_iterations(G, POLAR_EXPRESS_COEFFS[:steps], POLAR_EXPRESS_SAFETY, eps, dtype)
+
+
+def orthogonalize(G: torch.Tensor, method: str = "newton_schulz", steps: int = 5) -> torch.Tensor:
+    if method == "newton_schulz":
+        return newton_schulz(G, steps=steps)
+    if method == "polar_express":
+        return polar_express(G, steps=steps)
+    raise ValueError(f"unknown orthogonalization '{method}'; use one of {', '.join(ORTHO_METHODS)}")
+
+
+def normuon_normalize(update: torch.Tensor, second_moment: torch.Tensor, beta2: float,
+                      eps: float = 1e-10) -> torch.Tensor:
+    """NorMuon (Li et al. 2025, "NorMuon: Making Muon more efficient and scalable", arXiv:2510.05491):
+    equalize the per-neuron update size that orthogonalization leaves uneven.
+
+    `update` (..., m, n) is an orthogonalized update in the parameter's own (out, in) layout, so
+    row i is output unit i. `second_moment` (..., m, 1), fp32, is updated in place to an EMA of each
+    row's mean squared entry; the rows are divided by sqrt(EMA + eps), then each matrix is rescaled
+    to the Frobenius norm it had before (as the authors' normuon.py and modded-nanogpt do), so the
+    learning rate keeps Muon's meaning. That per-matrix rescale also cancels the EMA's zero-start
+    bias (a scalar per matrix), which is why there is no bias correction. Returns a new fp32 tensor."""
+    u = update.float()
+    second_moment.lerp_(u.square().mean(dim=-1, keepdim=True), 1 - beta2)
+    scaled = u * (second_moment + eps).rsqrt()
+    before = u.norm(dim=(-2, -1), keepdim=True)
+    after = scaled.norm(dim=(-2, -1), keepdim=True)
+    return scaled * (before / after.clamp_min(eps))
+
+
 def muon_lr_scale(shape: torch.Size) -> float:
     """Tall matrices get larger steps so the per-element update size does not shrink with fan-out."""
     return max(1.0, shape[-2] / shape[-1]) ** 0.5
 
 
 class Muon(torch.optim.Optimizer):
-    """Single-process Muon. Parameters of any rank >= 2; leading dims are a batch of matrices."""
+    """Single-process Muon. Parameters of any rank >= 2; leading dims are a batch of matrices.
+
+    ortho: "newton_schulz" | "polar_express" (the polynomial iteration; ns_steps iterations).
+    normuon: divide each output row of the orthogonalized update by the root of an EMA (beta2) of
+        its mean square, keeping the matrix's Frobenius norm (normuon_normalize).
+    weight_decay: decoupled, p <- p - lr * weight_decay * p; the trainer may schedule it
+        (optim.wd_schedule). cautious_wd: decay only where p and the update have the same sign.
+    """
+
+    # Algorithm switches: this run's choice, never taken from a checkpoint (see load_state_dict).
+    SWITCHES = ("ortho", "normuon", "normuon_beta2", "cautious_wd")
 
     def __init__(self, params, lr: float = 0.05, momentum: float = 0.95, nesterov: bool = True,
-                 ns_steps: int = 5, weight_decay: float = 0.0):
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay)
+                 ns_steps: int = 5, weight_decay: float = 0.0, ortho: str = "newton_schulz",
+                 normuon: bool = False, normuon_beta2: float = 0.95, cautious_wd: bool = False):
+        if ortho not in ORTHO_METHODS:
+            raise ValueError(f"Muon: unknown ortho='{ortho}'; use one of {', '.join(ORTHO_METHODS)}")
+        if not 0.0 < normuon_beta2 < 1.0:
+            raise ValueError(f"Muon: normuon_beta2={normuon_beta2} must lie in (0, 1)")
+        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps, weight_decay=weight_decay,
+                        ortho=ortho, normuon=normuon, normuon_beta2=normuon_beta2, cautious_wd=cautious_wd)
         super().__init__(params, defaults)
 
     def momentum_direction(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
@@ -59,20 +144,44 @@ class Muon(torch.optim.Optimizer):
         buf.lerp_(grad, 1 - group["momentum"])
         return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
 
+    @staticmethod
+    def state_layout(p: torch.Tensor) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Every per-matrix state tensor Muon may keep: name -> (shape, dtype). DistMuon gathers these."""
+        return {"momentum_buffer": (tuple(p.shape), p.dtype),
+                "second_momentum_buffer": ((*p.shape[:-1], 1), torch.float32)}
+
+    def normalize(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> torch.Tensor:
+        """NorMuon's per-row normalization of p's orthogonalized update (identity when it is off)."""
+        if not group["normuon"]:
+            return update
+        state = self.state[p]
+        if "second_momentum_buffer" not in state:
+            shape, dtype = self.state_layout(p)["second_momentum_buffer"]
+            state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=p.device)
+        return normuon_normalize(update, state["second_momentum_buffer"], group["normuon_beta2"])
+
     def update_for(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
-        """Momentum + Newton–Schulz for one parameter; returns the orthogonalized step direction."""
-        return newton_schulz(self.momentum_direction(p, grad, group), steps=group["ns_steps"])
+        """Momentum + orthogonalization (+ NorMuon) for one parameter; returns the step direction."""
+        ortho = orthogonalize(self.momentum_direction(p, grad, group), group["ortho"], group["ns_steps"])
+        return self.normalize(p, ortho, group)
 
     def apply_update(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
         lr = group["lr"]
         if group["weight_decay"]:
-            p.mul_(1 - lr * group["weight_decay"])
+            if group["cautious_wd"]:
+                # Cautious weight decay (Chen et al. 2025, arXiv:2510.12402, Algorithm 1):
+                # x <- x - lr * (u + wd * 1[u * x >= 0] * x). Decay only the coordinates the step
+                # already moves towards zero; elsewhere it would fight the update.
+                agree = (update * p) >= 0
+                p.sub_(torch.where(agree, p, 0.0), alpha=lr * group["weight_decay"])
+            else:
+                p.mul_(1 - lr * group["weight_decay"])
         p.add_(update.to(p.dtype), alpha=-lr * muon_lr_scale(p.shape))
 
     @torch.no_grad()
     def step(self, closure=None):
-        # Matrices of one shape (up to transposition) share one batched Newton–Schulz: a few large
-        # launches instead of five iterations x three matmuls per matrix.
+        # Matrices of one shape (up to transposition) share one batched orthogonalization: a few
+        # large launches instead of five iterations x three matmuls per matrix.
         for group in self.param_groups:
             by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:
@@ -83,10 +192,27 @@ class Muon(torch.optim.Optimizer):
                 dirs = [self.momentum_direction(p, p.grad, group) for p in params]
                 wide = [d.reshape(-1, *d.shape[-2:]) for d in dirs]
                 wide = [w.mT if w.size(-2) > w.size(-1) else w for w in wide]
-                ortho = newton_schulz(torch.cat(wide), steps=group["ns_steps"])
+                ortho = orthogonalize(torch.cat(wide), group["ortho"], group["ns_steps"])
                 for p, d, chunk in zip(params, dirs, ortho.split([w.size(0) for w in wide])):
                     chunk = chunk.mT if d.size(-2) > d.size(-1) else chunk
-                    self.apply_update(p, chunk.reshape(p.shape), group)
+                    # NorMuon's rows are the parameter's own rows, so it runs after transposing back.
+                    self.apply_update(p, self.normalize(p, chunk.reshape(p.shape), group), group)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """torch's load, then two repairs: the algorithm switches stay this optimizer's own (a run
+        resumed with --optim.normuon=true turns it on; older checkpoints lack the keys), and the
+        NorMuon second moments stay fp32 (torch casts every state tensor to its parameter's dtype)."""
+        switches = [{k: g[k] for k in self.SWITCHES} for g in self.param_groups]
+        super().load_state_dict(state_dict)
+        for group, sw in zip(self.param_groups, switches):
+            group.update(sw)
+        params = [p for g in self.param_groups for p in g["params"]]
+        for i, saved in state_dict["state"].items():
+            st = self.state.get(params[int(i)], {})
+            buf = st.get("second_momentum_buffer")
+            if buf is not None and buf.dtype != torch.float32:
+                st["second_momentum_buffer"] = saved["second_momentum_buffer"].to(
+                    device=buf.device, dtype=torch.float32, copy=True)
 
 
 class DistMuon(Muon):
@@ -96,17 +222,20 @@ class DistMuon(Muon):
     (≈ the order backward produces their gradients) and cut into chunks of W = world size, the
     last chunk padded with empty slots. Slot r of every chunk belongs to rank r. Per chunk, one
     reduce-scatter (launched from the backward hooks, parallel/ddp.py) hands rank r the averaged
-    gradient of its matrix; rank r runs momentum + Newton–Schulz and the update on it alone and
-    keeps that matrix's momentum buffer; one all-gather of the updated matrices completes the
-    step everywhere. With W = 1 every chunk is one matrix and no communication happens: the
-    math is exactly Muon's. `state_dict()` is the full, unsharded Muon state (collective);
-    `load_state_dict()` accepts a full state from any world size and keeps this rank's buffers.
+    gradient of its matrix; rank r runs momentum + orthogonalization (+ NorMuon) and the update on
+    it alone and keeps that matrix's state (momentum and NorMuon buffers); one all-gather of the
+    updated matrices completes the step everywhere. With W = 1 every chunk is one matrix and no
+    communication happens: the math is exactly Muon's. `state_dict()` is the full, unsharded Muon
+    state (collective); `load_state_dict()` accepts a full state from any world size and keeps
+    this rank's buffers.
     """
 
     def __init__(self, params, grad_sync, lr: float = 0.05, momentum: float = 0.95, nesterov: bool = True,
-                 ns_steps: int = 5, weight_decay: float = 0.0):
+                 ns_steps: int = 5, weight_decay: float = 0.0, ortho: str = "newton_schulz",
+                 normuon: bool = False, normuon_beta2: float = 0.95, cautious_wd: bool = False):
         super().__init__(params, lr=lr, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-                         weight_decay=weight_decay)
+                         weight_decay=weight_decay, ortho=ortho, normuon=normuon, normuon_beta2=normuon_beta2,
+                         cautious_wd=cautious_wd)
         self.grad_sync = grad_sync
         self.world_size, self.rank = grad_sync.world_size, grad_sync.rank
         # (group index, [params], bucket): an index, not the dict, because load_state_dict replaces
@@ -171,24 +300,30 @@ class DistMuon(Muon):
         sd = super().state_dict()
         if self.world_size == 1:
             return sd
-        # Buffers exist after the first step on every owner alike, so this test agrees across ranks.
-        has = any("momentum_buffer" in self.state.get(ps[self.rank], {}) for _, ps, _ in self._chunks
-                  if self.rank < len(ps))
-        flag = torch.tensor([int(has)], device=self._chunks[0][1][0].device) if self._chunks else None
-        if flag is not None:
-            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        # Which state tensors exist (momentum after the first step; NorMuon's second moments when it
+        # is on): one MAX-reduced flag per name, because a rank that owns no matrix has none.
+        names = list(self.state_layout(self._chunks[0][1][0])) if self._chunks else []
+        owned = [ps[self.rank] for _, ps, _ in self._chunks if self.rank < len(ps)]
+        flags = None
+        if names:
+            flags = torch.tensor([int(any(k in self.state.get(p, {}) for p in owned)) for k in names],
+                                 device=self._chunks[0][1][0].device)
+            torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        present = [k for k, f in zip(names, flags.tolist() if flags is not None else []) if f]
         index_of = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        full = {}
-        if flag is not None and flag.item():
-            for _, ps, _ in self._chunks:
-                p0 = ps[0]
-                send = torch.zeros_like(p0)
-                if self.rank < len(ps) and "momentum_buffer" in self.state.get(ps[self.rank], {}):
-                    send.copy_(self.state[ps[self.rank]]["momentum_buffer"])
-                out = torch.empty((self.world_size, *p0.shape), dtype=p0.dtype, device=p0.device)
+        full: dict[int, dict[str, torch.Tensor]] = {}
+        for _, ps, _ in self._chunks:
+            p0 = ps[0]
+            layout = self.state_layout(p0)
+            for k in present:
+                shape, dtype = layout[k]
+                send = torch.zeros(shape, dtype=dtype, device=p0.device)
+                if self.rank < len(ps) and k in self.state.get(ps[self.rank], {}):
+                    send.copy_(self.state[ps[self.rank]][k])
+                out = torch.empty((self.world_size, *shape), dtype=dtype, device=p0.device)
                 all_gather(out.view(-1), send.view(-1), async_op=False)
                 for j, p in enumerate(ps):
-                    full[index_of[id(p)]] = {"momentum_buffer": out[j].clone()}
+                    full.setdefault(index_of[id(p)], {})[k] = out[j].clone()
         sd["state"] = full
         return sd
 

@@ -1,9 +1,9 @@
 """The training loop, importable and testable: `train(cfg)` runs a whole job.
 
 One optimizer step = `grad_accum` micro-batches per rank. Hyperparameters that change during
-training (lr, Muon momentum, attention window) come from pure schedule functions of the step,
-so a resumed run recomputes them exactly. The host reads device values (`.item()`) only on
-logging, evaluation and checkpoint steps.
+training (lr, Muon momentum and weight decay, attention window) come from pure schedule
+functions of the step, so a resumed run recomputes them exactly. The host reads device values
+(`.item()`) only on logging, evaluation and checkpoint steps.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
 from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
 from ..optim.build import build_optimizers
-from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum
+from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
 from ..parallel.ddp import clip_grad_norm_, grad_sync_of
 from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -164,8 +164,10 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * mult
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
+        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
+            group["weight_decay"] = weight_decay
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
         if not cfg.train.compile:
             return windows
