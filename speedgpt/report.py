@@ -230,15 +230,13 @@ def interpolate(curve: Sequence[tuple[float, float]], x: float | None) -> float 
     if x is None or len(curve) < 2:
         return None
     pts = sorted(curve, key=lambda p: p[0])  # stable: points at one x stay in step order
-    if not pts[0][0] <= x <= pts[-1][0]:
-        return None
     exact = [y for px, y in pts if px == x]
     if exact:
         return exact[-1]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
         if x0 < x < x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return None
+    return None  # outside the curve
 
 
 def resolved_config(run: RunData) -> dict[str, Any] | None:
