@@ -349,8 +349,8 @@ def _comparison_notes(rows: list[dict], at: dict[str, float | None], configs: li
     mid = [(r, cfg) for r, cfg in zip(rows, configs) if r["mid_run_time"] or r["mid_run_tokens"]]
     if mid:
         who = "; ".join(f"{r['id']} ({_schedule_words(cfg)})" for r, cfg in mid)
-        notes.append(f"* read mid-run, before the lr cooldown of {who} finished: a model not yet cooled down against "
-                     "a finished one favours the shorter run; decide on final val of runs trained for equal time.")
+        notes.append(f"* read mid-run, before the lr decay ended: {who}. A model not yet cooled down against a "
+                     "finished one favours the shorter run: decide on final val of runs trained for equal time.")
     short = [r["id"] for r in rows if r["val_points"] < 2]
     if short:
         notes.append(f"– at equal time/tokens: {', '.join(short)} logged fewer than two val records, "
@@ -435,7 +435,8 @@ def _print_table(console, title: str, headers: list[str], lines: list[list[str]]
         text_columns = 1
     table = Table(title=title)
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i < text_columns else "right", no_wrap=i > 0 and not wrap)
+        table.add_column(h, justify="left" if i < text_columns else "right", no_wrap=i > 0 and not wrap,
+                         overflow="fold" if wrap else "ellipsis")  # fold: a long override is split, not cut
     for line in lines:
         table.add_row(*(Text(c) for c in line))  # Text: a "[...]" in a label or value is not markup
     console.print(table)
