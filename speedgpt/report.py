@@ -5,6 +5,10 @@
 It reads only the run directory contract (config.toml, metrics.jsonl), so it works on finished,
 crashed and still-running runs alike, and on runs from older versions of the trainer.
 
+With several runs the first is the baseline A of an A/B table (``compare_runs``): each run's val
+loss at equal training time and at equal tokens, its delta to A, the final numbers, and the config
+keys that differ from A's; printed with rich, as GitHub markdown (``--markdown``) and in the HTML.
+
 matplotlib is imported inside the plotting function and used through ``Figure`` + the Agg canvas
 rather than pyplot: no global backend switch, no figure registry to leak from a long-lived trainer.
 """
@@ -17,6 +21,7 @@ import datetime as _dt
 import html
 import os
 import statistics
+import sys
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,21 +193,252 @@ def print_summary(runs: Sequence[str | os.PathLike] | list[dict], *, target_loss
                   console=None) -> None:
     """Print the summary table with rich; accepts run dirs or rows from ``summary_table``."""
     from rich.console import Console
-    from rich.table import Table
 
     rows = runs if runs and isinstance(runs[0], dict) else summary_table(runs, target_loss=target_loss)
     headers, lines = format_rows(rows)
+    _print_table(console or Console(), "speedgpt run summary", headers, lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# A/B comparison: is run B better than baseline A at equal training time, and at equal tokens?
+#
+# The project keeps a recipe change only if its run reaches a lower validation loss than the
+# baseline's at equal training time. Runs never end at exactly the same time, so each run's val
+# curve is read at a common point: T = the earliest last validation among the runs, in `time_s`
+# (the trainer's training time, which leaves out compile/warmup, evaluation and checkpoint
+# writes), and likewise N tokens. Values are interpolated linearly between val records, never
+# extrapolated. With an lr schedule that cools down at the end of the run, a longer run read at T
+# is a model in mid-cooldown set against a finished one: those cells carry a "*" and a note, and
+# the plain final numbers stand beside them.
+
+# A run read more than this fraction before its own last val point counts as read mid-run.
+MID_RUN_TOL = 0.01
+# Identity, not recipe: these differ between any two runs and label nothing.
+_NOT_RECIPE = frozenset({"run.name", "run.dir"})
+# Records that `speedgpt eval` appended (its own data/token count), not the trainer's validation.
+_POSTHOC_EVAL_KEYS = ("eval_tokens", "eval_data")
+
+
+def val_curve(run: RunData, xkey: str) -> list[tuple[float, float]]:
+    """``(x, val_loss)`` of the run's val records in step order, x being ``time_s`` or ``tokens``."""
+    return [(float(r[xkey]), float(r["val_loss"])) for r in run.evals if finite(r.get(xkey))]
+
+
+def interpolate(curve: Sequence[tuple[float, float]], x: float | None) -> float | None:
+    """The curve's value at ``x``, linear between neighbouring points; None for fewer than two
+    points or an ``x`` outside the curve (no extrapolation). Of two points at one x, the later wins."""
+    if x is None or len(curve) < 2:
+        return None
+    pts = sorted(curve, key=lambda p: p[0])  # stable: points at one x stay in step order
+    exact = [y for px, y in pts if px == x]
+    if exact:
+        return exact[-1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if x0 < x < x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return None  # outside the curve
+
+
+def resolved_config(run: RunData) -> dict[str, Any] | None:
+    """The run's config as ``{"section.key": value}`` (top-level keys as themselves); None without a
+    readable config.toml. Keys the file lacks take the defaults a rerun from that file would get; a
+    file from another speedgpt version (unknown keys) is taken as written."""
+    if not run.config:
+        return None
+    from speedgpt.config import config_from_dict
+
+    try:
+        data = config_from_dict(run.config).to_dict()
+    except (ValueError, TypeError):  # ConfigError is a ValueError
+        data = run.config
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat
+
+
+def _override_value(v: Any) -> str:
+    """A value as a `--section.key=value` override would spell it."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v if v and v.strip() == v else f'"{v}"'
+    if isinstance(v, list):
+        return "[" + ", ".join(f'"{x}"' if isinstance(x, str) else _override_value(x) for x in v) + "]"
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def config_diff(base: dict[str, Any] | None, other: dict[str, Any] | None) -> list[str] | None:
+    """``section.key=value`` for each resolved key whose value in ``other`` differs from ``base``
+    (run.name and run.dir left out); None when either config is unknown."""
+    if base is None or other is None:
+        return None
+    keys = list(other) + [k for k in base if k not in other]
+    return [f"{k}={_override_value(other[k]) if k in other else '(unset)'}"
+            for k in keys if k not in _NOT_RECIPE and (k not in base or k not in other or base[k] != other[k])]
+
+
+def _letter(i: int) -> str:
+    return chr(ord("A") + i) if i < 26 else str(i + 1)
+
+
+def _schedule_words(cfg: dict[str, Any] | None) -> str:
+    if not cfg:
+        return "schedule unknown"
+    kind = cfg.get("schedule.kind", "?")
+    if kind == "warmup_cosine":
+        return "warmup_cosine"
+    return f"{kind}, cooldown over the last {100 * float(cfg.get('schedule.cooldown_frac', 0)):g}% of steps"
+
+
+def compare_runs(runs: Sequence[RunData]) -> dict[str, Any]:
+    """The A/B table: ``runs[0]`` is the baseline A. Returns ``{"equal_time_s", "equal_tokens",
+    "rows", "notes"}``; each row holds raw numbers (None where a run cannot give one):
+    ``final_val_loss``, ``delta_final``, ``train_time_s``, ``tokens``, ``mean_tok_per_s`` (tokens over
+    training time), ``val_at_equal_time``, ``delta_at_equal_time``, ``val_at_equal_tokens``,
+    ``delta_at_equal_tokens`` (deltas are run minus baseline: negative = better than A), the
+    ``mid_run_*`` flags and ``overrides`` (the config keys that differ from A's)."""
+    if len(runs) < 2:
+        raise ValueError("an A/B comparison needs at least two runs: the baseline A first, then the variants")
+    axes = {"time": "time_s", "tokens": "tokens"}
+    curves = {ax: [val_curve(run, key) for run in runs] for ax, key in axes.items()}
+    # The common point: the earliest end among the runs that have a curve (two val points or more).
+    at = {ax: min((c[-1][0] for c in cs if len(c) >= 2), default=None) for ax, cs in curves.items()}
+    configs = [resolved_config(run) for run in runs]
+    rows: list[dict[str, Any]] = []
+    for i, run in enumerate(runs):
+        evals = run.evals
+        timed = [r for r in run.records if finite(r.get("tokens")) and finite(r.get("time_s"))]
+        last = timed[-1] if timed else None
+        row: dict[str, Any] = {
+            "id": _letter(i), "run": run.label, "dir": str(run.dir), "baseline": i == 0,
+            "overrides": [] if i == 0 else config_diff(configs[0], configs[i]),
+            "has_config": configs[i] is not None,
+            "val_points": len(evals),
+            "final_val_loss": evals[-1]["val_loss"] if evals else None,
+            "train_time_s": max((r["time_s"] for r in timed), default=None),
+            "tokens": max((r["tokens"] for r in timed), default=None),
+            "mean_tok_per_s": last["tokens"] / last["time_s"] if last and last["time_s"] > 0 else None,
+            "posthoc_eval": any(k in r for r in evals for k in _POSTHOC_EVAL_KEYS),
+        }
+        for ax in axes:
+            curve = curves[ax][i]
+            value = interpolate(curve, at[ax])
+            row[f"val_at_equal_{ax}"] = value
+            row[f"mid_run_{ax}"] = value is not None and at[ax] < curve[-1][0] * (1 - MID_RUN_TOL)
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        for key in ("final", "equal_time", "equal_tokens"):
+            src = "final_val_loss" if key == "final" else f"val_at_{key}"
+            a, b = base[src], row[src]
+            row["delta_final" if key == "final" else f"delta_at_{key}"] = None if a is None or b is None else b - a
+    return {"equal_time_s": at["time"], "equal_tokens": at["tokens"], "rows": rows,
+            "notes": _comparison_notes(rows, at, configs)}
+
+
+def _comparison_notes(rows: list[dict], at: dict[str, float | None], configs: list) -> list[str]:
+    notes = []
+    if at["time"] is not None:
+        notes.append(f"equal time {fmt_duration(at['time'])}, equal tokens {fmt_count(at['tokens'])}: the earliest "
+                     "last validation among the runs; val loss linear in training time (excl. compile, eval, "
+                     "checkpoints) or in tokens, never extrapolated; Δ = run − A, negative is better.")
+    mid = [(r, cfg) for r, cfg in zip(rows, configs) if r["mid_run_time"] or r["mid_run_tokens"]]
+    if mid:
+        who = "; ".join(f"{r['id']} ({_schedule_words(cfg)})" for r, cfg in mid)
+        notes.append(f"* read mid-run, before the lr decay ended: {who}. A model not yet cooled down against a "
+                     "finished one favours the shorter run: decide on final val of runs trained for equal time.")
+    short = [r["id"] for r in rows if r["val_points"] < 2]
+    if short:
+        notes.append(f"– at equal time/tokens: {', '.join(short)} logged fewer than two val records, "
+                     "no curve to read.")
+    posthoc = [r["id"] for r in rows if r["posthoc_eval"]]
+    if posthoc:
+        notes.append(f"val records of {', '.join(posthoc)} include `speedgpt eval` results (their own data and "
+                     "token count): compare them only with evals of the same data.")
+    return notes
+
+
+def _fmt_delta(x: float | None) -> str:
+    return "–" if x is None else f"{x:+.4f}"
+
+
+def format_comparison(comp: dict[str, Any], *, markdown: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Headers and display strings of the A/B table (``compare_runs`` output). A "*" marks a value
+    read mid-run, and a delta whose run or baseline was (see the notes)."""
+    headers = ["run", "overrides vs A", "final val", "Δ final", "train time", "tok/s (mean)",
+               f"val @ equal time ({fmt_duration(comp['equal_time_s'])})", "Δ vs A @ equal time",
+               f"val @ equal tokens ({fmt_count(comp['equal_tokens'])})", "Δ vs A @ equal tokens"]
+    code = (lambda s: f"`{s}`") if markdown else (lambda s: s)
+    mark = "\\*" if markdown else "*"  # a bare "*" could start emphasis in markdown
+    base = comp["rows"][0]
+    lines = []
+    for r in comp["rows"]:
+        if r["baseline"]:
+            overrides = "(baseline)"
+        elif not r["has_config"]:
+            overrides = "– (no config.toml)"
+        elif r["overrides"] is None:
+            overrides = "– (A has no config.toml)"
+        else:
+            overrides = ", ".join(code(o) for o in r["overrides"]) or "(same config)"
+        cells = [f"{r['id']}: {r['run']}", overrides, _fmt(r["final_val_loss"], ".4f"), _fmt_delta(r["delta_final"]),
+                 fmt_duration(r["train_time_s"]), _fmt(r["mean_tok_per_s"], ",.0f")]
+        for ax in ("time", "tokens"):
+            value, delta = r[f"val_at_equal_{ax}"], r[f"delta_at_equal_{ax}"]
+            mid, base_mid = r[f"mid_run_{ax}"], base[f"mid_run_{ax}"]
+            biased = delta is not None and not r["baseline"] and (mid or base_mid)
+            cells += [_fmt(value, ".4f") + (mark if mid else ""), _fmt_delta(delta) + (mark if biased else "")]
+        lines.append(cells)
+    return headers, lines
+
+
+def comparison_markdown(comp: dict[str, Any]) -> str:
+    """The A/B table as GitHub markdown (paste into docs/benchmarks.md), notes as a list below it."""
+    headers, lines = format_comparison(comp, markdown=True)
+
+    def row(cells):
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    out = [row(headers), "|" + "|".join(["---"] * 2 + ["---:"] * (len(headers) - 2)) + "|"]
+    out += [row(line) for line in lines]
+    if comp["notes"]:
+        out += [""] + ["- " + ("\\" + n if n.startswith("*") else n) for n in comp["notes"]]
+    return "\n".join(out) + "\n"
+
+
+def print_comparison(comp: dict[str, Any], *, console=None) -> None:
+    """Print the A/B table with rich, notes below it."""
+    from rich.console import Console
+
     console = console or Console()
-    # One row per run reads best, but an 80-column terminal cannot hold ~11 columns: then show
-    # one column per run instead of letting rich squeeze every cell to "…".
+    headers, lines = format_comparison(comp)
+    _print_table(console, "A/B against baseline A (Δ < 0: better)", headers, lines, wrap=True, text_columns=2)
+    for note in comp["notes"]:
+        console.print(note, markup=False, highlight=False)
+
+
+def _print_table(console, title: str, headers: list[str], lines: list[list[str]], *, wrap: bool = False,
+                 text_columns: int = 1) -> None:
+    """One row per run where the terminal is wide enough, else one column per run (rather than
+    letting rich squeeze every cell to "…"). ``wrap``: cells may wrap (long override lists);
+    the first ``text_columns`` columns are text (left-aligned), the rest numbers."""
+    from rich.table import Table
+    from rich.text import Text
+
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(headers)]
     if sum(widths) + 3 * len(widths) + 1 > console.width:
         headers, lines = transpose_rows(headers, lines)
-    table = Table(title="speedgpt run summary")
+        text_columns = 1
+    table = Table(title=title)
     for i, h in enumerate(headers):
-        table.add_column(h, justify="left" if i == 0 else "right", no_wrap=i > 0)
+        table.add_column(h, justify="left" if i < text_columns else "right", no_wrap=i > 0 and not wrap,
+                         overflow="fold" if wrap else "ellipsis")  # fold: a long override is split, not cut
     for line in lines:
-        table.add_row(*line)
+        table.add_row(*(Text(c) for c in line))  # Text: a "[...]" in a label or value is not markup
     console.print(table)
 
 
@@ -233,8 +469,10 @@ def _time_unit(max_s: float) -> tuple[float, str]:
 
 
 def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None = None,
-              title: str | None = None, rows: list[dict] | None = None) -> Path:
-    """Draw the 2x3 panel figure to ``png_path`` (rows: precomputed ``summarize`` output)."""
+              title: str | None = None, rows: list[dict] | None = None,
+              comparison: dict[str, Any] | None = None) -> Path:
+    """Draw the 2x3 panel figure to ``png_path`` (rows: precomputed ``summarize`` output;
+    comparison: ``compare_runs`` output, whose equal-time/-token points are marked)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
@@ -284,6 +522,15 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     ax_tps.yaxis.set_major_formatter(EngFormatter(sep=""))
     ax_tps.set_ylim(bottom=0)
 
+    if comparison is not None:
+        # Where the A/B table reads every curve: the earliest last validation among the runs.
+        t_equal = comparison["equal_time_s"]
+        for ax, x, what in ((ax_tok, comparison["equal_tokens"], "equal tokens"),
+                            (ax_time, None if t_equal is None else t_equal / t_div, "equal time")):
+            if x is not None and _has_points(ax):
+                ax.axvline(x, color="0.4", lw=0.9, ls=":")
+                ax.annotate(what, xy=(x, 1), xycoords=("data", "axes fraction"), xytext=(-3, -3),
+                            textcoords="offset points", ha="right", va="top", fontsize=8, color="0.3")
     empty = {ax for ax in (ax_loss, ax_tok, ax_time, ax_lr, ax_tps) if not _has_points(ax)}
     for ax in {ax_loss, ax_tok, ax_time} - empty:
         ys = [y for line in ax.get_lines() for y in line.get_ydata() if y > 0]
@@ -388,11 +635,20 @@ img { max-width: 100%; } pre { background: #f7f7f7; padding: 8px; overflow-x: au
 """
 
 
-def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str) -> str:
-    headers, lines = format_rows(rows)
+def _html_table(headers: list[str], lines: list[list[str]]) -> str:
     esc = html.escape
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in line) + "</tr>\n" for line in lines)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>\n"
+
+
+def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
+          comparison: dict[str, Any] | None = None) -> str:
+    esc = html.escape
+    ab = ""
+    if comparison is not None:
+        notes = "".join(f"<p class='meta'>{esc(n)}</p>\n" for n in comparison["notes"])
+        ab = f"<h2>A/B: equal training time and equal tokens</h2>\n{_html_table(*format_comparison(comparison))}{notes}"
     configs = "".join(
         f"<details><summary>{esc(run.label)} — {esc(str(run.dir))}</summary>"
         f"<pre>{esc(run.config_text or '(no config.toml)')}</pre></details>\n"
@@ -404,7 +660,7 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str) -
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>\n<h1>{esc(title)}</h1>\n"
         f"<p class='meta'>generated {esc(stamp)}</p>\n"
-        f"<table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table>\n"
+        f"{_html_table(*format_rows(rows))}{ab}"
         f"<img alt='training curves' src='data:image/png;base64,{img}'>\n"
         f"<h2>configs</h2>\n{configs}</body></html>\n"
     )
@@ -419,38 +675,55 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
                  target_loss: float | None = None, title: str | None = None) -> dict[str, Path]:
-    """Write ``out_dir/report.png`` and ``out_dir/report.html``; returns ``{"png": ..., "html": ...}``."""
+    """Write ``out_dir/report.png`` and ``out_dir/report.html`` (with the A/B table when there are
+    several runs, the first being the baseline); returns ``{"png": ..., "html": ...}``."""
     runs = load_runs(run_dirs)
-    return _render(runs, [summarize(run, target_loss) for run in runs], Path(out_dir), target_loss, title)
+    comparison = compare_runs(runs) if len(runs) > 1 else None
+    return _render(runs, [summarize(run, target_loss) for run in runs], Path(out_dir), target_loss, title, comparison)
 
 
 def _render(runs: list[RunData], rows: list[dict], out_dir: Path, target_loss: float | None,
-            title: str | None) -> dict[str, Path]:
+            title: str | None, comparison: dict[str, Any] | None = None) -> dict[str, Path]:
     title = title or (f"speedgpt report: {runs[0].label}" if len(runs) == 1 else f"speedgpt report: {len(runs)} runs")
     out_dir.mkdir(parents=True, exist_ok=True)
     png, page = out_dir / REPORT_PNG, out_dir / REPORT_HTML
     tmp_png = out_dir / f".{REPORT_PNG}.tmp{os.getpid()}.png"
-    plot_runs(runs, tmp_png, target_loss=target_loss, title=title, rows=rows)
+    plot_runs(runs, tmp_png, target_loss=target_loss, title=title, rows=rows, comparison=comparison)
     os.replace(tmp_png, png)
-    _atomic_write(page, _html(runs, rows, png.read_bytes(), title).encode("utf-8"))
+    _atomic_write(page, _html(runs, rows, png.read_bytes(), title, comparison).encode("utf-8"))
     return {"png": png, "html": page}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``speedgpt report RUN_DIR [RUN_DIR...] [--out DIR] [--target-loss X] [--title T]``."""
-    p = argparse.ArgumentParser(prog="speedgpt report", description="Plot and summarize one or more runs.")
+    """``speedgpt report RUN_DIR [RUN_DIR...] [--out DIR] [--target-loss X] [--title T] [--markdown]``."""
+    p = argparse.ArgumentParser(
+        prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
+        "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
+        "that differ from A's.")
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
     p.add_argument("--out", type=Path, default=None,
                    help="output dir (default: the run dir for one run, ./speedgpt-report for several)")
     p.add_argument("--target-loss", type=float, default=None, help="report time/tokens to reach this val loss")
     p.add_argument("--title", default=None)
+    p.add_argument("--markdown", action="store_true",
+                   help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md); needs 2+ runs")
     args = p.parse_args(argv)
+    if args.markdown and len(args.run_dirs) < 2:
+        p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
     out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else Path("speedgpt-report"))
     runs = load_runs(args.run_dirs)
     rows = [summarize(run, args.target_loss) for run in runs]
-    paths = _render(runs, rows, out, args.target_loss, args.title)
+    comparison = compare_runs(runs) if len(runs) > 1 else None
+    paths = _render(runs, rows, out, args.target_loss, args.title, comparison)
+    wrote = f"wrote {paths['png']} and {paths['html']}"
+    if args.markdown:  # stdout holds just the table, ready to redirect into a file
+        print(comparison_markdown(comparison), end="")
+        print(wrote, file=sys.stderr)
+        return 0
     print_summary(rows)
-    print(f"wrote {paths['png']} and {paths['html']}")
+    if comparison is not None:
+        print_comparison(comparison)
+    print(wrote)
     return 0
 
 

@@ -304,6 +304,9 @@ class Trainer:
                 self.log_train(window.item(), dt, tokens_per_step, flops_per_token)
             if (t.val_every and self.step % t.val_every == 0) or last:
                 self.sync_device()  # queued training kernels count as training, not as evaluation
+                # ...and so in the val record's time_s, which equal-time comparisons read (a step that
+                # is not a logging step last set train_time before its kernels had finished).
+                self.train_time = time.perf_counter() - t_start
                 t_eval = time.perf_counter()
                 self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
