@@ -120,10 +120,14 @@ def test_switches_off_is_bitwise_the_old_muon(nesterov, wd):
         assert torch.equal(new_opt.state[a]["momentum_buffer"], old_opt.state[b]["momentum_buffer"])
 
 
-def test_default_config_leaves_every_switch_off():
-    for preset in ("tiny-cpu", "speedrun-124m"):
-        o = load_preset(preset).optim
+def test_defaults_leave_every_switch_off_and_the_speedrun_preset_turns_the_ab_winners_on():
+    from speedgpt.config import OptimConfig
+
+    for o in (OptimConfig(), load_preset("tiny-cpu").optim):
         assert (o.muon_ortho, o.normuon, o.cautious_wd, o.wd_schedule) == ("newton_schulz", False, False, "constant")
+    o = load_preset("speedrun-124m").optim  # chosen by the H100 A/B in docs/benchmarks.md
+    assert (o.muon_ortho, o.normuon, o.cautious_wd, o.wd_schedule, o.muon_weight_decay) == \
+        ("polar_express", True, True, "lr", 0.036)
     model = build_model(load_preset("tiny-cpu").model, 32, "cpu")
     muon = build_optimizers(model, load_preset("tiny-cpu").optim, torch.device("cpu"))[1]
     g = muon.param_groups[0]
