@@ -19,18 +19,9 @@ from speedgpt.optim.schedules import lr_multiplier, muon_weight_decay
 from speedgpt.parallel.ddp import GradSync
 from speedgpt.parallel.dist import init_distributed, spawn_local
 from speedgpt.train.checkpoint import load_checkpoint, save_checkpoint
+from test_optim import conditioned  # singular values log-spaced over [1/cond, 1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def conditioned(shape, cond, g):
-    """Singular values log-spaced over [1/cond, 1] (as in test_optim.py)."""
-    m, n = shape[-2:]
-    k = min(m, n)
-    U, _ = torch.linalg.qr(torch.randn(*shape[:-2], m, k, generator=g))
-    V, _ = torch.linalg.qr(torch.randn(*shape[:-2], n, k, generator=g))
-    s = torch.logspace(0, -torch.log10(torch.tensor(float(cond))).item(), k)
-    return U @ torch.diag_embed(s.expand(*shape[:-2], k)) @ V.mT
 
 
 def params_and_grads(shapes, seed=0, steps=3):
