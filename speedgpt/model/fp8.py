@@ -48,15 +48,29 @@ def _scale(v: float, device) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32, device=device)
 
 
+def _forward(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x @ w.T in bf16, x in e4m3, w in e4m3): the FP8 head's forward matmul."""
+    x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
+    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
+    out = torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x.device),
+                           scale_b=_scale(w_scale, x.device), use_fast_accum=True)
+    return out, x8, w8
+
+
+def _grad_input(g8: torch.Tensor, w8: torch.Tensor, g_scale: torch.Tensor, w_scale: float) -> torch.Tensor:
+    """grad_x = g @ w from an e5m2 gradient and the e4m3 weight, bf16 out."""
+    # _scaled_mm wants its first operand row-major and its second column-major; w8 is small.
+    return torch._scaled_mm(g8, w8.T.contiguous().T, out_dtype=torch.bfloat16, scale_a=g_scale,
+                            scale_b=_scale(w_scale, g8.device), use_fast_accum=False)
+
+
 @torch.library.custom_op("speedgpt::fp8_linear_fwd", mutates_args=())
 def fp8_linear_fwd(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ w.T in bf16, w in e4m3); the fp8 weight is kept for the backward.
     grad_scale is unused here: it is an input so that the backward receives it."""
-    x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
-    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
-    out = torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x.device),
-                           scale_b=_scale(w_scale, x.device), use_fast_accum=True)
+    out, _, w8 = _forward(x, w, x_scale, w_scale)
     return out, w8
 
 
@@ -68,10 +82,7 @@ def _(x, w, x_scale, w_scale, grad_scale):
 @torch.library.custom_op("speedgpt::fp8_linear_bwd_input", mutates_args=())
 def fp8_linear_bwd_input(g8: torch.Tensor, w8: torch.Tensor, grad_scale: float, w_scale: float) -> torch.Tensor:
     """grad_x = g @ w from the e5m2 gradient and the e4m3 weight (bf16 out)."""
-    # _scaled_mm wants its first operand row-major and its second column-major; w8 is small.
-    return torch._scaled_mm(g8, w8.T.contiguous().T, out_dtype=torch.bfloat16,
-                            scale_a=_scale(grad_scale, g8.device), scale_b=_scale(w_scale, g8.device),
-                            use_fast_accum=False)
+    return _grad_input(g8, w8, _scale(grad_scale, g8.device), w_scale)
 
 
 @fp8_linear_bwd_input.register_fake
@@ -102,12 +113,6 @@ def _backward(ctx, grad_out, _grad_w8):
 fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-        out_dtype: torch.dtype) -> torch.Tensor:
-    """a @ b for fp8 operands (a row-major, b column-major) with tensorwise scales."""
-    return torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=out_dtype, use_fast_accum=False)
-
-
 @torch.library.custom_op("speedgpt::fp8_head_ce_fwd", mutates_args=())
 def fp8_head_ce_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, x_scale: float,
                     w_scale: float, ignore_index: int
@@ -116,10 +121,7 @@ def fp8_head_ce_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap
     what the backward needs. G = G_SCALE * dloss_i / dlogits_ij, computed here (see module docstring)."""
     from .kernels.softcap_ce import softcap_ce_fp8_grad
 
-    x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
-    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
-    logits = torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x.device),
-                              scale_b=_scale(w_scale, x.device), use_fast_accum=True)
+    logits, x8, w8 = _forward(x, w, x_scale, w_scale)
     loss, g8, g8t = softcap_ce_fp8_grad(logits, targets, cap, G_SCALE, ignore_index)
     del logits  # 4.8 GB at the speedrun shape, not kept for the backward
     return loss.sum(), g8, g8t, x8.T.contiguous(), w8
@@ -139,11 +141,10 @@ def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8: 
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """(grad_x (N, D), grad_w (V, D)) from the saved e5m2 gradient, both FP8 matmuls."""
     g_scale = (dloss.float() / G_SCALE).reshape(())
-    dev = g8.device
-    # grad_x = G @ W: W (V, D) as the column-major second operand is a small transposed copy.
-    grad_x = _mm(g8, w8.T.contiguous().T, g_scale, _scale(w_scale, dev), torch.bfloat16)
+    grad_x = _grad_input(g8, w8, g_scale, w_scale)
     # grad_w = G^T @ x: G^T row-major and x column-major are exactly what the forward saved.
-    grad_w = _mm(g8t, x8t.T, g_scale, _scale(x_scale, dev), torch.float32)
+    grad_w = torch._scaled_mm(g8t, x8t.T, scale_a=g_scale, scale_b=_scale(x_scale, g8.device),
+                              out_dtype=torch.float32, use_fast_accum=False)
     return grad_x.to(x_dtype), grad_w.to(w_dtype)
 
 
