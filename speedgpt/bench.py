@@ -58,7 +58,7 @@ def kernel_category(name: str) -> str:
     return "other"
 
 
-def print_kernel_categories(prof, steps: int) -> None:
+def print_kernel_categories(prof, steps: int, step_ms: float | None = None) -> None:
     """Per-step GPU time by kernel category, from the profiler's device-side kernel events."""
     from collections import Counter
 
@@ -70,6 +70,8 @@ def print_kernel_categories(prof, steps: int) -> None:
     for category, ms in totals.most_common():
         print(f"  {category:28s} {ms:9.1f}")
     print(f"  {'total':28s} {sum(totals.values()):9.1f}")
+    if step_ms is not None:  # the same schedule steps timed without the profiler: the rest is GPU idle
+        print(f"  {'step time, unprofiled':28s} {step_ms:9.1f}  (GPU idle ~{step_ms - sum(totals.values()):.1f})")
 
 
 def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0) -> dict:
@@ -125,7 +127,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
                 trainer.train_step(s)
             torch.cuda.synchronize(device)
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
-        print_kernel_categories(prof, steps=2)
+        print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
     tok_s = cfg.train.batch_tokens / mean_s

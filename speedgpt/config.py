@@ -55,6 +55,10 @@ class ModelConfig:
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
     fused_ce: bool = False
+    # MLP matmuls (forward and input gradient) in FP8 with dynamic scales (model/fp8_linear.py; Hopper+,
+    # bf16 elsewhere). fp8_mlp_scaling: rowwise (one scale per token / output unit) | tensorwise.
+    fp8_mlp: bool = False
+    fp8_mlp_scaling: str = "rowwise"
 
     def resolved_dim(self) -> int:
         if self.model_dim:
@@ -369,6 +373,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           f"(they are used by the first and last layers); lower it or raise model.depth")
     if m.attn_backend not in ("auto", "sdpa", "flex"):
         raise ConfigError(f"model.attn_backend='{m.attn_backend}' must be one of auto, sdpa, flex")
+    if m.fp8_mlp_scaling not in ("rowwise", "tensorwise"):
+        raise ConfigError(f"model.fp8_mlp_scaling='{m.fp8_mlp_scaling}' must be rowwise or tensorwise")
     if set(m.window_pattern) - {"L", "S"} or not m.window_pattern:
         raise ConfigError(f"model.window_pattern='{m.window_pattern}' must be letters L (long) and S (short)")
     bad = [i for i in m.attn_free_layers if not 0 <= i < m.depth]

@@ -260,7 +260,8 @@ def test_kernel_non_contiguous_rows(small_blocks):
 @needs_kernels
 @pytest.mark.parametrize("tanh", ["exp", "approx"])
 @pytest.mark.parametrize("cap,V,N,tiles", [(15.0, 1000, 40, (16, 128, 4)), (0.0, 257, 40, (16, 128, 4)),
-                                           (50.0, 700, 40, (16, 128, 4)), (15.0, 2000, 300, None)])
+                                           (50.0, 700, 40, (16, 128, 4)), (15.0, 2000, 300, None),
+                                           (15.0, 512, 64, (16, 128, 4))])  # the last: tiles divide (EVEN)
 def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, tanh, monkeypatch):
     """Loss and scaled gradient, in both layouts. Written to fp32 buffers the kernel's math is checked
     exactly (the interpreter truncates fp8 casts); the e5m2 output on CUDA is checked against the
@@ -288,6 +289,28 @@ def test_fp8_grad_kernel_matches_reference(cap, V, N, tiles, tanh, monkeypatch):
         assert g[t == IGNORE].float().abs().sum() == 0
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the f16 gradient kernel is GPU only (inline PTX)")
+def test_fp8_grad_fast_kernel_keeps_confident_targets(monkeypatch):
+    """The GPU kernel's f16 math must not round away g * (p - 1) at a confidently predicted target
+    (p within ~1e-3 of 1): each target entry within one e5m2 step of the reference's."""
+    for key, value in zip(("fp8g_block_n", "fp8g_block_v", "fp8g_warps", "fp8g_fast"), (16, 128, 4, True)):
+        monkeypatch.setitem(sce.CONFIG, key, value)
+    N, V, cap = 64, 512, 15.0  # tiles divide the shape: the fast kernel runs
+    gen = torch.Generator().manual_seed(0)
+    x = (torch.randn(N, V, generator=gen) * 0.5 - 2.5).to(torch.bfloat16).to(DEVICE)
+    t = torch.randint(0, V, (N,), generator=gen).to(DEVICE)
+    rows = torch.arange(N, device=DEVICE)
+    x[rows, t] = torch.where(rows % 2 == 0, 30.0, 20.0).to(x.dtype)  # p_t = 1 - O(1e-4 .. 1e-5)
+    loss_ref, lse = reference_rows(x.cpu(), t.cpu(), cap, IGNORE)
+    g_ref = reference_grad(x.cpu().float(), t.cpu(), lse, torch.full_like(lse, 2.0 ** 15), cap, IGNORE)
+    _, g, gt = sce._triton_fp8_grad(x, t, cap, 2.0 ** 15, IGNORE, torch.float8_e5m2)
+    ours = g.cpu().float()[rows.cpu(), t.cpu()]
+    ref = g_ref.to(torch.float8_e5m2).float()[rows.cpu(), t.cpu()]
+    assert (ref < 0).all()
+    assert ((ours - ref).abs() <= 0.25 * ref.abs()).all(), (ours, ref)
+    assert torch.equal(gt.cpu(), g.cpu().T.contiguous())
+
+
 def _ptxas_available():
     if not sce.HAVE_TRITON or sce.interpreting():
         return False
@@ -299,7 +322,7 @@ def _ptxas_available():
 
 
 @pytest.mark.skipif(not _ptxas_available(), reason="needs triton with its CUDA backend (ptxas), no interpreter")
-@pytest.mark.parametrize("kernel", ["fwd", "bwd"])
+@pytest.mark.parametrize("kernel", ["fwd", "bwd", "fp8_grad"])
 def test_kernels_compile_for_hopper_with_wide_loads(kernel):
     """Ahead-of-time compile for sm_90 (no GPU needed): the vocab loop uses 128-bit loads and
     stores (the JIT specializes V = 50304 and the row stride as multiples of 16), three MUFU
@@ -315,17 +338,31 @@ def test_kernels_compile_for_hopper_with_wide_loads(kernel):
         sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "V": "i32",
                "cap": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "FIXED_MAX": True, "TANH": 0, "BLOCK_V": 4096}
-    else:
+    elif kernel == "bwd":
         fn = sce._softcap_ce_bwd_kernel
         sig = {"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64", "LSE": "*fp32",
                "DLOSS": "*fp32", "stride_dloss": "i32", "V": "i32", "cap": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "TANH": 0, "BLOCK_V": 4096}
+    else:  # the GPU's e5m2 gradient kernel (f16x2 math, inline PTX: checked by ptxas here)
+        fn = sce._softcap_ce_fp8_grad_fast_kernel
+        sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "LSE": "*fp32", "G": "*fp8e5", "GT16": "*i16",
+               "N": "i32", "V": "i32", "cap": "fp32", "g_scale": "fp32", "log2_g_scale": "fp32",
+               "ignore_index": "i32"}
+        consts = {"HAS_CAP": True, "BLOCK_N": 64, "BLOCK_V": 128}
     sig.update({k: "constexpr" for k in consts})
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
-               if ty.startswith("*") or name in ("stride_x", "stride_g", "V")}
+               if ty.startswith("*") or name in ("stride_x", "stride_g", "V", "N")}
     k = triton.compile(ASTSource(fn, sig, constexprs=consts, attrs=aligned), target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": 8})
     ptx = k.asm["ptx"]
+    assert ".local" not in ptx  # no spills to local memory
+    if kernel == "fp8_grad":
+        # one packed tanh and one packed exp2 per two elements (64 x 128 / 256 threads / 2 = 16 each): the
+        # math is done once, not again for the transposed store
+        assert ptx.count("tanh.approx.f16x2") == 16 and ptx.count("ex2.approx.f16x2") == 16
+        assert "st.shared.b8" not in ptx  # no 8-bit values through shared memory (see the kernel)
+        assert re.search(r"st\.global[\w.:]*\.v\d\.b32", ptx), "fp8 stores not vectorized"
+        return
     assert "ld.global" in ptx and re.search(r"ld\.global[\w.:]*\.v4\.b32", ptx), "vocab loads not 128-bit"
     if kernel == "bwd":
         assert re.search(r"st\.global[\w.:]*\.v4\.b32", ptx), "gradient stores not 128-bit"

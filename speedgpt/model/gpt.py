@@ -14,6 +14,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear, fp8_supported
+from .fp8_linear import fp8_linear_dynamic
 from .kernels.softcap_ce import available as fused_ce_available, softcap_cross_entropy
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
 from .rotary import Rotary
@@ -26,6 +27,7 @@ class MLP(nn.Module):
         super().__init__()
         self.fc = CastedLinear(dim, hidden)
         self.proj = CastedLinear(hidden, dim)
+        self.fp8_scaling = ""  # "rowwise" / "tensorwise": FP8 matmuls, set by build_model where supported
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -34,6 +36,9 @@ class MLP(nn.Module):
         self.proj.weight.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8_scaling:
+            h = fp8_linear_dynamic(x, self.fc.weight, self.fp8_scaling)
+            return fp8_linear_dynamic(F.relu(h).square(), self.proj.weight, self.fp8_scaling)
         return self.proj(F.relu(self.fc(x)).square())
 
 
@@ -207,6 +212,9 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
     model.window_block = window_block
     model.fp8_head = cfg.fp8_head and fp8_supported(device)
     model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
+    if cfg.fp8_mlp and fp8_supported(device):
+        for block in model.blocks:
+            block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
     if cfg.bf16_embeds:
         for emb in [model.embed, *model.value_embeds]:
             emb.to(torch.bfloat16)

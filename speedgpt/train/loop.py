@@ -115,6 +115,8 @@ class Trainer:
         self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
         if cfg.model.fp8_head and not self.model.fp8_head:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
+        if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
+            self.log("fp8 mlp: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:

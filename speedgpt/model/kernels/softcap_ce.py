@@ -31,6 +31,7 @@ Reductions follow F.cross_entropy: "mean" divides by the number of targets != ig
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -60,6 +61,7 @@ CONFIG = {
     # approximation: its error (~2^-11 relative) is far below e5m2's rounding (2^-3), and it made the
     # kernel 1.3x faster (H100, scripts/gpu_check.py fp8_ce). The loss keeps the exact formula.
     "fp8g_block_n": 32, "fp8g_block_v": 256, "fp8g_warps": 8, "fp8g_tanh": "approx",
+    "fp8g_fast": True,  # the f16 kernel where the tiles divide the shape (GPU only; see its docstring)
 }
 _TANH_MODES = {"exp": 0, "libdevice": 1, "approx": 2}
 
@@ -187,28 +189,121 @@ if HAVE_TRITON:
     def _softcap_ce_fp8_grad_kernel(
         X, stride_x, T, LSE, G, GT, N, V, cap, g_scale, ignore_index,
         HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+        EVEN: tl.constexpr,
     ):
         """g_scale * dloss_i/dx_ij for one (BLOCK_N x BLOCK_V) tile, given the rows' logsumexp, written
         in e5m2 twice: row-major into G (N, V) and transposed into GT (V, N), the two layouts the FP8
-        backward matmuls want (model/fp8.py). One tile per program: many independent programs keep
-        enough loads in flight to run at memory speed."""
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = tl.program_id(1).to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)  # cols * N > 2^31
-        row_ok = rows < N
-        mask = row_ok[:, None] & (cols < V)[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        tgt = tl.load(T + rows, mask=row_ok, other=ignore_index).to(tl.int64)
-        lse2 = tl.load(LSE + rows, mask=row_ok, other=0.0) * 1.4426950408889634
-        z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
-        d = tl.exp2(z2 - lse2[:, None]) - tl.where(cols[None, :] == tgt[:, None], 1.0, 0.0)
+        backward matmuls want (model/fp8.py). One tile per program. 64-bit tile bases, 32-bit offsets
+        inside the tile (the host checks they fit). The general version (any shape, the interpreter);
+        _softcap_ce_fp8_grad_fast_kernel is the GPU's."""
+        row0 = tl.program_id(0) * BLOCK_N
+        col0 = tl.program_id(1) * BLOCK_V
+        r = tl.arange(0, BLOCK_N)
+        c = tl.arange(0, BLOCK_V)
+        x_ptrs = X + row0.to(tl.int64) * stride_x + col0 + (r[:, None] * stride_x + c[None, :])
+        g_ptrs = G + row0.to(tl.int64) * V + col0 + (r[:, None] * V + c[None, :])
+        gt_ptrs = GT + col0.to(tl.int64) * N + row0 + (c[None, :] * N + r[:, None])
+        if EVEN:
+            x = tl.load(x_ptrs)
+            tgt = tl.load(T + row0 + r).to(tl.int32)
+            lse = tl.load(LSE + row0 + r)
+        else:
+            row_ok = (row0 + r) < N
+            mask = row_ok[:, None] & ((col0 + c) < V)[None, :]
+            x = tl.load(x_ptrs, mask=mask, other=0.0)
+            tgt = tl.load(T + row0 + r, mask=row_ok, other=ignore_index).to(tl.int32)
+            lse = tl.load(LSE + row0 + r, mask=row_ok, other=0.0)
+        z2, t = _capped_log2(x.to(tl.float32), cap, HAS_CAP, TANH)
+        d = tl.exp2(z2 - (lse * 1.4426950408889634)[:, None])
+        d = d - tl.where(c[None, :] == (tgt - col0)[:, None], 1.0, 0.0)  # ignore_index < 0 never hits
         if HAS_CAP:
             d = d * (1.0 - t * t)
-        row_scale = tl.where(row_ok & (tgt != ignore_index), g_scale, 0.0)
-        d = d * row_scale[:, None]
-        tl.store(G + rows[:, None] * V + cols[None, :], d.to(G.dtype.element_ty), mask=mask)
-        # contiguous along the tile's rows: the compiler picks the layout for this store (measured as
-        # fast as transposing the tile explicitly with tl.trans first)
-        tl.store(GT + cols[None, :] * N + rows[:, None], d.to(GT.dtype.element_ty), mask=mask)
+        d = (d * tl.where(tgt != ignore_index, g_scale, 0.0)[:, None]).to(G.dtype.element_ty)
+        # GT's store is contiguous along the tile's rows; the compiler recomputes the tile in that
+        # layout (twice the math), which keeps 8-bit values out of a layout change (see the fast kernel)
+        if EVEN:
+            tl.store(g_ptrs, d)
+            tl.store(gt_ptrs, d)
+        else:
+            tl.store(g_ptrs, d, mask=mask)
+            tl.store(gt_ptrs, d, mask=mask)
+
+    @triton.jit
+    def _grad_tile_f16(x, lse, tgt, d_target, col0, cap, g_scale, log2_g_scale, ignore_index,
+                       HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
+        """g_scale * dloss/dx of one tile in f16, its tanh and exp2 as packed f16x2 instructions. The
+        scale is folded into the exponent: g_scale * p = 2^(z log2 e - lse log2 e + log2 g_scale) <= g_scale
+        fits f16 (g_scale <= 2^15); the exponent's argument is formed in fp32 and rounded once (<= 2^-8
+        relative error in p for |arg| < 16), far below e5m2's own rounding (2^-3). The target entry,
+        g_scale * (p - 1), comes in as d_target, computed in fp32 (_target_grad): in f16, p - 1 for a
+        confident prediction (p near 1) would lose most of its digits."""
+        c = tl.arange(0, BLOCK_V)
+        shift = log2_g_scale - lse * 1.4426950408889634
+        if HAS_CAP:
+            y = (x.to(tl.float32) * (1.0 / cap)).to(tl.float16)
+            t = tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [y], dtype=tl.float16,
+                                          is_pure=True, pack=2)
+            arg = t.to(tl.float32) * (cap * 1.4426950408889634) + shift[:, None]
+        else:
+            arg = x.to(tl.float32) * 1.4426950408889634 + shift[:, None]
+        d = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [arg.to(tl.float16)],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+        if HAS_CAP:
+            d = d - d * (t * t)
+        d = tl.where((tgt != ignore_index)[:, None], d, 0.0).to(tl.float16)
+        hit = c[None, :] == (tgt - col0)[:, None]  # ignore_index < 0 never hits
+        return tl.where(hit, d_target.to(tl.float16)[:, None], d)
+
+    @triton.jit
+    def _target_grad(X, stride_x, rows, tgt, lse, col0, cap, g_scale, HAS_CAP: tl.constexpr,
+                     BLOCK_V: tl.constexpr):
+        """g_scale * dloss_i/dx_i,t_i in fp32 for the rows whose target lies in this tile's columns
+        (0 for the others: their target is another tile's)."""
+        here = (tgt >= col0) & (tgt < col0 + BLOCK_V)
+        xt = tl.load(X + rows.to(tl.int64) * stride_x + tgt, mask=here, other=0.0).to(tl.float32)
+        z2, t = _capped_log2(xt, cap, HAS_CAP, 0)
+        d = tl.exp2(z2 - lse * 1.4426950408889634) - 1.0
+        if HAS_CAP:
+            d = d * (1.0 - t * t)
+        return tl.where(here, d * g_scale, 0.0)
+
+    @triton.jit
+    def _softcap_ce_fp8_grad_fast_kernel(
+        X, stride_x, T, LSE, G, GT16, N, V, cap, g_scale, log2_g_scale, ignore_index,
+        HAS_CAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+    ):
+        """The general kernel's contract on the GPU, for tiles that divide the shape (N even). Half the
+        instructions: the math in f16 (_grad_tile_f16) and done once. The tile is worked as its even and
+        odd rows; each G^T entry pair (rows 2k, 2k + 1 of one column, adjacent in G^T) is packed into one
+        16-bit word by a single cvt instruction, so the transpose for G^T's store moves 16-bit values.
+        (Triton 3.6 stages a layout change of 8-bit values through shared memory wrongly: G^T came out
+        different from G; the general kernel avoids it by recomputing instead.) GT16 is G^T viewed as int16."""
+        row0 = tl.program_id(0) * BLOCK_N
+        col0 = tl.program_id(1) * BLOCK_V
+        k = tl.arange(0, BLOCK_N // 2)
+        c = tl.arange(0, BLOCK_V)
+        x_base = X + row0.to(tl.int64) * stride_x + col0
+        g_base = G + row0.to(tl.int64) * V + col0
+        even = 2 * k
+        x_e = tl.load(x_base + (even[:, None] * stride_x + c[None, :]))
+        x_o = tl.load(x_base + ((even + 1)[:, None] * stride_x + c[None, :]))
+        lse_e, lse_o = tl.load(LSE + row0 + even), tl.load(LSE + row0 + even + 1)
+        tgt_e, tgt_o = tl.load(T + row0 + even).to(tl.int32), tl.load(T + row0 + even + 1).to(tl.int32)
+        dt_e = _target_grad(X, stride_x, row0 + even, tgt_e, lse_e, col0, cap, g_scale, HAS_CAP, BLOCK_V)
+        dt_o = _target_grad(X, stride_x, row0 + even + 1, tgt_o, lse_o, col0, cap, g_scale, HAS_CAP, BLOCK_V)
+        d_e = _grad_tile_f16(x_e, lse_e, tgt_e, dt_e, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
+                             BLOCK_V)
+        d_o = _grad_tile_f16(x_o, lse_o, tgt_o, dt_o, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
+                             BLOCK_V)
+        tl.store(g_base + (even[:, None] * V + c[None, :]), d_e.to(G.dtype.element_ty))
+        tl.store(g_base + ((even + 1)[:, None] * V + c[None, :]), d_o.to(G.dtype.element_ty))
+        # low byte: row 2k (the lower address in G^T), high byte: row 2k + 1
+        pair = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; mov.b32 t, {$1, $2}; cvt.rn.satfinite.e5m2x2.f16x2 $0, t; }",
+            "=h,h,h", [d_e, d_o], dtype=tl.int16, is_pure=True, pack=1)
+        half_n = N // 2
+        gt_ptrs = GT16 + col0.to(tl.int64) * half_n + row0 // 2 + (c[:, None] * half_n + k[None, :])
+        tl.store(gt_ptrs, tl.trans(pair))
 
 
 def _rows(logits: torch.Tensor) -> torch.Tensor:
@@ -249,10 +344,22 @@ def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
     gt = torch.empty(V, N, dtype=fp8_dtype, device=x.device)
     if N:
         bn, bv = CONFIG["fp8g_block_n"], CONFIG["fp8g_block_v"]
-        _softcap_ce_fp8_grad_kernel[(triton.cdiv(N, bn), triton.cdiv(V, bv))](
-            x, x.stride(0), targets, lse, g, gt, N, V, float(cap), float(g_scale), int(ignore_index),
-            HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["fp8g_tanh"]], BLOCK_N=bn, BLOCK_V=bv,
-            num_warps=CONFIG["fp8g_warps"])
+        if bv * N >= 2 ** 31 or bn * max(V, x.stride(0)) >= 2 ** 31:
+            raise ValueError(f"softcap_ce_fp8_grad: {N} rows x {V} columns overflow the kernel's 32-bit tile "
+                             f"offsets; use fewer rows per call")
+        grid = (triton.cdiv(N, bn), triton.cdiv(V, bv))
+        even = N % bn == 0 and V % bv == 0
+        if (CONFIG["fp8g_fast"] and even and bn % 2 == 0 and x.is_cuda and fp8_dtype == torch.float8_e5m2
+                and 0 < g_scale <= 2.0 ** 15):
+            _softcap_ce_fp8_grad_fast_kernel[grid](
+                x, x.stride(0), targets, lse, g, gt.view(torch.int16), N, V, float(cap), float(g_scale),
+                math.log2(g_scale), int(ignore_index), HAS_CAP=cap > 0, BLOCK_N=bn, BLOCK_V=bv,
+                num_warps=CONFIG["fp8g_warps"])
+        else:
+            _softcap_ce_fp8_grad_kernel[grid](
+                x, x.stride(0), targets, lse, g, gt, N, V, float(cap), float(g_scale), int(ignore_index),
+                HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["fp8g_tanh"]], BLOCK_N=bn, BLOCK_V=bv, EVEN=even,
+                num_warps=CONFIG["fp8g_warps"])
     return loss, g, gt
 
 

@@ -1,0 +1,75 @@
+"""FP8 linear layers with dynamic scales, for the hidden matmuls (MLP), on Hopper and newer.
+
+Unlike the lm_head (model/fp8.py), hidden activations and their gradients have no bound to derive
+a static scale from, so each operand is scaled by its own absolute maximum when it is cast:
+
+- "rowwise": one scale per row of each operand (per token for activations and gradients, per
+  output unit for weights), all operands e4m3. A row's scale is a reduction over that row only,
+  so Inductor computes it in the kernel that produces the row (the RMSNorm, the ReLU²): no extra
+  pass over the tensor.
+- "tensorwise": one scale per tensor; e4m3 forward, e5m2 gradient (its wider range stands in for
+  the per-row scales). The global amax costs a separate reduction pass.
+
+Forward and input gradient run in FP8; the weight gradient, which contracts over the 49K tokens of
+a micro-batch, stays a bf16 matmul (in FP8 it would need the token-major operands transposed in
+memory first). The function is a plain autograd.Function of traceable torch ops, so
+torch.compile fuses the casts into the neighbouring elementwise kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+
+E4M3_MAX = 448.0
+E5M2_MAX = 57344.0
+SCALINGS = ("rowwise", "tensorwise")
+
+
+def quantize(t: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(t / scale in `dtype`, row-major, and scale in fp32) with scale = amax / the format's max, per
+    row (shape (rows, 1)) or per tensor (shape ()). All-zero rows get a tiny scale and stay zero."""
+    fmax = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
+    t32 = t.float()
+    amax = t32.abs().amax(dim=-1, keepdim=True) if rowwise else t32.abs().amax()
+    scale = amax.clamp_min(1e-30) / fmax
+    # The clamp only catches rounding in the division: e4m3fn has no infinity, an overflow is NaN.
+    return (t32 / scale).clamp(-fmax, fmax).to(dtype).contiguous(), scale
+
+
+def _mm(a8: torch.Tensor, sa: torch.Tensor, b8_t: torch.Tensor, sb: torch.Tensor, rowwise: bool,
+        fast_accum: bool) -> torch.Tensor:
+    """a @ b.T from a8 (M, K) row-major and b8_t (N, K) row-major, bf16 out."""
+    return torch._scaled_mm(a8, b8_t.t(), scale_a=sa, scale_b=sb.t() if rowwise else sb,
+                            out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
+
+
+class _FP8Linear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, rowwise: bool) -> torch.Tensor:
+        x8, sx = quantize(x, torch.float8_e4m3fn, rowwise)
+        w8, sw = quantize(w, torch.float8_e4m3fn, rowwise)
+        ctx.save_for_backward(x, w)
+        ctx.rowwise = rowwise
+        return _mm(x8, sx, w8, sw, rowwise, fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, w = ctx.saved_tensors
+        rowwise = ctx.rowwise
+        g8, sg = quantize(grad_out, torch.float8_e4m3fn if rowwise else torch.float8_e5m2, rowwise)
+        # grad_x = g @ w contracts over w's output dim: w^T (in, out) is the row-major operand, its
+        # rows (w's columns) get the scales. Small: one weight matrix per micro-step.
+        wt8, swt = quantize(w.t(), torch.float8_e4m3fn, rowwise)
+        grad_x = _mm(g8, sg, wt8, swt, rowwise, fast_accum=False)
+        grad_w = (grad_out.t() @ x.to(grad_out.dtype)).to(w.dtype)
+        return grad_x.to(x.dtype), grad_w, None
+
+
+def fp8_linear_dynamic(x: torch.Tensor, w: torch.Tensor, scaling: str = "rowwise") -> torch.Tensor:
+    """x @ w.T (bf16 out) with FP8 operands scaled by their own absolute maxima; x of any leading
+    shape, w (out, in) in any float dtype (the fp32 master weight is cast directly)."""
+    if scaling not in SCALINGS:
+        raise ValueError(f"fp8 scaling '{scaling}': use one of {', '.join(SCALINGS)}")
+    lead = x.shape[:-1]
+    out = _FP8Linear.apply(x.reshape(-1, x.shape[-1]), w, scaling == "rowwise")
+    return out.view(*lead, w.shape[0])
