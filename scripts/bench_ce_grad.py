@@ -21,6 +21,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from speedgpt.bench import cuda_ms  # noqa: E402
 from speedgpt.model.kernels import softcap_ce as sce  # noqa: E402
 
 CAP, G_SCALE, IGNORE = 15.0, 2.0 ** 15, -100
@@ -36,18 +37,6 @@ def _copy_transpose_kernel(X, G, GT, N, V, BLOCK_N: tl.constexpr, BLOCK_V: tl.co
     d = x.to(G.dtype.element_ty)
     tl.store(G + row0.to(tl.int64) * V + col0 + (r[:, None] * V + c[None, :]), d)
     tl.store(GT + col0.to(tl.int64) * N + row0 + (c[None, :] * N + r[:, None]), d)
-
-
-def cuda_ms(fn, iters=10):
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def main():

@@ -14,20 +14,8 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from speedgpt.bench import cuda_ms
 from speedgpt.model.fp8_linear import fp8_linear_dynamic
-
-
-def cuda_ms(fn, iters: int = 20, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
 
 
 def mlp(x, w1, w2, mode: str):
@@ -67,7 +55,7 @@ def gemms(N: int, D: int, H: int) -> None:
                          ("fp8 rowwise e4m3", lambda: torch._scaled_mm(a8, b8.t(), scale_a=ra, scale_b=rb,
                                                                        out_dtype=torch.bfloat16))):
             try:
-                t = cuda_ms(fn)
+                t = cuda_ms(fn, iters=20, warmup=3)
                 rows.append(f"    {name:30s} {t:7.3f} ms {flops / t / 1e9:7.0f}")
             except RuntimeError as e:
                 rows.append(f"    {name:30s} FAILED: {str(e).splitlines()[0][:100]}")
@@ -112,7 +100,7 @@ def main() -> None:
         def step():
             fn(xi, w1i, w2i).backward(gout)
 
-        t = cuda_ms(step, iters=10)
+        t = cuda_ms(step, iters=10, warmup=3)
         xi.grad = w1i.grad = w2i.grad = None
         out = fn(xi, w1i, w2i)
         out.backward(gout)

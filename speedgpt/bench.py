@@ -36,6 +36,21 @@ def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) ->
     return 2 * n**3 / statistics.median(times)
 
 
+def cuda_ms(fn, iters: int = 10, warmup: int = 1) -> float:
+    """Mean milliseconds per call of fn's GPU work, by CUDA events around `iters` back-to-back calls
+    after `warmup` untimed ones (the first call compiles and autotunes)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
+
+
 # GPU kernels by what they do, matched on kernel names (first match wins); the rest is "other".
 KERNEL_CATEGORIES = (
     ("flex attention", ("flex", "attention")),

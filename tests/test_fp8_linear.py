@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
 from speedgpt.model import gpt as gpt_module
 from speedgpt.model.fp8_linear import E4M3_MAX, E5M2_MAX, fp8_linear_dynamic, quantize
-from speedgpt.model.gpt import BOS_ID, MLP, build_model
+from speedgpt.model.gpt import MLP, build_model
+from test_model import batch, tiny_model_cfg  # a depth-4, width-64 model and BOS-split token rows
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 dtypes in this torch")
 
@@ -230,20 +231,6 @@ def test_unknown_scaling_raises_naming_the_choices():
 
 # -- wiring into the model ------------------------------------------------------------------------------
 
-def tiny_model_cfg(*extra):
-    return apply_overrides(load_preset("tiny-cpu"), ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16",
-                                                     "--model.value_embeds=2", *extra]).model
-
-
-def tokens(B=2, T=32, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randint(0, 50257, (B, T), generator=g)
-    x[:, 0] = BOS_ID
-    x[:, T // 2] = BOS_ID
-    y = torch.randint(0, 50257, (B, T), generator=g)
-    return x, y
-
-
 def test_build_model_sets_fp8_scaling_only_where_supported(monkeypatch):
     cfg = tiny_model_cfg("--model.fp8_mlp=true", "--model.fp8_mlp_scaling=tensorwise")
     m = build_model(cfg, 32, "cpu", seed=0)
@@ -283,7 +270,7 @@ def test_model_with_fp8_mlp_trains_like_bf16(scaling, one_thread):
         for b in m.blocks:
             b.mlp.proj.weight.normal_(0, 0.02, generator=g)
             b.attn.proj.weight.normal_(0, 0.02, generator=g)
-    x, y = tokens()
+    x, y = batch()
 
     def step(sc):
         for b in m.blocks:
