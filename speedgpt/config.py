@@ -56,7 +56,9 @@ class ModelConfig:
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
     fused_ce: bool = False
     # MLP matmuls (forward and input gradient) in FP8 with dynamic scales (model/fp8_linear.py; Hopper+,
-    # bf16 elsewhere). fp8_mlp_scaling: rowwise (one scale per token / output unit) | tensorwise.
+    # bf16 elsewhere). fp8_mlp_scaling: rowwise (one scale per token / output unit) | tensorwise (one
+    # per tensor: a token's output then depends on the rest of the batch, so KV-cached decoding no
+    # longer equals a full forward).
     fp8_mlp: bool = False
     fp8_mlp_scaling: str = "rowwise"
 

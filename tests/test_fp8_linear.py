@@ -241,6 +241,9 @@ def test_build_model_sets_fp8_scaling_only_where_supported(monkeypatch):
     assert [b.mlp.fp8_scaling for b in m.blocks] == ["tensorwise"] * 4
     m = build_model(tiny_model_cfg("--model.fp8_mlp=false"), 32, "cpu", seed=0)
     assert [b.mlp.fp8_scaling for b in m.blocks] == [""] * 4
+    # _scaled_mm needs multiples of 16: an MLP of width 64 * 2.6 = 166 stays bf16
+    m = build_model(tiny_model_cfg("--model.fp8_mlp=true", "--model.mlp_ratio=2.6"), 32, "cpu", seed=0)
+    assert m.blocks[0].mlp.fc.weight.shape[0] % 16 and [b.mlp.fp8_scaling for b in m.blocks] == [""] * 4
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)

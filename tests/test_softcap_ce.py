@@ -311,6 +311,35 @@ def test_fp8_grad_fast_kernel_keeps_confident_targets(monkeypatch):
     assert torch.equal(gt.cpu(), g.cpu().T.contiguous())
 
 
+@pytest.mark.skipif(DEVICE != "cuda", reason="the f16 gradient kernel is GPU only (inline PTX)")
+@pytest.mark.parametrize("cap,ignore_index", [(15.0, IGNORE), (15.0, 7), (40.0, IGNORE)])
+def test_fp8_grad_fast_kernel_default_tiles(cap, ignore_index):
+    """The shipped configuration (the f16 kernel, default tiles) on a shape its tiles divide: G^T is G
+    transposed bit for bit, ignored rows (also for an ignore_index that is a valid class) are zero, and
+    G matches the e5m2-rounded reference (the cap = 40 bound of the fast path included)."""
+    bn, bv = sce.CONFIG["fp8g_block_n"], sce.CONFIG["fp8g_block_v"]
+    N, V = 2 * bn, 2 * bv
+    x, t = make(N=N, V=V, scale=8.0, device=DEVICE, ignore_every=0)
+    t[3::5] = ignore_index
+    loss_ref, lse = reference_rows(x.cpu(), t.cpu(), cap, ignore_index)
+    g_ref = reference_grad(x.cpu().float(), t.cpu(), lse, torch.full_like(lse, 2.0 ** 15), cap, ignore_index)
+    loss, g, gt = sce._triton_fp8_grad(x, t, cap, 2.0 ** 15, ignore_index, torch.float8_e5m2)
+    torch.testing.assert_close(loss.cpu(), loss_ref, rtol=1e-5, atol=1e-4)
+    assert torch.equal(gt.cpu(), g.cpu().T.contiguous())
+    expect = g_ref.to(torch.float8_e5m2).float()
+    assert ((g.cpu().float() - expect).norm() / expect.norm()) < 3e-2
+    assert g[t == ignore_index].float().abs().sum() == 0
+
+
+@needs_kernels
+def test_fp8_grad_rejects_offsets_beyond_32_bits(monkeypatch):
+    """Tile offsets are 32-bit: a shape that would overflow them is refused before any launch."""
+    monkeypatch.setitem(sce.CONFIG, "fp8g_block_v", 2 ** 21)
+    x, t = make(N=1024, V=64, device=DEVICE)
+    with pytest.raises(ValueError, match="32-bit"):
+        sce._triton_fp8_grad(x, t, 15.0, 2.0 ** 15, IGNORE, torch.float32)
+
+
 def _ptxas_available():
     if not sce.HAVE_TRITON or sce.interpreting():
         return False
@@ -360,7 +389,7 @@ def test_kernels_compile_for_hopper_with_wide_loads(kernel):
         # one packed tanh and one packed exp2 per two elements (64 x 128 / 256 threads / 2 = 16 each): the
         # math is done once, not again for the transposed store
         assert ptx.count("tanh.approx.f16x2") == 16 and ptx.count("ex2.approx.f16x2") == 16
-        assert "st.shared.b8" not in ptx  # no 8-bit values through shared memory (see the kernel)
+        assert not re.search(r"st\.shared(\.v\d)?\.[bsu]8", ptx)  # no 8-bit values through shared memory
         assert re.search(r"st\.global[\w.:]*\.v\d\.b32", ptx), "fp8 stores not vectorized"
         return
     assert "ld.global" in ptx and re.search(r"ld\.global[\w.:]*\.v4\.b32", ptx), "vocab loads not 128-bit"

@@ -11,8 +11,8 @@ a static scale from, so each operand is scaled by its own absolute maximum when 
   the per-row scales). The global amax costs a separate reduction pass.
 
 Measured on an H100 at the speedrun's MLP shape (scripts/bench_mlp.py): the FP8 GEMMs take
-0.19-0.22 ms against 0.31-0.34 ms in bf16, but the fused casts make the ReLU² kernels about 0.1 ms
-slower each way, so the MLP's forward + backward gains only ~5 % (rowwise; tensorwise is slower
+0.17-0.22 ms against 0.31-0.34 ms in bf16, but the fused casts make the ReLU² kernels about 0.1 ms
+slower each way, so the MLP's forward + backward gains only ~4 % (rowwise; tensorwise is slower
 than bf16). In the whole model that is 2-3 % of the step (docs/benchmarks.md).
 
 Forward and input gradient run in FP8; the weight gradient, which contracts over the 49K tokens of

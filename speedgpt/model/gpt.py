@@ -212,7 +212,8 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
     model.window_block = window_block
     model.fp8_head = cfg.fp8_head and fp8_supported(device)
     model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
-    if cfg.fp8_mlp and fp8_supported(device):
+    # _scaled_mm wants both dims of each weight to be multiples of 16
+    if cfg.fp8_mlp and fp8_supported(device) and all(n % 16 == 0 for n in model.blocks[0].mlp.fc.weight.shape):
         for block in model.blocks:
             block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
     if cfg.bf16_embeds:

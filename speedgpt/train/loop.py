@@ -116,7 +116,7 @@ class Trainer:
         if cfg.model.fp8_head and not self.model.fp8_head:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
-            self.log("fp8 mlp: not supported on this device (needs CUDA capability >= 8.9); using bf16")
+            self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:

@@ -62,7 +62,7 @@ CONFIG = {
     # 3.64 ms at 49152 x 50304, a copy with the same traffic 3.59 ms; 32 x 256 took 4.9 ms). The general
     # kernel's tanh is the one-instruction approximation (~2^-11 relative error, far below e5m2's 2^-3).
     "fp8g_block_n": 64, "fp8g_block_v": 128, "fp8g_warps": 8, "fp8g_tanh": "approx",
-    "fp8g_fast": True,  # the f16 kernel where the tiles divide the shape (GPU only; see its docstring)
+    "fp8g_fast": True,  # the f16 kernel where tiles divide the shape and 0 < cap <= 40 (sm_89+; its docstring)
 }
 _TANH_MODES = {"exp": 0, "libdevice": 1, "approx": 2}
 
@@ -216,7 +216,7 @@ if HAVE_TRITON:
             lse = tl.load(LSE + row0 + r, mask=row_ok, other=0.0)
         z2, t = _capped_log2(x.to(tl.float32), cap, HAS_CAP, TANH)
         d = tl.exp2(z2 - (lse * 1.4426950408889634)[:, None])
-        d = d - tl.where(c[None, :] == (tgt - col0)[:, None], 1.0, 0.0)  # ignore_index < 0 never hits
+        d = d - tl.where(c[None, :] == (tgt - col0)[:, None], 1.0, 0.0)  # ignored rows are zeroed below
         if HAS_CAP:
             d = d * (1.0 - t * t)
         d = (d * tl.where(tgt != ignore_index, g_scale, 0.0)[:, None]).to(G.dtype.element_ty)
@@ -234,8 +234,12 @@ if HAVE_TRITON:
                        HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
         """g_scale * dloss/dx of one tile in f16, its tanh and exp2 as packed f16x2 instructions. The
         scale is folded into the exponent: g_scale * p = 2^(z log2 e - lse log2 e + log2 g_scale) <= g_scale
-        fits f16 (g_scale <= 2^15); the exponent's argument is formed in fp32 and rounded once (<= 2^-8
-        relative error in p for |arg| < 16), far below e5m2's own rounding (2^-3). The target entry,
+        fits f16 (g_scale <= 2^15) while z from the f16 tanh stays within ~cap * 2^-10 of the forward's
+        (the caller allows cap <= 40). Errors in p: the exponent's argument is rounded to f16 once
+        (<= 2^-8 relative for |arg| < 16) and tanh's f16 result moves z by up to ~cap * 2^-12 (~1.5 %
+        at cap 15), both below e5m2's own rounding (up to 2^-3). Not so for saturated logits
+        (|x| > ~3.5 cap): there 1 - t^2 < 4e-3 carries t's ~2^-11 absolute error, as with the general
+        kernel's tanh.approx.f32; those entries are rare and their gradient tiny. The target entry,
         g_scale * (p - 1), comes in as d_target, computed in fp32 (_target_grad): in f16, p - 1 for a
         confident prediction (p near 1) would lose most of its digits."""
         c = tl.arange(0, BLOCK_V)
@@ -252,15 +256,15 @@ if HAVE_TRITON:
         if HAS_CAP:
             d = d - d * (t * t)
         d = tl.where((tgt != ignore_index)[:, None], d, 0.0).to(tl.float16)
-        hit = c[None, :] == (tgt - col0)[:, None]  # ignore_index < 0 never hits
+        hit = (c[None, :] == (tgt - col0)[:, None]) & (tgt != ignore_index)[:, None]
         return tl.where(hit, d_target.to(tl.float16)[:, None], d)
 
     @triton.jit
-    def _target_grad(X, stride_x, rows, tgt, lse, col0, cap, g_scale, HAS_CAP: tl.constexpr,
+    def _target_grad(X, stride_x, rows, tgt, lse, col0, cap, g_scale, ignore_index, HAS_CAP: tl.constexpr,
                      BLOCK_V: tl.constexpr):
         """g_scale * dloss_i/dx_i,t_i in fp32 for the rows whose target lies in this tile's columns
-        (0 for the others: their target is another tile's)."""
-        here = (tgt >= col0) & (tgt < col0 + BLOCK_V)
+        (0 for the others: their target is another tile's, or ignored)."""
+        here = (tgt >= col0) & (tgt < col0 + BLOCK_V) & (tgt != ignore_index)
         xt = tl.load(X + rows.to(tl.int64) * stride_x + tgt, mask=here, other=0.0).to(tl.float32)
         z2, t = _capped_log2(xt, cap, HAS_CAP, 0)
         d = tl.exp2(z2 - lse * 1.4426950408889634) - 1.0
@@ -290,8 +294,10 @@ if HAVE_TRITON:
         x_o = tl.load(x_base + ((even + 1)[:, None] * stride_x + c[None, :]))
         lse_e, lse_o = tl.load(LSE + row0 + even), tl.load(LSE + row0 + even + 1)
         tgt_e, tgt_o = tl.load(T + row0 + even).to(tl.int32), tl.load(T + row0 + even + 1).to(tl.int32)
-        dt_e = _target_grad(X, stride_x, row0 + even, tgt_e, lse_e, col0, cap, g_scale, HAS_CAP, BLOCK_V)
-        dt_o = _target_grad(X, stride_x, row0 + even + 1, tgt_o, lse_o, col0, cap, g_scale, HAS_CAP, BLOCK_V)
+        dt_e = _target_grad(X, stride_x, row0 + even, tgt_e, lse_e, col0, cap, g_scale, ignore_index, HAS_CAP,
+                            BLOCK_V)
+        dt_o = _target_grad(X, stride_x, row0 + even + 1, tgt_o, lse_o, col0, cap, g_scale, ignore_index, HAS_CAP,
+                            BLOCK_V)
         d_e = _grad_tile_f16(x_e, lse_e, tgt_e, dt_e, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
                              BLOCK_V)
         d_o = _grad_tile_f16(x_o, lse_o, tgt_o, dt_o, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
@@ -337,6 +343,12 @@ def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out):
     return out
 
 
+def _fast_kernel_device(device: torch.device) -> bool:
+    """The f16 kernel's PTX (f16x2 tanh, e5m2x2 conversion) needs an NVIDIA GPU of compute capability 8.9+."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
 def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
     x = _rows(logits)
     N, V = x.shape
@@ -350,8 +362,8 @@ def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
                              f"offsets; use fewer rows per call")
         grid = (triton.cdiv(N, bn), triton.cdiv(V, bv))
         even = N % bn == 0 and V % bv == 0
-        if (CONFIG["fp8g_fast"] and even and bn % 2 == 0 and x.is_cuda and fp8_dtype == torch.float8_e5m2
-                and 0 < g_scale <= 2.0 ** 15):
+        if (CONFIG["fp8g_fast"] and even and bn % 2 == 0 and fp8_dtype == torch.float8_e5m2
+                and 0 < g_scale <= 2.0 ** 15 and 0 < cap <= FIXED_MAX_CAP and _fast_kernel_device(x.device)):
             _softcap_ce_fp8_grad_fast_kernel[grid](
                 x, x.stride(0), targets, lse, g, gt.view(torch.int16), N, V, float(cap), float(g_scale),
                 math.log2(g_scale), int(ignore_index), HAS_CAP=cap > 0, BLOCK_N=bn, BLOCK_V=bv,
