@@ -14,6 +14,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from speedgpt.bench import cuda_ms  # noqa: E402
+
 CANDIDATES = {
     "default": {},
     "rows_safe": {"ROWS_GUARANTEED_SAFE": True},
@@ -59,18 +61,15 @@ def main():
             times, outs = [], []
             for window in args.windows:
                 bm = masks.block_mask(torch.tensor(window // 128, device="cuda") * 128)
-                for _ in range(2):  # compile and warm
-                    fn(q, k, v, bm).backward(gout)
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(args.reps):
+                last = []
+
+                def fwd_bwd():
                     out = fn(q, k, v, bm)
                     out.backward(gout)
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) / args.reps)
-                outs.append(out.detach().float())
+                    last[:] = [out]
+
+                times.append(cuda_ms(fwd_bwd, iters=args.reps, warmup=2))  # the warmup compiles
+                outs.append(last[0].detach().float())
                 q.grad = k.grad = v.grad = None
             if base is None:
                 base = (times, outs)

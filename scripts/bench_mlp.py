@@ -14,6 +14,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
+from gpu_check import rel  # this script's folder is on sys.path when run as a script
 from speedgpt.bench import cuda_ms
 from speedgpt.model.fp8_linear import fp8_linear_dynamic
 
@@ -25,10 +26,6 @@ def mlp(x, w1, w2, mode: str):
         return F.linear(F.relu(h).square(), w2.bfloat16())
     h = fp8_linear_dynamic(x, w1, mode)
     return fp8_linear_dynamic(F.relu(h).square(), w2, mode)
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def gemms(N: int, D: int, H: int) -> None:

@@ -11,6 +11,7 @@ from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
 from speedgpt.model import gpt as gpt_module
 from speedgpt.model.fp8_linear import E4M3_MAX, E5M2_MAX, fp8_linear_dynamic, quantize
 from speedgpt.model.gpt import MLP, build_model
+from test_fp8 import rel  # relative error in the Frobenius norm
 from test_model import batch, tiny_model_cfg  # a depth-4, width-64 model and BOS-split token rows
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 dtypes in this torch")
@@ -35,10 +36,6 @@ def _cpu_rowwise_scaled_mm() -> bool:
 
 needs_rowwise = pytest.mark.skipif(not _cpu_rowwise_scaled_mm(), reason="this torch's CPU _scaled_mm is per-tensor only")
 SCALINGS = [pytest.param("rowwise", marks=needs_rowwise), "tensorwise"]
-
-
-def rel(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 def ranged_rows(rows=48, cols=80, seed=0):
