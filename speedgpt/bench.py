@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")
     p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps")
+    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps (of each config)")
     args, overrides = p.parse_known_args(argv)
     preset = args.preset
     if not preset and not args.config:
@@ -213,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
     if args.ab:
         print(f"A: {format_results(rows, None)}", flush=True)  # kept even if B fails or times out
-        rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step)))
+        rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step,
+                                             args.profile)))
     from .parallel.dist import barrier, teardown
 
     rank = int(os.environ.get("RANK", "0"))

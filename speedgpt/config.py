@@ -60,7 +60,8 @@ class ModelConfig:
     # per tensor: a token's output then depends on the rest of the batch, so KV-cached decoding no
     # longer equals a full forward).
     fp8_mlp: bool = False
-    fp8_mlp_scaling: str = "rowwise"
+    fp8_mlp_scaling: str = "rowwise"  # also the scaling of fp8_attn
+    fp8_attn: bool = False  # likewise for the attention's qkv and output projections
 
     def resolved_dim(self) -> int:
         if self.model_dim:

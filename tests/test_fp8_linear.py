@@ -241,6 +241,16 @@ def test_build_model_sets_fp8_scaling_only_where_supported(monkeypatch):
     # _scaled_mm needs multiples of 16: an MLP of width 64 * 2.6 = 166 stays bf16
     m = build_model(tiny_model_cfg("--model.fp8_mlp=true", "--model.mlp_ratio=2.6"), 32, "cpu", seed=0)
     assert m.blocks[0].mlp.fc.weight.shape[0] % 16 and [b.mlp.fp8_scaling for b in m.blocks] == [""] * 4
+    assert [b.attn.fp8_scaling for b in m.blocks] == [""] * 4  # fp8_attn is a switch of its own
+    m = build_model(tiny_model_cfg("--model.fp8_attn=true"), 32, "cpu", seed=0)
+    assert [b.attn.fp8_scaling for b in m.blocks] == ["rowwise"] * 4
+    assert [b.mlp.fp8_scaling for b in m.blocks] == [""] * 4
+    # attention-free layers have nothing to switch; heads of width 8 (hdim 40) stay bf16
+    m = build_model(tiny_model_cfg("--model.fp8_attn=true", "--model.attn_free_layers=[1]"), 32, "cpu", seed=0)
+    assert [b.attn.fp8_scaling if b.attn else None for b in m.blocks] == ["rowwise", None, "rowwise", "rowwise"]
+    m = build_model(tiny_model_cfg("--model.fp8_attn=true", "--model.head_dim=8", "--model.model_dim=40"),
+                    32, "cpu", seed=0)
+    assert [b.attn.fp8_scaling for b in m.blocks] == [""] * 4
 
 
 @pytest.mark.parametrize("scaling", SCALINGS)
@@ -260,10 +270,12 @@ def test_mlp_forward_runs_both_matmuls_in_fp8(scaling):
     assert 0.01 < rel(out, bf16) < 0.1
 
 
+@pytest.mark.parametrize("part", ["mlp", "attn"])
 @pytest.mark.parametrize("scaling", SCALINGS)
-def test_model_with_fp8_mlp_trains_like_bf16(scaling, one_thread):
-    m = build_model(tiny_model_cfg("--model.fp8_mlp=true"), 32, "cpu", seed=0, dtype=torch.bfloat16)
-    assert all(b.mlp.fp8_scaling == "" for b in m.blocks)
+def test_model_with_fp8_matmuls_trains_like_bf16(scaling, part, one_thread):
+    """The switched part's weight gradients (and the loss) stay close to bf16; only that part moves."""
+    m = build_model(tiny_model_cfg(f"--model.fp8_{part}=true"), 32, "cpu", seed=0, dtype=torch.bfloat16)
+    assert all(getattr(b, part).fp8_scaling == "" for b in m.blocks)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # zero head / projections would make the loss and gradients trivial
         m.lm_head.weight.normal_(0, 0.05, generator=g)
@@ -274,22 +286,27 @@ def test_model_with_fp8_mlp_trains_like_bf16(scaling, one_thread):
 
     def step(sc):
         for b in m.blocks:
-            b.mlp.fp8_scaling = sc
+            getattr(b, part).fp8_scaling = sc
         m.zero_grad(set_to_none=True)
         loss = m(x, y)
         loss.backward()
-        return loss.item(), {n: p.grad.clone() for n, p in m.named_parameters() if ".mlp." in n and p.grad is not None}
+        # not the scalar group (lambdas, skip weights): their gradients are sums with heavy cancellation
+        scalars = {id(p) for p in m.param_groups()["scalar"]}
+        return loss.item(), {n: p.grad.clone() for n, p in m.named_parameters()
+                             if p.grad is not None and id(p) not in scalars}
 
     loss_bf, grads_bf = step("")
     loss_8, grads_8 = step(scaling)
-    assert len(grads_8) == len(grads_bf) == 8  # fc and proj of 4 blocks
+    switched = {"mlp": (".mlp.fc.", ".mlp.proj."), "attn": (".attn.qkv_w", ".attn.proj.")}[part]
+    assert sum(any(k in n for k in switched) for n in grads_8) == 8  # two matrices of 4 blocks
     assert abs(loss_8 - loss_bf) / loss_bf < 0.02
     for name, grad in grads_8.items():
         assert grad.dtype == torch.float32
         assert torch.isfinite(grad).all() and grad.abs().sum() > 0, name
         err = rel(grad, grads_bf[name])
         assert err < 0.15, (name, err)  # measured 0.04-0.07
-        assert err > 0.005, (name, err)  # the FP8 path is in the graph (bf16 reruns are bit-identical)
+        if any(k in name for k in switched):
+            assert err > 0.005, (name, err)  # the FP8 path is in the graph (bf16 reruns are bit-identical)
 
 
 # -- config -----------------------------------------------------------------------------------------------

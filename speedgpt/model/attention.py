@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8_linear import fp8_linear_dynamic
 from .rotary import Rotary
 
 FLEX_BLOCK = 128
@@ -212,6 +213,7 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(hdim, dim)
         self.gate = CastedLinear(gate_dim, num_heads) if gate_dim else None
         self.rotary = rotary
+        self.fp8_scaling = ""  # "rowwise" / "tensorwise": FP8 qkv and output matmuls, set by build_model
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -227,7 +229,11 @@ class CausalSelfAttention(nn.Module):
                 kv_cache: KVCache | None = None, block: int = FLEX_BLOCK) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, Dh = self.num_heads, self.head_dim
-        qkv = F.linear(x_BTD, self.qkv_w.flatten(end_dim=1).type_as(x_BTD)).view(B, T, 3 * H, Dh)
+        qkv_w = self.qkv_w.flatten(end_dim=1)
+        if self.fp8_scaling:
+            qkv = fp8_linear_dynamic(x_BTD, qkv_w, self.fp8_scaling).view(B, T, 3 * H, Dh)
+        else:
+            qkv = F.linear(x_BTD, qkv_w.type_as(x_BTD)).view(B, T, 3 * H, Dh)
         q, k, v = qkv.chunk(3, dim=-2)
         q, k = norm(q), norm(k)
         pos = kv_cache.pos if kv_cache is not None else 0
@@ -252,4 +258,7 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2)  # B, T, H, Dh
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate(x_BTD[..., :self.gate.in_features])).unsqueeze(-1)
-        return self.proj(y.reshape(B, T, H * Dh))
+        y = y.reshape(B, T, H * Dh)
+        if self.fp8_scaling:
+            return fp8_linear_dynamic(y, self.proj.weight, self.fp8_scaling)
+        return self.proj(y)

@@ -212,11 +212,22 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
     model.window_block = window_block
     model.fp8_head = cfg.fp8_head and fp8_supported(device)
     model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
-    # _scaled_mm wants both dims of each weight to be multiples of 16
-    if cfg.fp8_mlp and fp8_supported(device) and all(n % 16 == 0 for n in model.blocks[0].mlp.fc.weight.shape):
-        for block in model.blocks:
-            block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
+    if cfg.fp8_mlp or cfg.fp8_attn:
+        _enable_fp8_matmuls(model, cfg, fp8_supported(device))
     if cfg.bf16_embeds:
         for emb in [model.embed, *model.value_embeds]:
             emb.to(torch.bfloat16)
     return model
+
+
+def _enable_fp8_matmuls(model: GPT, cfg: ModelConfig, supported: bool) -> None:
+    """Switch the hidden matmuls the config names to FP8 where the device can run them: _scaled_mm
+    wants both dims of every weight to be multiples of 16."""
+    def fits(*weights: torch.Tensor) -> bool:
+        return supported and all(n % 16 == 0 for w in weights for n in w.shape[-2:])
+
+    for block in model.blocks:
+        if cfg.fp8_mlp and fits(block.mlp.fc.weight, block.mlp.proj.weight):
+            block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
+        if cfg.fp8_attn and block.attn is not None and fits(block.attn.qkv_w, block.attn.proj.weight):
+            block.attn.fp8_scaling = cfg.fp8_mlp_scaling

@@ -117,6 +117,8 @@ class Trainer:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
             self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
+        if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
+            self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:
