@@ -1,5 +1,6 @@
 """Time the speedrun's MLP (RMSNorm -> fc -> ReLU² -> proj, forward + backward) at one micro-batch's
-shape on the GPU: bf16 against FP8 with dynamic scales (model/fp8_linear.py), each compiled, plus
+shape on the GPU: bf16 against FP8 with dynamic scales (model/fp8_linear.py; row-wise also with the
+ReLU² kernels of model/kernels/relu2_fp8.py), each compiled, plus
 the raw GEMMs (bf16 mm against torch._scaled_mm) and, optionally, bf16 under Inductor's max-autotune
 (Triton GEMM templates with the ReLU² fused into their epilogues). Prints ms per call and the
 relative errors against fp32.
@@ -16,11 +17,13 @@ import torch.nn.functional as F
 
 from gpu_check import rel  # this script's folder is on sys.path when run as a script
 from speedgpt.bench import cuda_ms
-from speedgpt.model.fp8_linear import fp8_linear_dynamic
+from speedgpt.model.fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp
 
 
 def mlp(x, w1, w2, mode: str):
     x = F.rms_norm(x, (x.size(-1),))
+    if mode == "fused":
+        return fp8_relu2_mlp(x, w1, w2)
     if mode == "bf16":
         h = F.linear(x, w1.bfloat16())
         return F.linear(F.relu(h).square(), w2.bfloat16())
@@ -84,7 +87,8 @@ def main() -> None:
     ref = (F.linear(F.relu(F.linear(F.rms_norm(xr.detach(), (D,)), w1r.detach())).square(), w2r.detach()),
            xr.grad, w1r.grad, w2r.grad)
 
-    variants = [("bf16", "bf16", {}), ("fp8 rowwise", "rowwise", {}), ("fp8 tensorwise", "tensorwise", {})]
+    variants = [("bf16", "bf16", {}), ("fp8 rowwise", "rowwise", {}), ("fp8 rowwise, fused act", "fused", {}),
+                ("fp8 tensorwise", "tensorwise", {})]
     if args.autotune:
         variants.append(("bf16 max-autotune", "bf16", {"mode": "max-autotune-no-cudagraphs"}))
     print(f"\nMLP forward + backward, {N} x {D} -> {H} -> {D} (compiled):")

@@ -62,6 +62,8 @@ class ModelConfig:
     fp8_mlp: bool = False
     fp8_mlp_scaling: str = "rowwise"  # also the scaling of fp8_attn
     fp8_attn: bool = False  # likewise for the attention's qkv and output projections
+    # rowwise fp8_mlp: ReLU² with its FP8 casts as one Triton kernel each way (model/kernels/relu2_fp8.py)
+    fp8_mlp_fused_act: bool = True
 
     def resolved_dim(self) -> int:
         if self.model_dim:

@@ -78,3 +78,45 @@ def fp8_linear_dynamic(x: torch.Tensor, w: torch.Tensor, scaling: str = "rowwise
     lead = x.shape[:-1]
     out = _FP8Linear.apply(x.reshape(-1, x.shape[-1]), w, scaling == "rowwise")
     return out.view(*lead, w.shape[0])
+
+
+class _FP8ReLU2MLP(torch.autograd.Function):
+    """proj(relu(fc(x))²) with row-wise FP8 matmuls, the activation and its casts in one kernel each
+    way (model/kernels/relu2_fp8.py). Same math as two fp8_linear_dynamic calls around relu().square()."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+        from .kernels.relu2_fp8 import relu2_fp8_fwd
+
+        e4m3 = torch.float8_e4m3fn
+        x8, sx = quantize(x, e4m3, True)
+        w18, sw1 = quantize(w1, e4m3, True)
+        h = _mm(x8, sx, w18, sw1, True, fast_accum=True)
+        a, a8, sa = relu2_fp8_fwd(h)
+        w28, sw2 = quantize(w2, e4m3, True)
+        ctx.save_for_backward(x, w1, w2, h, a)
+        return _mm(a8, sa, w28, sw2, True, fast_accum=True)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        from .kernels.relu2_fp8 import relu2_fp8_bwd
+
+        x, w1, w2, h, a = ctx.saved_tensors
+        e4m3 = torch.float8_e4m3fn
+        g8, sg = quantize(grad_out, e4m3, True)
+        w2t8, sw2t = quantize(w2.t(), e4m3, True)
+        grad_a = _mm(g8, sg, w2t8, sw2t, True, fast_accum=False)
+        grad_w2 = (grad_out.t() @ a.to(grad_out.dtype)).to(w2.dtype)
+        dh, dh8, sdh = relu2_fp8_bwd(grad_a, h)
+        w1t8, sw1t = quantize(w1.t(), e4m3, True)
+        grad_x = _mm(dh8, sdh, w1t8, sw1t, True, fast_accum=False)
+        grad_w1 = (dh.t() @ x.to(dh.dtype)).to(w1.dtype)
+        return grad_x.to(x.dtype), grad_w1, grad_w2
+
+
+def fp8_relu2_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """relu(x @ w1.T)² @ w2.T (bf16 out) with row-wise FP8 operands; x of any leading shape."""
+    lead = x.shape[:-1]
+    out = _FP8ReLU2MLP.apply(x.reshape(-1, x.shape[-1]), w1, w2)
+    return out.view(*lead, w2.shape[0])
+

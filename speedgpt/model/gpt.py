@@ -14,7 +14,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from .fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear, fp8_supported
-from .fp8_linear import fp8_linear_dynamic
+from .fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp
 from .kernels.softcap_ce import available as fused_ce_available, softcap_cross_entropy
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
 from .rotary import Rotary
@@ -28,6 +28,7 @@ class MLP(nn.Module):
         self.fc = CastedLinear(dim, hidden)
         self.proj = CastedLinear(hidden, dim)
         self.fp8_scaling = ""  # "rowwise" / "tensorwise": FP8 matmuls, set by build_model where supported
+        self.fused_act = False  # rowwise only: ReLU² and its FP8 casts in one kernel each way
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -36,6 +37,8 @@ class MLP(nn.Module):
         self.proj.weight.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fp8_scaling == "rowwise" and self.fused_act:
+            return fp8_relu2_mlp(x, self.fc.weight, self.proj.weight)
         if self.fp8_scaling:
             h = fp8_linear_dynamic(x, self.fc.weight, self.fp8_scaling)
             return fp8_linear_dynamic(F.relu(h).square(), self.proj.weight, self.fp8_scaling)
@@ -229,5 +232,6 @@ def _enable_fp8_matmuls(model: GPT, cfg: ModelConfig, supported: bool) -> None:
     for block in model.blocks:
         if cfg.fp8_mlp and fits(block.mlp.fc.weight, block.mlp.proj.weight):
             block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
+            block.mlp.fused_act = cfg.fp8_mlp_fused_act
         if cfg.fp8_attn and block.attn is not None and fits(block.attn.qkv_w, block.attn.proj.weight):
             block.attn.fp8_scaling = cfg.fp8_mlp_scaling
