@@ -172,6 +172,22 @@ def test_fp8_linear_dynamic_close_to_fp32_forward_and_backward(scaling):
     assert rel(x.grad, xb.grad) > 0.01
 
 
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_bf16_input_gradient_option(scaling):
+    """fp8_grad_input=False: same forward and weight gradient, the input gradient a bf16 matmul."""
+    x0, w0, gout = linear_inputs()
+    grads = []
+    for fp8_grad_input in (True, False):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        out = fp8_linear_dynamic(x, w, scaling, fp8_grad_input=fp8_grad_input)
+        out.backward(gout)
+        grads.append((out, x.grad, w.grad))
+    (out8, gx8, gw8), (out, gx, gw) = grads
+    assert torch.equal(out, out8) and torch.equal(gw, gw8)
+    assert torch.equal(gx, (gout @ w0.bfloat16()).view_as(gx))
+    assert rel(gx8, gx) > 0.01  # the default really is the FP8 one
+
+
 @needs_rowwise
 def test_rowwise_scaling_keeps_every_row_accurate():
     """Rows of activations (and of the output gradient) spanning 10^-6..1: per-row scales keep each row's

@@ -50,33 +50,39 @@ def _mm(a8: torch.Tensor, sa: torch.Tensor, b8_t: torch.Tensor, sb: torch.Tensor
 
 class _FP8Linear(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, rowwise: bool, fp8_grad_input: bool) -> torch.Tensor:
         x8, sx = quantize(x, torch.float8_e4m3fn, rowwise)
         w8, sw = quantize(w, torch.float8_e4m3fn, rowwise)
         ctx.save_for_backward(x, w)
-        ctx.rowwise = rowwise
+        ctx.rowwise, ctx.fp8_grad_input = rowwise, fp8_grad_input
         return _mm(x8, sx, w8, sw, rowwise, fast_accum=True)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         x, w = ctx.saved_tensors
         rowwise = ctx.rowwise
-        g8, sg = quantize(grad_out, torch.float8_e4m3fn if rowwise else torch.float8_e5m2, rowwise)
-        # grad_x = g @ w contracts over w's output dim: w^T (in, out) is the row-major operand, its
-        # rows (w's columns) get the scales. Small: one weight matrix per micro-step.
-        wt8, swt = quantize(w.t(), torch.float8_e4m3fn, rowwise)
-        grad_x = _mm(g8, sg, wt8, swt, rowwise, fast_accum=False)
+        if ctx.fp8_grad_input:
+            g8, sg = quantize(grad_out, torch.float8_e4m3fn if rowwise else torch.float8_e5m2, rowwise)
+            # grad_x = g @ w contracts over w's output dim: w^T (in, out) is the row-major operand, its
+            # rows (w's columns) get the scales. Small: one weight matrix per micro-step.
+            wt8, swt = quantize(w.t(), torch.float8_e4m3fn, rowwise)
+            grad_x = _mm(g8, sg, wt8, swt, rowwise, fast_accum=False)
+        else:
+            grad_x = grad_out @ w.to(grad_out.dtype)
         grad_w = (grad_out.t() @ x.to(grad_out.dtype)).to(w.dtype)
-        return grad_x.to(x.dtype), grad_w, None
+        return grad_x.to(x.dtype), grad_w, None, None
 
 
-def fp8_linear_dynamic(x: torch.Tensor, w: torch.Tensor, scaling: str = "rowwise") -> torch.Tensor:
+def fp8_linear_dynamic(x: torch.Tensor, w: torch.Tensor, scaling: str = "rowwise",
+                       fp8_grad_input: bool = True) -> torch.Tensor:
     """x @ w.T (bf16 out) with FP8 operands scaled by their own absolute maxima; x of any leading
-    shape, w (out, in) in any float dtype (the fp32 master weight is cast directly)."""
+    shape, w (out, in) in any float dtype (the fp32 master weight is cast directly). The input
+    gradient is an FP8 matmul too unless fp8_grad_input=False (then bf16: for outputs whose
+    gradient's cast would not fuse into a one-pass kernel)."""
     if scaling not in SCALINGS:
         raise ValueError(f"fp8 scaling '{scaling}': use one of {', '.join(SCALINGS)}")
     lead = x.shape[:-1]
-    out = _FP8Linear.apply(x.reshape(-1, x.shape[-1]), w, scaling == "rowwise")
+    out = _FP8Linear.apply(x.reshape(-1, x.shape[-1]), w, scaling == "rowwise", fp8_grad_input)
     return out.view(*lead, w.shape[0])
 
 
