@@ -99,18 +99,50 @@ def test_fp8_head_cross_entropy_ignored_rows_get_no_gradient():
     assert x.grad[4:].abs().sum() == 0 and x.grad[:4].abs().sum() > 0
 
 
-def test_fp8_head_cross_entropy_compiles_like_eager():
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_fp8_head_cross_entropy_compiles_like_eager(backend):
+    """Bit for bit: the casts and transposes that compilation takes over (Inductor generates their
+    kernels) round as eager does, bf16 x included."""
     x, w, t = ce_inputs(seed=2)
     scales = (64 ** 0.5 / E4M3_MAX, 24 / E4M3_MAX)
     eager = fp8_head_cross_entropy(x, w, t, 15.0, *scales)
-    eager.backward()
+    (eager * 2.0).backward()
     gx, gw = x.grad.clone(), w.grad.clone()
     x.grad = w.grad = None
-    fn = torch.compile(lambda a, b: fp8_head_cross_entropy(a, b, t, 15.0, *scales), backend="aot_eager",
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, b: fp8_head_cross_entropy(a, b, t, 15.0, *scales), backend=backend,
                        fullgraph=True)
     compiled = fn(x, w)
-    compiled.backward()
+    (compiled * 2.0).backward()
     assert torch.equal(eager, compiled) and torch.equal(gx, x.grad) and torch.equal(gw, w.grad)
+
+
+def test_fp8_head_custom_ops_take_fp8_operands():
+    """The casts to e4m3 and the operands' transposes are in the compiled graphs, not in the opaque ops
+    (where they ran as slow eager kernels): the ops receive e4m3 tensors in the layouts they use."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    graphs = []
+
+    def keep(gm, _):
+        graphs.append(gm)
+        return make_boxed_func(gm.forward)
+
+    x, w, t = ce_inputs(N=96, D=64, V=200)
+    torch._dynamo.reset()
+    fn = torch.compile(lambda a, b: fp8_head_cross_entropy(a, b, t, 15.0, 64 ** 0.5 / E4M3_MAX, 24 / E4M3_MAX),
+                       backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True)
+    fn(x, w).backward()
+    calls = {n.target: [a.meta["val"] for a in n.args[:4] if isinstance(a, torch.fx.Node)]
+             for gm in graphs for n in gm.graph.nodes
+             if n.target in (torch.ops.speedgpt.fp8_head_ce_fwd.default, torch.ops.speedgpt.fp8_head_ce_bwd.default)}
+    x8, w8, _ = calls[torch.ops.speedgpt.fp8_head_ce_fwd.default]
+    assert (x8.dtype, x8.shape, w8.dtype, w8.shape) == (torch.float8_e4m3fn, (96, 64), torch.float8_e4m3fn, (200, 64))
+    g8, g8t, x8t, w8t = calls[torch.ops.speedgpt.fp8_head_ce_bwd.default]
+    assert (g8.shape, g8t.shape) == ((96, 200), (200, 96)) and g8.dtype == g8t.dtype == torch.float8_e5m2
+    assert x8t.dtype == w8t.dtype == torch.float8_e4m3fn and x8t.shape == (64, 96) and w8t.shape == (64, 200)
+    assert x8t.is_contiguous() and w8t.is_contiguous()
 
 
 def test_model_fused_fp8_head_trains_like_the_bf16_free_head():

@@ -1,7 +1,8 @@
-"""FP8 matmul for the lm_head, as custom ops with their own backward (Hopper and newer).
+"""FP8 matmul for the lm_head (Hopper and newer): `fp8_linear`, custom ops with their own backward,
+and `fp8_head_cross_entropy`, the head fused with the loss for training (below).
 
 Forward: x and W in e4m3 (more mantissa), output bf16. Backward: the output gradient in e5m2
-(more range) times the e4m3 weight gives the input gradient; the weight gradient is a bf16
+(more range) times the e4m3 weight gives the input gradient; fp8_linear's weight gradient is a bf16
 matmul (see _backward for why).
 
 Scales are static, derived from bounds rather than measured each step (an amax pass over the
@@ -21,7 +22,10 @@ kernels over the bf16 logits (model/kernels/softcap_ce.py) compute the loss and,
 forward, the per-token logit gradient, written in e5m2 in both layouts `_scaled_mm` wants (row-
 and column-major), so the logits are freed at once, no separate cast pass exists and the weight
 gradient is an FP8 matmul too. Its gradient scale is G_SCALE (below); the upstream gradient of the
-loss arrives in the backward as a device scalar and is folded into the matmul scales.
+loss arrives in the backward as a device scalar and is folded into the matmul scales. It is an
+autograd.Function whose casts to e4m3 and operand transposes are plain torch ops around two custom
+ops (the matmuls and the kernels): under torch.compile, Inductor can fuse x's cast into the final
+RMSNorm and writes the 1-byte transposes with its own kernels (aten's copies of them were slow).
 """
 
 from __future__ import annotations
@@ -48,14 +52,10 @@ def _scale(v: float, device) -> torch.Tensor:
     return torch.tensor(v, dtype=torch.float32, device=device)
 
 
-def _forward(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(x @ w.T in bf16, x in e4m3, w in e4m3): the FP8 head's forward matmul."""
-    x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
-    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
-    out = torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x.device),
-                           scale_b=_scale(w_scale, x.device), use_fast_accum=True)
-    return out, x8, w8
+def _mm_e4m3(x8: torch.Tensor, w8: torch.Tensor, x_scale: float, w_scale: float) -> torch.Tensor:
+    """x @ w.T in bf16 from x8 (N, D) and w8 (V, D) in e4m3: the FP8 head's forward matmul."""
+    return torch._scaled_mm(x8, w8.T, out_dtype=torch.bfloat16, scale_a=_scale(x_scale, x8.device),
+                            scale_b=_scale(w_scale, x8.device), use_fast_accum=True)
 
 
 def _grad_input(g8: torch.Tensor, w8: torch.Tensor, g_scale: torch.Tensor, w_scale: float) -> torch.Tensor:
@@ -70,8 +70,8 @@ def fp8_linear_fwd(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: fl
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ w.T in bf16, w in e4m3); the fp8 weight is kept for the backward.
     grad_scale is unused here: it is an input so that the backward receives it."""
-    out, _, w8 = _forward(x, w, x_scale, w_scale)
-    return out, w8
+    w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
+    return _mm_e4m3(_to_fp8(x, x_scale, torch.float8_e4m3fn), w8, x_scale, w_scale), w8
 
 
 @fp8_linear_fwd.register_fake
@@ -114,61 +114,64 @@ fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 @torch.library.custom_op("speedgpt::fp8_head_ce_fwd", mutates_args=())
-def fp8_head_ce_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float, x_scale: float,
-                    w_scale: float, ignore_index: int
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(summed loss, G e5m2 (N, V), G^T e5m2 (V, N), x^T e4m3 (D, N), w e4m3 (V, D)); the last four are
-    what the backward needs. G = G_SCALE * dloss_i / dlogits_ij, computed here (see module docstring)."""
+def fp8_head_ce_fwd(x8: torch.Tensor, w8: torch.Tensor, targets: torch.Tensor, cap: float, x_scale: float,
+                    w_scale: float, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(summed loss, G e5m2 (N, V), G^T e5m2 (V, N)) from the e4m3 operands x8 (N, D) and w8 (V, D),
+    G = G_SCALE * dloss_i / dlogits_ij (see module docstring)."""
     from .kernels.softcap_ce import softcap_ce_fp8_grad
 
-    logits, x8, w8 = _forward(x, w, x_scale, w_scale)
+    logits = _mm_e4m3(x8, w8, x_scale, w_scale)
     loss, g8, g8t = softcap_ce_fp8_grad(logits, targets, cap, G_SCALE, ignore_index)
     del logits  # 4.8 GB at the speedrun shape, not kept for the backward
-    return loss.sum(), g8, g8t, x8.T.contiguous(), w8
+    return loss.sum(), g8, g8t
 
 
 @fp8_head_ce_fwd.register_fake
-def _(x, w, targets, cap, x_scale, w_scale, ignore_index):
-    (N, D), V = x.shape, w.shape[0]
-    e5, e4 = torch.float8_e5m2, torch.float8_e4m3fn
-    return (x.new_empty((), dtype=torch.float32), x.new_empty(N, V, dtype=e5), x.new_empty(V, N, dtype=e5),
-            x.new_empty(D, N, dtype=e4), x.new_empty(V, D, dtype=e4))
+def _(x8, w8, targets, cap, x_scale, w_scale, ignore_index):
+    N, V = x8.shape[0], w8.shape[0]
+    e5 = torch.float8_e5m2
+    return x8.new_empty((), dtype=torch.float32), x8.new_empty(N, V, dtype=e5), x8.new_empty(V, N, dtype=e5)
 
 
 @torch.library.custom_op("speedgpt::fp8_head_ce_bwd", mutates_args=())
-def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8: torch.Tensor, dloss: torch.Tensor,
-                    x_scale: float, w_scale: float, x_dtype: torch.dtype, w_dtype: torch.dtype
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_x (N, D), grad_w (V, D)) from the saved e5m2 gradient, both FP8 matmuls."""
+def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8t: torch.Tensor, dloss: torch.Tensor,
+                    x_scale: float, w_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x bf16 (N, D), grad_w fp32 (V, D)) from the e5m2 gradient in both layouts and the e4m3
+    operands transposed, x8t (D, N) and w8t (D, V): _scaled_mm wants its first operand row-major (G,
+    G^T) and its second column-major (the views x8t.T, w8t.T)."""
     g_scale = (dloss.float() / G_SCALE).reshape(())
-    grad_x = _grad_input(g8, w8, g_scale, w_scale)
-    # grad_w = G^T @ x: G^T row-major and x column-major are exactly what the forward saved.
+    grad_x = torch._scaled_mm(g8, w8t.T, scale_a=g_scale, scale_b=_scale(w_scale, g8.device),
+                              out_dtype=torch.bfloat16, use_fast_accum=False)
     grad_w = torch._scaled_mm(g8t, x8t.T, scale_a=g_scale, scale_b=_scale(x_scale, g8.device),
                               out_dtype=torch.float32, use_fast_accum=False)
-    return grad_x.to(x_dtype), grad_w.to(w_dtype)
+    return grad_x, grad_w
 
 
 @fp8_head_ce_bwd.register_fake
-def _(g8, g8t, x8t, w8, dloss, x_scale, w_scale, x_dtype, w_dtype):
-    N, V, D = g8.shape[0], g8.shape[1], w8.shape[1]
-    return g8.new_empty(N, D, dtype=x_dtype), g8.new_empty(V, D, dtype=w_dtype)
+def _(g8, g8t, x8t, w8t, dloss, x_scale, w_scale):
+    N, V, D = g8.shape[0], g8.shape[1], w8t.shape[0]
+    return g8.new_empty(N, D, dtype=torch.bfloat16), g8.new_empty(V, D, dtype=torch.float32)
 
 
-def _ce_setup_context(ctx, inputs, output):
-    x, w, _, _, x_scale, w_scale, _ = inputs
-    _, g8, g8t, x8t, w8 = output
-    ctx.save_for_backward(g8, g8t, x8t, w8)
-    ctx.meta = (x_scale, w_scale, x.dtype, w.dtype)
-    ctx.mark_non_differentiable(g8, g8t, x8t, w8)
-    ctx.set_materialize_grads(False)  # else autograd fills 4.8 GB of zero "gradients" for g8 and g8t
+class _FP8HeadCE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, targets, cap, x_scale, w_scale, ignore_index):
+        # Rounded as compiled code rounds, so that eager and compiled results agree bit for bit: Inductor
+        # keeps the product in fp32 (no bf16 rounding in between) and, on GPUs, turns a division by a
+        # constant into this multiplication by its reciprocal.
+        x8 = (x.float() * (1.0 / x_scale)).to(torch.float8_e4m3fn)
+        w8 = (w.float() * (1.0 / w_scale)).to(torch.float8_e4m3fn)
+        loss, g8, g8t = fp8_head_ce_fwd(x8, w8, targets, cap, x_scale, w_scale, ignore_index)
+        ctx.save_for_backward(g8, g8t, x8.t().contiguous(), w8)
+        ctx.meta = (x_scale, w_scale, x.dtype, w.dtype)
+        return loss  # the only output: G and G^T are saved, never outputs autograd would fill with zeros
 
-
-def _ce_backward(ctx, dloss, *_):
-    grad_x, grad_w = fp8_head_ce_bwd(*ctx.saved_tensors, dloss, *ctx.meta)
-    return grad_x, grad_w, None, None, None, None, None
-
-
-fp8_head_ce_fwd.register_autograd(_ce_backward, setup_context=_ce_setup_context)
+    @staticmethod
+    def backward(ctx, dloss):
+        g8, g8t, x8t, w8 = ctx.saved_tensors
+        x_scale, w_scale, x_dtype, w_dtype = ctx.meta
+        grad_x, grad_w = fp8_head_ce_bwd(g8, g8t, x8t, w8.t().contiguous(), dloss, x_scale, w_scale)
+        return grad_x.to(x_dtype), grad_w.to(w_dtype), None, None, None, None, None
 
 
 def fp8_head_cross_entropy(x_2d: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float,
@@ -178,8 +181,8 @@ def fp8_head_cross_entropy(x_2d: torch.Tensor, w: torch.Tensor, targets: torch.T
     docstring); reduction "mean" (over non-ignored targets) or "sum"."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"fp8_head_cross_entropy: reduction must be mean or sum, not {reduction!r}")
-    loss_sum = fp8_head_ce_fwd(x_2d, w, targets.contiguous(), float(cap), float(x_scale), float(w_scale),
-                               int(ignore_index))[0]
+    loss_sum = _FP8HeadCE.apply(x_2d, w, targets.contiguous(), float(cap), float(x_scale), float(w_scale),
+                                int(ignore_index))
     return loss_sum / (targets != ignore_index).sum() if reduction == "mean" else loss_sum
 
 

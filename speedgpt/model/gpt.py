@@ -156,7 +156,7 @@ class GPT(nn.Module):
         B, T, D = x.shape
         if (self.fp8_head and self.fused_ce and targets_BT is not None and reduction in ("mean", "sum")
                 and torch.is_grad_enabled()):
-            # training: head + loss + logit gradient in one op; the logits never leave it (model/fp8.py)
+            # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8.py)
             return fp8_head_cross_entropy(x.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
                                           cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.fp8_w_bound / E4M3_MAX,
                                           reduction)
