@@ -86,6 +86,9 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
     def fused():
         return fp8.fp8_head_cross_entropy(x, w, t, cap, xs, ws)
 
+    # compiled, Inductor generates the casts and transposes around the op's custom kernels
+    fused_compiled = torch.compile(lambda a, b, tt: fp8.fp8_head_cross_entropy(a, b, tt, cap, xs, ws), dynamic=False)
+
     @torch.compile
     def unfused(a, b):
         z = fp8.fp8_linear(a, b, xs, ws, 1.0 / (N * fp8.E4M3_MAX)).float()
@@ -104,7 +107,15 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
     e = (abs(loss.item() - ref.item()) / ref.item(), rel(xa.grad, xr.grad), rel(wa.grad, wr.grad))
     print(f"fp8 head+CE {n}x{Din}x{V}: loss {loss.item():.5f} vs fp32 {ref.item():.5f} (rel {e[0]:.1e}), "
           f"rel err dx {e[1]:.3f}, dw {e[2]:.3f}", flush=True)
-    del xa, wa, xr, wr, z, ref
+    eager = (loss.detach(), xa.grad, wa.grad)
+    xa.grad = wa.grad = None
+    loss_c = fused_compiled(xa, wa, t[:n])
+    loss_c.backward()
+    # Within roundings, not bit for bit: Inductor's fp32 division (the mean, so also dloss) is approximate
+    # on the GPU. A wrong cast or transpose would be off by O(1).
+    e_c = [rel(c, r) for c, r in zip((loss_c.detach(), xa.grad, wa.grad), eager)]
+    print(f"fp8 head+CE compiled vs eager: rel diff loss {e_c[0]:.1e}, dx {e_c[1]:.1e}, dw {e_c[2]:.1e}", flush=True)
+    del xa, wa, xr, wr, z, ref, eager
 
     def step(f):
         def run():
@@ -115,12 +126,14 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
     t_unfused = cuda_ms(step(lambda: unfused(x, w)))
     # the default (the f16 gradient kernel) and the general kernel; scripts/bench_ce_grad.py sweeps tiles
     t_fast = cuda_ms(step(fused))
+    t_compiled = cuda_ms(step(lambda: fused_compiled(x, w, t)))
     softcap_ce.CONFIG["fp8g_fast"] = False
     t_general = cuda_ms(step(fused))
     softcap_ce.CONFIG["fp8g_fast"] = True
     print(f"fp8 head+CE fwd+bwd per micro-step: unfused compiled {t_unfused:.2f} ms, fused {t_fast:.2f} ms "
-          f"({t_unfused / t_fast:.2f}x; {t_general:.2f} ms with the general gradient kernel)", flush=True)
-    return e[0] < 1e-2 and e[1] < 0.1 and e[2] < 0.1
+          f"({t_unfused / t_fast:.2f}x; {t_general:.2f} ms with the general gradient kernel), fused compiled "
+          f"{t_compiled:.2f} ms", flush=True)
+    return e[0] < 1e-2 and e[1] < 0.1 and e[2] < 0.1 and max(e_c) < 1e-4
 
 
 def check_generation(T=512):
