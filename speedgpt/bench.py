@@ -55,7 +55,9 @@ def cuda_ms(fn, iters: int = 10, warmup: int = 1) -> float:
 KERNEL_CATEGORIES = (
     ("flex attention", ("flex", "attention")),
     ("cross-entropy (ours)", ("softcap_ce",)),
-    ("fp8 matmul", ("f8", "fp8", "e4m3", "e5m2")),
+    ("relu² + fp8 casts (ours)", ("relu2_fp8",)),
+    # cuBLAS names its FP8 kernels nvjet_sm90_qq* / qr* (bf16: nvjet_sm90_tst*)
+    ("fp8 matmul", ("f8", "fp8", "e4m3", "e5m2", "sm90_qq", "sm90_qr", "sm90_rq")),
     ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "wgmma")),
     ("triton templates (flex)", ("triton_tem",)),
     ("nccl", ("nccl",)),

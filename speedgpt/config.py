@@ -166,6 +166,9 @@ class TrainConfig:
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.
     coordinate_descent_tuning: bool = False
+    # Inductor keeps rows of up to this many elements in registers for every reduction it can size
+    # statically (train/inductor_tuning.py); 0: Inductor's own heuristic.
+    persistent_reductions_upto: int = 0
     warmup_steps: int = 0  # compile/kernel warmup steps on real data, then exact state reset
     time_budget_s: float = 0.0  # stop early (with a final eval and checkpoint) after this much training time
     peak_flops: float = 0.0  # bf16 peak for MFU; 0: the device's table value

@@ -182,3 +182,15 @@ def test_empty_panels_are_labelled_not_drawn(tmp_path, monkeypatch):
     plot_runs(load_runs([run]), tmp_path / "p.png", target_loss=3.0)
     assert seen["val loss vs tokens"] == (["no val_loss lines in metrics.jsonl"], 0)  # no target line either
     assert seen["loss vs step"] == (["target 3"], 2)  # train curve + target line
+
+
+def test_bench_kernel_categories_of_the_speedrun_kernels():
+    from speedgpt.bench import kernel_category
+
+    assert kernel_category("nvjet_sm90_qqtst_128x128_128x6_1x1_h_bz_coopA_algo2_ovscale_TNT") == "fp8 matmul"
+    assert kernel_category("nvjet_sm90_qrsss_128x160_128x5_1x2_h_bz_coopA_algo2_") == "fp8 matmul"
+    assert kernel_category("nvjet_sm90_tst_192x192_64x3_2x1_v_bz_coopB_splitK_NTN") == "matmul"
+    assert kernel_category("_relu2_fp8_bwd_kernel") == "relu² + fp8 casts (ours)"
+    assert kernel_category("_softcap_ce_fp8_grad_fast_kernel") == "cross-entropy (ours)"
+    assert kernel_category("triton_tem_fused__unsafe_view_flex_attention_backward_1") == "flex attention"
+    assert kernel_category("triton_red_fused__fused_rms_norm__to_copy_11") == "triton fused (inductor)"

@@ -125,6 +125,11 @@ class Trainer:
             import torch._inductor.config as inductor_config
 
             inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
+            from .inductor_tuning import persistent_reductions_upto
+
+            note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
+            if note:
+                self.log(note)
         self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
