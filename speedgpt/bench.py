@@ -95,6 +95,9 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
     from .train.loop import Trainer
 
+    # Each config compiles its own graph: dynamo would otherwise reuse the first config's compiled
+    # model for a second one whose differences it does not guard on (an Inductor setting, say).
+    torch._dynamo.reset()
     # log_every=1 arms the gradient-sync timers (multi-rank) on every step.
     cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0", "--train.log_every=1"])
     trainer = Trainer(cfg, run_dir=Path(tempfile.mkdtemp(prefix="speedgpt-bench-")), quiet=True)
