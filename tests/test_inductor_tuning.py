@@ -22,7 +22,7 @@ def restore():
 
 def test_install_and_remove(restore):
     assert "1024" in persistent_reductions_upto(1024)
-    assert type(V.choices).__name__ == "PersistentUpTo"
+    assert type(V.choices).__name__ == "PersistentUpTo1024"
     if hasattr(inductor_config, "inductor_choices_class"):
         # the compile cache key names the heuristic and its size, so switching it recompiles
         assert inductor_config.save_config_portable()["inductor_choices_class"] == "speedgpt-persistent-upto-1024"
@@ -57,3 +57,16 @@ def test_decides_by_size(restore):
         assert not V.choices.should_use_persistent_reduction(_Features(3072), cooperative_reduction=False)
         persistent_reductions_upto(0)
         assert not V.choices.should_use_persistent_reduction(_Features(768), cooperative_reduction=False)
+
+
+def test_heuristic_pickles_by_reference_and_names_its_size(restore):
+    """What the compile cache needs to key it (torch versions without uuid() keys pickle the class)."""
+    import pickle
+
+    from speedgpt.train import inductor_tuning
+
+    persistent_reductions_upto(1024)
+    cls = type(V.choices)
+    assert pickle.loads(pickle.dumps(cls)) is cls is inductor_tuning.PersistentUpTo1024
+    persistent_reductions_upto(512)
+    assert type(V.choices) is not cls and pickle.dumps(type(V.choices)) != pickle.dumps(cls)

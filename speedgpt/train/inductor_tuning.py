@@ -12,21 +12,28 @@ from __future__ import annotations
 
 
 def _choices_class(max_numel: int):
+    """The heuristic for one size, as a class registered in this module under a name of its own
+    (PersistentUpTo1024, ...): the compile cache pickles the class by reference (torch < 2.12) or
+    asks its uuid(), and either must name the size, else two sizes would share cached kernels."""
     from torch._inductor.choices import InductorChoices
     from torch._inductor.virtualized import V
 
-    class PersistentUpTo(InductorChoices):
-        @staticmethod
-        def should_use_persistent_reduction(features, cooperative_reduction: bool) -> bool:
-            if not cooperative_reduction and V.graph.sizevars.statically_known_leq(features.reduction_numel,
-                                                                                   max_numel):
-                return True
-            return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
+    name = f"PersistentUpTo{max_numel}"
+    if name in globals():
+        return globals()[name]
 
-        def uuid(self) -> str:  # part of the compile cache key
-            return f"speedgpt-persistent-upto-{max_numel}"
+    def should_use_persistent_reduction(features, cooperative_reduction: bool) -> bool:
+        if not cooperative_reduction and V.graph.sizevars.statically_known_leq(features.reduction_numel, max_numel):
+            return True
+        return InductorChoices.should_use_persistent_reduction(features, cooperative_reduction)
 
-    return PersistentUpTo
+    cls = type(name, (InductorChoices,), {
+        "should_use_persistent_reduction": staticmethod(should_use_persistent_reduction),
+        "uuid": lambda self: f"speedgpt-persistent-upto-{max_numel}",
+        "__module__": __name__,
+    })
+    globals()[name] = cls
+    return cls
 
 
 def persistent_reductions_upto(max_numel: int) -> str | None:
