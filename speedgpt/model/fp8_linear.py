@@ -1,4 +1,5 @@
-"""FP8 linear layers with dynamic scales, for the hidden matmuls (MLP), on Hopper and newer.
+"""FP8 linear layers with dynamic scales, for the hidden matmuls (MLP, attention projections), on
+Hopper and newer.
 
 Unlike the lm_head (model/fp8.py), hidden activations and their gradients have no bound to derive
 a static scale from, so each operand is scaled by its own absolute maximum when it is cast:
@@ -11,9 +12,10 @@ a static scale from, so each operand is scaled by its own absolute maximum when 
   the per-row scales). The global amax costs a separate reduction pass.
 
 Measured on an H100 at the speedrun's MLP shape (scripts/bench_mlp.py): the FP8 GEMMs take
-0.17-0.22 ms against 0.31-0.34 ms in bf16, but the fused casts make the ReLU² kernels about 0.1 ms
-slower each way, so the MLP's forward + backward gains only ~4 % (rowwise; tensorwise is slower
-than bf16). In the whole model that is 2-3 % of the step (docs/benchmarks.md).
+0.17-0.22 ms against 0.31-0.34 ms in bf16, but Inductor's ReLU² kernels with the fused casts read
+each 3072-wide row twice, so the MLP's forward + backward gains only ~5 % (rowwise; tensorwise is
+slower than bf16). `fp8_relu2_mlp` does the activation and its casts in one read per row (its own
+Triton kernels): ~8 %, and 2 % more of the whole step (docs/benchmarks.md).
 
 Forward and input gradient run in FP8; the weight gradient, which contracts over the 49K tokens of
 a micro-batch, stays a bf16 matmul (in FP8 it would need the token-major operands transposed in
