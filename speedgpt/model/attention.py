@@ -231,8 +231,8 @@ class CausalSelfAttention(nn.Module):
         H, Dh = self.num_heads, self.head_dim
         qkv_w = self.qkv_w.flatten(end_dim=1)
         if self.fp8_scaling:
-            # bf16 input gradient: the rows of dqkv (3 x 768 wide, out of the rotary and QK-norm backward)
-            # are too wide for Inductor to cast in one pass (measured slower than the bf16 matmul)
+            # bf16 input gradient: Inductor casts the 2304-wide rows of dqkv (out of the rotary and QK-norm
+            # backward) only in two passes; in FP8 the whole model ran 1.2 % slower (docs/benchmarks.md)
             qkv = fp8_linear_dynamic(x_BTD, qkv_w, self.fp8_scaling, fp8_grad_input=False).view(B, T, 3 * H, Dh)
         else:
             qkv = F.linear(x_BTD, qkv_w.type_as(x_BTD)).view(B, T, 3 * H, Dh)
