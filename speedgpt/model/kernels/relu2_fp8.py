@@ -20,17 +20,27 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8_linear import E4M3_MAX
+from ..fp8_linear import quantize
 from .softcap_ce import HAVE_TRITON, available, tl, triton
 
-SCALE_FLOOR = 1e-30  # all-zero rows (ReLU kills whole rows early in training) keep a finite scale
 ROWS_PER_PROGRAM = 2
 WARPS = 8
 
 if HAVE_TRITON:
     @triton.jit
+    def _row_tile(n_rows, n_cols, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        """This program's ROWS whole rows: (row indices, row mask, column mask, offsets, element mask)."""
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        row_ok = rows < n_rows
+        cols = tl.arange(0, BLOCK)
+        col_ok = (cols < n_cols)[None, :]
+        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
+        return rows, row_ok, col_ok, offs, row_ok[:, None] & col_ok
+
+    @triton.jit
     def _row_cast(v, row_ok, col_ok, out8_ptr, scale_ptr, rows, offs):
-        """Store v (fp32, already rounded to bf16) as e4m3 over its row maximum, and the scales."""
+        """Store v (fp32, already rounded to bf16) as e4m3 over its row maximum, and the scales; as
+        fp8_linear.quantize does (an all-zero row, common after ReLU, gets the floor scale 1e-30 / 448)."""
         amax = tl.max(tl.where(col_ok, tl.abs(v), 0.0), axis=1)
         scale = tl.maximum(amax, 1e-30) / 448.0
         q = tl.clamp(v / scale[:, None], -448.0, 448.0)
@@ -40,12 +50,7 @@ if HAVE_TRITON:
     @triton.jit
     def _relu2_fp8_fwd_kernel(h_ptr, a_ptr, a8_ptr, scale_ptr, n_rows, n_cols,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK)
-        row_ok = rows < n_rows
-        col_ok = (cols < n_cols)[None, :]
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        mask = row_ok[:, None] & col_ok
+        rows, row_ok, col_ok, offs, mask = _row_tile(n_rows, n_cols, ROWS, BLOCK)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         r = tl.maximum(h, 0.0)
         a = (r * r).to(tl.bfloat16, fp_downcast_rounding="rtne")
@@ -55,12 +60,7 @@ if HAVE_TRITON:
     @triton.jit
     def _relu2_fp8_bwd_kernel(g_ptr, h_ptr, dh_ptr, dh8_ptr, scale_ptr, n_rows, n_cols,
                               ROWS: tl.constexpr, BLOCK: tl.constexpr):
-        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-        cols = tl.arange(0, BLOCK)
-        row_ok = rows < n_rows
-        col_ok = (cols < n_cols)[None, :]
-        offs = rows[:, None].to(tl.int64) * n_cols + cols[None, :]
-        mask = row_ok[:, None] & col_ok
+        rows, row_ok, col_ok, offs, mask = _row_tile(n_rows, n_cols, ROWS, BLOCK)
         g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         h = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         dh = (g * 2.0 * tl.maximum(h, 0.0)).to(tl.bfloat16, fp_downcast_rounding="rtne")
@@ -68,20 +68,19 @@ if HAVE_TRITON:
         _row_cast(dh.to(tl.float32), row_ok, col_ok, dh8_ptr, scale_ptr, rows, offs)
 
 
-def _row_cast_reference(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    v32 = v.float()
-    scale = v32.abs().amax(dim=-1, keepdim=True).clamp_min(SCALE_FLOOR) / E4M3_MAX
-    return (v32 / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
-
-
 def relu2_fp8_fwd_reference(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     a = torch.relu(h.float()).square().to(h.dtype)
-    return a, *_row_cast_reference(a)
+    return a, *quantize(a, torch.float8_e4m3fn, rowwise=True)
 
 
 def relu2_fp8_bwd_reference(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dh = (g.float() * 2.0 * torch.relu(h.float())).to(h.dtype)
-    return dh, *_row_cast_reference(dh)
+    return dh, *quantize(dh, torch.float8_e4m3fn, rowwise=True)
+
+
+def _fake_outputs(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(h), torch.empty_like(h, dtype=torch.float8_e4m3fn), h.new_empty(h.shape[0], 1,
+                                                                                             dtype=torch.float32)
 
 
 def _launch(kernel, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -108,10 +107,7 @@ def relu2_fp8_fwd(h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return relu2_fp8_fwd_reference(h)
 
 
-@relu2_fp8_fwd.register_fake
-def _(h):
-    return torch.empty_like(h), torch.empty_like(h, dtype=torch.float8_e4m3fn), h.new_empty(h.shape[0], 1,
-                                                                                             dtype=torch.float32)
+relu2_fp8_fwd.register_fake(_fake_outputs)
 
 
 @torch.library.custom_op("speedgpt::relu2_fp8_bwd", mutates_args=())
@@ -123,7 +119,4 @@ def relu2_fp8_bwd(g: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch
     return relu2_fp8_bwd_reference(g, h)
 
 
-@relu2_fp8_bwd.register_fake
-def _(g, h):
-    return torch.empty_like(h), torch.empty_like(h, dtype=torch.float8_e4m3fn), h.new_empty(h.shape[0], 1,
-                                                                                             dtype=torch.float32)
+relu2_fp8_bwd.register_fake(lambda g, h: _fake_outputs(h))
