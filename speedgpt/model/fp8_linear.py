@@ -50,14 +50,27 @@ def _mm(a8: torch.Tensor, sa: torch.Tensor, b8_t: torch.Tensor, sb: torch.Tensor
                             out_dtype=torch.bfloat16, use_fast_accum=fast_accum)
 
 
+def _times_weight(a8: torch.Tensor, sa: torch.Tensor, w: torch.Tensor, rowwise: bool, fast_accum: bool
+                  ) -> torch.Tensor:
+    """a @ w.T, bf16 out, from a's FP8 copy and scales; w (N, K) is cast here (e4m3). For an input
+    gradient g @ w pass w.t(): the contraction runs over w's output dim, so w's columns get the scales
+    (a small cast: one weight matrix per micro-step)."""
+    w8, sw = quantize(w, torch.float8_e4m3fn, rowwise)
+    return _mm(a8, sa, w8, sw, rowwise, fast_accum)
+
+
+def _weight_grad(grad_out: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """grad_out^T @ x in bf16, in w's dtype: it contracts over the micro-batch's tokens (see above)."""
+    return (grad_out.t() @ x.to(grad_out.dtype)).to(w.dtype)
+
+
 class _FP8Linear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, rowwise: bool, fp8_grad_input: bool) -> torch.Tensor:
         x8, sx = quantize(x, torch.float8_e4m3fn, rowwise)
-        w8, sw = quantize(w, torch.float8_e4m3fn, rowwise)
         ctx.save_for_backward(x, w)
         ctx.rowwise, ctx.fp8_grad_input = rowwise, fp8_grad_input
-        return _mm(x8, sx, w8, sw, rowwise, fast_accum=True)
+        return _times_weight(x8, sx, w, rowwise, fast_accum=True)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
@@ -65,14 +78,10 @@ class _FP8Linear(torch.autograd.Function):
         rowwise = ctx.rowwise
         if ctx.fp8_grad_input:
             g8, sg = quantize(grad_out, torch.float8_e4m3fn if rowwise else torch.float8_e5m2, rowwise)
-            # grad_x = g @ w contracts over w's output dim: w^T (in, out) is the row-major operand, its
-            # rows (w's columns) get the scales. Small: one weight matrix per micro-step.
-            wt8, swt = quantize(w.t(), torch.float8_e4m3fn, rowwise)
-            grad_x = _mm(g8, sg, wt8, swt, rowwise, fast_accum=False)
+            grad_x = _times_weight(g8, sg, w.t(), rowwise, fast_accum=False)
         else:
             grad_x = grad_out @ w.to(grad_out.dtype)
-        grad_w = (grad_out.t() @ x.to(grad_out.dtype)).to(w.dtype)
-        return grad_x.to(x.dtype), grad_w, None, None
+        return grad_x.to(x.dtype), _weight_grad(grad_out, x, w), None, None
 
 
 def fp8_linear_dynamic(x: torch.Tensor, w: torch.Tensor, scaling: str = "rowwise",
@@ -96,30 +105,22 @@ class _FP8ReLU2MLP(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
         from .kernels.relu2_fp8 import relu2_fp8_fwd
 
-        e4m3 = torch.float8_e4m3fn
-        x8, sx = quantize(x, e4m3, True)
-        w18, sw1 = quantize(w1, e4m3, True)
-        h = _mm(x8, sx, w18, sw1, True, fast_accum=True)
+        x8, sx = quantize(x, torch.float8_e4m3fn, True)
+        h = _times_weight(x8, sx, w1, True, fast_accum=True)
         a, a8, sa = relu2_fp8_fwd(h)
-        w28, sw2 = quantize(w2, e4m3, True)
         ctx.save_for_backward(x, w1, w2, h, a)
-        return _mm(a8, sa, w28, sw2, True, fast_accum=True)
+        return _times_weight(a8, sa, w2, True, fast_accum=True)
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         from .kernels.relu2_fp8 import relu2_fp8_bwd
 
         x, w1, w2, h, a = ctx.saved_tensors
-        e4m3 = torch.float8_e4m3fn
-        g8, sg = quantize(grad_out, e4m3, True)
-        w2t8, sw2t = quantize(w2.t(), e4m3, True)
-        grad_a = _mm(g8, sg, w2t8, sw2t, True, fast_accum=False)
-        grad_w2 = (grad_out.t() @ a.to(grad_out.dtype)).to(w2.dtype)
+        g8, sg = quantize(grad_out, torch.float8_e4m3fn, True)
+        grad_a = _times_weight(g8, sg, w2.t(), True, fast_accum=False)
         dh, dh8, sdh = relu2_fp8_bwd(grad_a, h)
-        w1t8, sw1t = quantize(w1.t(), e4m3, True)
-        grad_x = _mm(dh8, sdh, w1t8, sw1t, True, fast_accum=False)
-        grad_w1 = (dh.t() @ x.to(dh.dtype)).to(w1.dtype)
-        return grad_x.to(x.dtype), grad_w1, grad_w2
+        grad_x = _times_weight(dh8, sdh, w1.t(), True, fast_accum=False)
+        return grad_x.to(x.dtype), _weight_grad(dh, x, w1), _weight_grad(grad_out, a, w2)
 
 
 def fp8_relu2_mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
