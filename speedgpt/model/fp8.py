@@ -58,10 +58,10 @@ def _mm_e4m3(x8: torch.Tensor, w8: torch.Tensor, x_scale: float, w_scale: float)
                             scale_b=_scale(w_scale, x8.device), use_fast_accum=True)
 
 
-def _grad_input(g8: torch.Tensor, w8: torch.Tensor, g_scale: torch.Tensor, w_scale: float) -> torch.Tensor:
-    """grad_x = g @ w from an e5m2 gradient and the e4m3 weight, bf16 out."""
-    # _scaled_mm wants its first operand row-major and its second column-major; w8 is small.
-    return torch._scaled_mm(g8, w8.T.contiguous().T, out_dtype=torch.bfloat16, scale_a=g_scale,
+def _grad_input(g8: torch.Tensor, w8t: torch.Tensor, g_scale: torch.Tensor, w_scale: float) -> torch.Tensor:
+    """grad_x = g @ w from an e5m2 gradient and the e4m3 weight transposed, w8t (D, V) row-major
+    (_scaled_mm wants its second operand column-major: the view w8t.T), bf16 out."""
+    return torch._scaled_mm(g8, w8t.T, out_dtype=torch.bfloat16, scale_a=g_scale,
                             scale_b=_scale(w_scale, g8.device), use_fast_accum=False)
 
 
@@ -82,7 +82,7 @@ def _(x, w, x_scale, w_scale, grad_scale):
 @torch.library.custom_op("speedgpt::fp8_linear_bwd_input", mutates_args=())
 def fp8_linear_bwd_input(g8: torch.Tensor, w8: torch.Tensor, grad_scale: float, w_scale: float) -> torch.Tensor:
     """grad_x = g @ w from the e5m2 gradient and the e4m3 weight (bf16 out)."""
-    return _grad_input(g8, w8, _scale(grad_scale, g8.device), w_scale)
+    return _grad_input(g8, w8.T.contiguous(), _scale(grad_scale, g8.device), w_scale)  # w8 is small
 
 
 @fp8_linear_bwd_input.register_fake
@@ -140,8 +140,7 @@ def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8t:
     operands transposed, x8t (D, N) and w8t (D, V): _scaled_mm wants its first operand row-major (G,
     G^T) and its second column-major (the views x8t.T, w8t.T)."""
     g_scale = (dloss.float() / G_SCALE).reshape(())
-    grad_x = torch._scaled_mm(g8, w8t.T, scale_a=g_scale, scale_b=_scale(w_scale, g8.device),
-                              out_dtype=torch.bfloat16, use_fast_accum=False)
+    grad_x = _grad_input(g8, w8t, g_scale, w_scale)
     grad_w = torch._scaled_mm(g8t, x8t.T, scale_a=g_scale, scale_b=_scale(x_scale, g8.device),
                               out_dtype=torch.float32, use_fast_accum=False)
     return grad_x, grad_w
