@@ -13,7 +13,7 @@ from __future__ import annotations
 
 def _choices_class(max_numel: int):
     """The heuristic for one size, as a class registered in this module under a name of its own
-    (PersistentUpTo1024, ...): the compile cache pickles the class by reference (torch < 2.12) or
+    (PersistentUpTo1024, ...): the compile cache pickles the class by reference (torch 2.11, measured) or
     asks its uuid(), and either must name the size, else two sizes would share cached kernels."""
     from torch._inductor.choices import InductorChoices
     from torch._inductor.virtualized import V
