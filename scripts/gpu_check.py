@@ -50,7 +50,7 @@ def check_flex(T=8192, H=6, D=128, block=128):
 
 
 def check_fp8(N=49152, Din=768, V=50304):
-    from speedgpt.model.fp8 import E4M3_MAX, fp8_linear
+    from speedgpt.model.fp8_head import E4M3_MAX, fp8_linear
 
     g = torch.Generator(device="cuda").manual_seed(0)
     x = F.rms_norm(torch.randn(N, Din, device="cuda", generator=g), (Din,)).bfloat16().requires_grad_()
@@ -73,7 +73,7 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
     """The fused FP8 head + softcapped cross-entropy (loss and e5m2 gradient from one kernel) against
     an fp32 reference, then its forward + backward time against the unfused compiled path it replaces
     (FP8 head, fp32 softcap, F.cross_entropy, e5m2 cast in the compiled backward), per micro-step."""
-    from speedgpt.model import fp8
+    from speedgpt.model import fp8_head as fp8
     from speedgpt.model.kernels import softcap_ce
 
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -140,16 +140,20 @@ def check_generation(T=512):
     """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward."""
     from speedgpt.config import apply_overrides, load_preset
     from speedgpt.model.attention import KVCache
-    from speedgpt.model.gpt import build_model
+    from speedgpt.model.build import build_model
+    from speedgpt.model.runtime import runtime_for
 
     cfg = apply_overrides(load_preset("speedrun-124m"), ["--model.depth=4", "--model.attn_free_layers=[2]",
                                                           "--model.window_pattern=LS"]).model
-    m = build_model(cfg, 1024, "cuda", seed=0, dtype=torch.bfloat16, attn_backend="flex", window_block=128)
+    runtime = runtime_for(cfg, "cuda", dtype=torch.bfloat16, window_block=128, windows=(256, 128))
+    runtime = runtime.replace(attn_backend="flex")
+    m = build_model(cfg, 1024, runtime, seed=0)
     with torch.no_grad():
         for name, p in m.named_parameters():
             if p.ndim >= 2 and p.abs().sum() == 0:  # zero-initialized projections and head
                 p.normal_(0, 0.02)
-    m.windows = (256, 128)
+    m_bf16_head = build_model(cfg, 1024, runtime.replace(fp8_head=False), seed=0)
+    m_bf16_head.load_state_dict(m.state_dict())
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, 50000, (1, T), device="cuda", generator=g)
     x[0, 0] = 50256
@@ -158,12 +162,11 @@ def check_generation(T=512):
         cache = KVCache(cfg.depth, 1, cfg.resolved_heads(), T, cfg.head_dim, x.device, torch.bfloat16)
         parts = [m(x[:, :300], kv_cache=cache)] + [m(x[:, t:t + 1], kv_cache=cache) for t in range(300, T)]
         inc = torch.cat(parts, dim=1).float()
-        m.fp8_head = False
-        bf16_head = m(x).float()
+        bf16_head = m_bf16_head(x).float()
     e_cache, e_fp8 = rel(inc, full), rel(full, bf16_head)
     agree = (inc.argmax(-1) == full.argmax(-1)).float().mean().item()
     print(f"generation: cached vs full logits rel err {e_cache:.2e} (argmax agreement {agree:.3f}); "
-          f"fp8 vs bf16 head rel err {e_fp8:.2e}; fp8 head was {'on' if cfg.fp8_head else 'off'}")
+          f"fp8 vs bf16 head rel err {e_fp8:.2e}; fp8 head was {'on' if runtime.fp8_head else 'off'}")
     return e_cache < 0.05 and e_fp8 < 0.1 and agree > 0.95
 
 

@@ -163,8 +163,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "compile_warmup_s": warm_s,
         "loader_ms_per_step": loader_s[0] / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
-        "attn_backend": trainer.model.attn_backend,
-        "fp8_head": trainer.model.fp8_head,
+        "attn_backend": trainer.model.runtime.attn_backend,
+        "fp8_head": trainer.model.runtime.fp8_head,
     }
     if comm_ms:
         out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)

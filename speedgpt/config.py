@@ -53,7 +53,7 @@ class ModelConfig:
     fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
     bf16_embeds: bool = False
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
-    # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
+    # as one op whose kernel also writes the e5m2 logit gradient (model/fp8_head.py).
     fused_ce: bool = False
     # MLP matmuls (forward and input gradient) in FP8 with dynamic scales (model/fp8_linear.py; Hopper+,
     # bf16 elsewhere). fp8_mlp_scaling: rowwise (one scale per token / output unit) | tensorwise (one

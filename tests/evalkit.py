@@ -11,7 +11,7 @@ import torch
 from speedgpt.config import apply_overrides, load_preset, save_toml
 from speedgpt.data.shards import write_shard
 from speedgpt.data.tokenizer import BOS_ID
-from speedgpt.model.gpt import build_model
+from speedgpt.model.build import build_model
 from speedgpt.train.checkpoint import save_checkpoint
 
 TINY = ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",

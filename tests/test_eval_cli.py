@@ -177,7 +177,6 @@ def test_eval_loss_is_the_loss_of_the_windows_the_config_names(tmp_path):
     losses = [model(x, y, reduction="none") for x, y in val_batches(
         resolve_eval_files(cfg, None, "val"), seq_len=64, batch_size=5, max_tokens=640)]
     assert rec["val_loss"] == pytest.approx(torch.cat(losses).double().mean().item(), rel=1e-6)
-    model.windows = (64, 64)
-    full = [model(x, y, reduction="none") for x, y in val_batches(
+    full = [model(x, y, reduction="none", windows=(64, 64)) for x, y in val_batches(
         resolve_eval_files(cfg, None, "val"), seq_len=64, batch_size=5, max_tokens=640)]
     assert not math.isclose(rec["val_loss"], torch.cat(full).double().mean().item(), rel_tol=1e-6)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.model.fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
+from speedgpt.model.fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 
 pytestmark = pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 dtypes in this torch")
 
@@ -149,18 +149,21 @@ def test_model_fused_fp8_head_trains_like_the_bf16_free_head():
     """The model's training path through the fused op against the same model with a plain fp32 head:
     the loss and every matrix's gradient (the fused op's e5m2 logit gradient feeds all of them)."""
     from speedgpt.config import ModelConfig
-    from speedgpt.model.gpt import build_model
+    from speedgpt.model.build import build_model
+    from speedgpt.model.runtime import runtime_for
 
     cfg = ModelConfig(depth=2, model_dim=64, head_dim=32, vocab_size=300, value_embeds=1, logit_softcap=15.0)
-    m = build_model(cfg, 64, "cpu", seed=0)
+    runtime = runtime_for(cfg, "cpu")
+    bf16_head = build_model(cfg, 64, runtime, seed=0)
     with torch.no_grad():
-        m.lm_head.weight.normal_(0, 0.3)
+        bf16_head.lm_head.weight.normal_(0, 0.3)
+    fused_head = build_model(cfg, 64, runtime.replace(fp8_head=True, fused_ce=True), seed=0)  # forced on CPU
+    fused_head.load_state_dict(bf16_head.state_dict())
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, 300, (2, 64), generator=g)
     y = torch.randint(0, 300, (2, 64), generator=g)
     runs = []
-    for fp8 in (False, True):
-        m.fp8_head = m.fused_ce = fp8
+    for m in (bf16_head, fused_head):
         m.zero_grad()
         loss = m(x, y)
         loss.backward()

@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
-from speedgpt.model import gpt as gpt_module
+from speedgpt.model import runtime as runtime_module
+from speedgpt.model.build import build_model
 from speedgpt.model.fp8_linear import E4M3_MAX, E5M2_MAX, fp8_linear_dynamic, quantize
-from speedgpt.model.gpt import MLP, build_model
+from speedgpt.model.gpt import MLP
 from test_fp8 import rel  # relative error in the Frobenius norm
 from test_model import batch, tiny_model_cfg  # a depth-4, width-64 model and BOS-split token rows
 
@@ -249,7 +250,7 @@ def test_build_model_sets_fp8_scaling_only_where_supported(monkeypatch):
     m = build_model(cfg, 32, "cpu", seed=0)
     assert [b.mlp.fp8_scaling for b in m.blocks] == [""] * 4  # no FP8 support on CPU: bf16 MLP
     # where the device supports FP8, the configured scaling reaches every block, and only with fp8_mlp
-    monkeypatch.setattr(gpt_module, "fp8_supported", lambda device: True)
+    monkeypatch.setattr(runtime_module, "fp8_supported", lambda device: True)
     m = build_model(cfg, 32, "cpu", seed=0)
     assert [b.mlp.fp8_scaling for b in m.blocks] == ["tensorwise"] * 4
     m = build_model(tiny_model_cfg("--model.fp8_mlp=false"), 32, "cpu", seed=0)
@@ -278,8 +279,9 @@ def test_mlp_forward_runs_both_matmuls_in_fp8(scaling):
         mlp.proj.weight.normal_(0, 0.05, generator=g)
     x = F.rms_norm(torch.randn(2, 8, 64, generator=g), (64,)).bfloat16()
     bf16 = mlp(x)
-    mlp.fp8_scaling = scaling
-    out = mlp(x)
+    mlp_fp8 = MLP(64, 256, fp8_scaling=scaling)
+    mlp_fp8.load_state_dict(mlp.state_dict())
+    out = mlp_fp8(x)
     h = fp8_linear_dynamic(x, mlp.fc.weight, scaling)
     assert torch.equal(out, fp8_linear_dynamic(F.relu(h).square(), mlp.proj.weight, scaling))
     assert out.dtype == torch.bfloat16 and out.shape == (2, 8, 64)
@@ -290,8 +292,10 @@ def test_mlp_forward_runs_both_matmuls_in_fp8(scaling):
 @pytest.mark.parametrize("scaling", SCALINGS)
 def test_model_with_fp8_matmuls_trains_like_bf16(scaling, part, one_thread):
     """The switched part's weight gradients (and the loss) stay close to bf16; only that part moves."""
-    m = build_model(tiny_model_cfg(f"--model.fp8_{part}=true"), 32, "cpu", seed=0, dtype=torch.bfloat16)
-    assert all(getattr(b, part).fp8_scaling == "" for b in m.blocks)
+    cfg = tiny_model_cfg(f"--model.fp8_{part}=true")
+    runtime = runtime_module.runtime_for(cfg, "cpu", dtype=torch.bfloat16)
+    m = build_model(cfg, 32, runtime, seed=0)
+    assert all(getattr(b, part).fp8_scaling == "" for b in m.blocks)  # no FP8 on a CPU device
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():  # zero head / projections would make the loss and gradients trivial
         m.lm_head.weight.normal_(0, 0.05, generator=g)
@@ -301,8 +305,12 @@ def test_model_with_fp8_matmuls_trains_like_bf16(scaling, part, one_thread):
     x, y = batch()
 
     def step(sc):
-        for b in m.blocks:
-            getattr(b, part).fp8_scaling = sc
+        nonlocal m
+        if sc:  # the same weights in a model built with this part's matmuls in FP8
+            m_fp8 = build_model(cfg, 32, runtime.replace(**{f"fp8_{part}": sc}), seed=0)
+            m_fp8.load_state_dict(m.state_dict())
+            assert all(getattr(b, part).fp8_scaling == sc for b in m_fp8.blocks)
+            m = m_fp8
         m.zero_grad(set_to_none=True)
         loss = m(x, y)
         loss.backward()

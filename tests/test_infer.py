@@ -7,7 +7,8 @@ import torch
 
 from speedgpt.config import ModelConfig
 from speedgpt.infer.generate import Utf8Stream, decode_steps, generate, generate_batch, sample_texts
-from speedgpt.model.gpt import build_model
+from speedgpt.model.build import build_model
+from speedgpt.model.runtime import runtime_for
 
 SEQ = 48
 VOCAB = 512  # small head: the tests exercise the layers, not a 50K-way softmax (BOS-free prompts)
@@ -28,8 +29,8 @@ def tiny_cfg(**kw) -> ModelConfig:
 def make_model(randomize: bool, seed: int = 0, **kw):
     # Windows are whole blocks: blocks of 4 tokens make both windows (6 and 2 blocks) shorter than the
     # sequences below, so old keys must fall out of the window.
-    model = build_model(tiny_cfg(**kw), SEQ, "cpu", seed=seed, window_block=4)
-    model.windows = (24, 7)
+    cfg = tiny_cfg(**kw)
+    model = build_model(cfg, SEQ, runtime_for(cfg, "cpu", window_block=4, windows=(24, 7)), seed=seed)
     if randomize:
         g = torch.Generator().manual_seed(seed + 1)
         with torch.no_grad():

@@ -10,7 +10,8 @@ import torch
 from evalkit import make_run
 from speedgpt.cli import main
 from speedgpt.infer.generate import sample_texts
-from speedgpt.infer.load import LoadError, load_model, locate, resolve_device
+from speedgpt.device import DeviceError, resolve_device
+from speedgpt.infer.load import LoadError, load_model, locate
 from speedgpt.optim.schedules import attention_windows
 
 
@@ -48,7 +49,7 @@ def test_load_model_errors(tmp_path, run):
     shutil.rmtree(run / "checkpoints")
     with pytest.raises(LoadError, match="has no checkpoint"):
         load_model(run)
-    with pytest.raises(LoadError, match="not a torch device"):
+    with pytest.raises(DeviceError, match="not a torch device"):
         resolve_device("gpu0")
 
 

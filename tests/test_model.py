@@ -5,7 +5,9 @@ import torch
 
 from speedgpt.config import apply_overrides, load_preset
 from speedgpt.model.attention import build_context, dense_mask, document_ids
-from speedgpt.model.gpt import BOS_ID, build_model
+from speedgpt.data.tokenizer import BOS_ID
+from speedgpt.model.build import build_model
+from speedgpt.model.runtime import runtime_for
 
 
 def tiny_model_cfg(*extra):
@@ -101,11 +103,10 @@ def test_flex_reference_matches_sdpa_on_cpu():
     """The FlexAttention path (run unfused on CPU) computes the same attention as the SDPA dense path."""
     pytest.importorskip("torch.nn.attention.flex_attention")
     cfg = tiny_model_cfg("--model.window_pattern=LS")
-    m = build_model(cfg, 256, "cpu", seed=0)
+    m = build_model(cfg, 256, runtime_for(cfg, "cpu", window_block=32), seed=0)
     torch.nn.init.normal_(m.lm_head.weight, std=0.02)
     for block in m.blocks:
         torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
-    m.window_block = 32
     x, y = batch(B=2, T=256)
     x[0, 40] = BOS_ID  # documents starting mid-block
     x[1, 200] = BOS_ID
@@ -123,14 +124,13 @@ def test_kv_cache_matches_full_forward():
     from speedgpt.model.attention import KVCache
 
     cfg = tiny_model_cfg("--model.attn_free_layers=[1]")
-    m = build_model(cfg, 64, "cpu", seed=0)
+    # two-block windows: the cache path must drop keys that slid out
+    m = build_model(cfg, 64, runtime_for(cfg, "cpu", window_block=8, windows=(16, 16)), seed=0)
     torch.nn.init.normal_(m.lm_head.weight, std=0.02)
     for block in m.blocks:
         torch.nn.init.normal_(block.mlp.proj.weight, std=0.02)
         if block.attn is not None:
             torch.nn.init.normal_(block.attn.proj.weight, std=0.02)
-    m.windows = (16, 16)
-    m.window_block = 8  # two-block windows: the cache path must drop keys that slid out
     x = torch.randint(0, 50000, (1, 40))
     x[0, 0] = BOS_ID
     full = m(x)
@@ -144,13 +144,15 @@ def test_kv_cache_matches_full_forward():
 def test_flex_falls_back_to_dense_masks_for_partial_blocks():
     """Sampling without cache and HellaSwag rows have any length; flex needs whole blocks."""
     cfg = tiny_model_cfg()
-    m = build_model(cfg, 128, "cpu", seed=0, window_block=32)
+    runtime = runtime_for(cfg, "cpu", window_block=32)
+    m = build_model(cfg, 128, runtime, seed=0)
     torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    m_flex = build_model(cfg, 128, runtime.replace(attn_backend="flex"), seed=0)
+    m_flex.load_state_dict(m.state_dict())
     x, y = batch(B=1, T=87)
     with torch.no_grad():
         dense = m(x, y, reduction="none")
-        m.attn_backend = "flex"
-        fallback = m(x, y, reduction="none")
+        fallback = m_flex(x, y, reduction="none")
     assert torch.equal(dense, fallback)
 
 
@@ -160,7 +162,8 @@ def test_window_schedule_does_not_recompile():
 
     torch._dynamo.reset()
     counters.clear()
-    m = build_model(tiny_model_cfg("--model.window_pattern=LS"), 64, "cpu", seed=0, window_block=16)
+    cfg = tiny_model_cfg("--model.window_pattern=LS")
+    m = build_model(cfg, 64, runtime_for(cfg, "cpu", window_block=16), seed=0)
     x, y = batch(B=1, T=64)
     compiled = torch.compile(m, backend="aot_eager", dynamic=False)
     losses = [compiled(x, y, windows=torch.tensor(w, dtype=torch.int32)).item() for w in ((16, 16), (48, 32), (64, 16))]

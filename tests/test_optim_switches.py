@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
-from speedgpt.model.gpt import build_model
+from speedgpt.model.build import build_model
 from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import (DistMuon, Muon, muon_lr_scale, newton_schulz, normuon_normalize, orthogonalize,
                                  polar_express)

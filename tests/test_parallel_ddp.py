@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from speedgpt.config import ConfigError, apply_overrides, load_preset, micro_batch_rows
-from speedgpt.model.gpt import build_model
+from speedgpt.model.build import build_model
 from speedgpt.optim.adam import DistAdam
 from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import DistMuon, Muon

@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from speedgpt.model import gpt as gpt_module
+from speedgpt.model import runtime as runtime_module
+from speedgpt.model.build import build_model
 from speedgpt.model.fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp, quantize
 from speedgpt.model.kernels import relu2_fp8 as k
 from speedgpt.model.kernels.softcap_ce import interpreting
@@ -117,11 +119,10 @@ def test_fused_mlp_compiles_like_eager():
 
 
 def test_build_model_fuses_the_activation_of_rowwise_fp8_mlps(monkeypatch):
-    monkeypatch.setattr(gpt_module, "fp8_supported", lambda device: True)
-    m = gpt_module.build_model(tiny_model_cfg("--model.fp8_mlp=true"), 32, "cpu", seed=0)
+    monkeypatch.setattr(runtime_module, "fp8_supported", lambda device: True)
+    m = build_model(tiny_model_cfg("--model.fp8_mlp=true"), 32, "cpu", seed=0)
     assert all(b.mlp.fused_act and b.mlp.fp8_scaling == "rowwise" for b in m.blocks)
-    m = gpt_module.build_model(tiny_model_cfg("--model.fp8_mlp=true", "--model.fp8_mlp_fused_act=false"),
-                               32, "cpu", seed=0)
+    m = build_model(tiny_model_cfg("--model.fp8_mlp=true", "--model.fp8_mlp_fused_act=false"), 32, "cpu", seed=0)
     assert not any(b.mlp.fused_act for b in m.blocks)
 
 
@@ -129,15 +130,17 @@ def test_build_model_fuses_the_activation_of_rowwise_fp8_mlps(monkeypatch):
 def test_mlp_module_takes_the_fused_path(monkeypatch):
     calls = []
     monkeypatch.setattr(gpt_module, "fp8_relu2_mlp", lambda *a: calls.append(a) or fp8_relu2_mlp(*a))
-    mlp = gpt_module.MLP(64, 256)
-    mlp.init_weights()
     x = mlp_weights()[0].detach()
-    mlp.fp8_scaling = "rowwise"
-    mlp(x)
-    assert not calls  # fused_act is off unless build_model turns it on
-    mlp.fused_act = True
-    mlp(x)
+
+    def mlp(**kw):
+        m = gpt_module.MLP(64, 256, **kw)
+        m.init_weights()
+        return m
+
+    mlp(fp8_scaling="rowwise")(x)
+    assert not calls  # fused_act is off unless asked for
+    mlp(fp8_scaling="rowwise", fused_act=True)(x)
     assert len(calls) == 1
-    mlp.fp8_scaling = "tensorwise"  # the kernel casts row-wise only
-    mlp(x)
-    assert len(calls) == 1
+    fused = mlp(fp8_scaling="tensorwise", fused_act=True)  # the kernel casts row-wise only
+    fused(x)
+    assert len(calls) == 1 and not fused.fused_act

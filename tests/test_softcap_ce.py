@@ -140,7 +140,9 @@ def test_model_hook_matches_unfused_loss_and_grads():
     """GPT.forward with fused_ce on (forced on CPU: the op's torch fallback, or the Triton interpreter
     under TRITON_INTERPRET=1) gives the unfused path's loss and gradients; logits-only path unchanged."""
     from speedgpt.config import apply_overrides, load_preset
-    from speedgpt.model.gpt import BOS_ID, build_model
+    from speedgpt.data.tokenizer import BOS_ID
+    from speedgpt.model.build import build_model
+    from speedgpt.model.runtime import runtime_for
 
     cfg = apply_overrides(load_preset("tiny-cpu"), ["--model.depth=2", "--model.model_dim=64",
                                                     "--model.head_dim=16", "--model.value_embeds=1",
@@ -151,13 +153,15 @@ def test_model_hook_matches_unfused_loss_and_grads():
     x[:, 0] = BOS_ID
     y = torch.randint(0, 50257, (2, 16), generator=g)
     y[0, 3] = IGNORE
-    model = build_model(cfg, 16, "cpu", seed=0)
-    assert model.fused_ce is False  # never switched on off CUDA
+    runtime = runtime_for(cfg, "cpu")
+    assert runtime_for(cfg.__class__(**{**cfg.__dict__, "fused_ce": True}), "cpu").fused_ce is False  # never on off CUDA
+    reference = build_model(cfg, 16, runtime, seed=0)
     with torch.no_grad():
-        model.lm_head.weight.normal_(0, 0.5)  # non-uniform logits, some beyond the cap
+        reference.lm_head.weight.normal_(0, 0.5)  # non-uniform logits, some beyond the cap
+    fused_model = build_model(cfg, 16, runtime.replace(fused_ce=True), seed=0)  # forced on
+    fused_model.load_state_dict(reference.state_dict())
     results = {}
-    for fused in (False, True):
-        model.fused_ce = fused
+    for fused, model in ((False, reference), (True, fused_model)):
         model.zero_grad(set_to_none=True)
         loss = model(x, y)
         loss.backward()

@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 
 from ..model.attention import KVCache
-from ..model.gpt import BOS_ID, GPT
+from ..data.tokenizer import BOS_ID
+from ..model.gpt import GPT
 
 
 def _pick(logits_BV: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> torch.Tensor:
@@ -80,7 +81,7 @@ def decode_steps(model: GPT, prompts: Sequence[Sequence[int]] | torch.Tensor, ma
     cache = None
     if use_cache:
         cfg = model.cfg
-        cache = KVCache(cfg.depth, B, cfg.resolved_heads(), total, cfg.head_dim, device, model.compute_dtype)
+        cache = KVCache(cfg.depth, B, cfg.resolved_heads(), total, cfg.head_dim, device, model.runtime.dtype)
         logits_BV = model(seq_BT[:, :start], kv_cache=cache)[:, -1, :vocab]  # prefill the common prefix
     else:
         logits_BV = model(seq_BT[:, :start])[:, -1, :vocab]

@@ -38,20 +38,6 @@ class Source:
     train_time_s: float | None
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise LoadError(f"device '{device}' is not a torch device; use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise LoadError(f"device '{device}' asked for but CUDA is not available here; use --device cpu")
-    return dev
-
-
 def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
@@ -159,24 +145,17 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
     `dtype` is the compute dtype; default as in training: bf16 on CUDA, fp32 elsewhere (or the
     config's explicit train.dtype). Parameters stay fp32 masters, as the trainer keeps them.
     """
-    from ..model.attention import choose_backend
-    from ..model.gpt import build_model
-    from ..optim.schedules import attention_windows
+    from ..model.build import model_from_config
+    from ..device import DeviceError, resolve_device
 
     source = locate(run_dir_or_export, checkpoint)
     cfg = load_config(source)
-    dev = resolve_device(device)
-    if dtype is None:
-        if cfg.train.dtype == "auto":
-            dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-        else:
-            dtype = getattr(torch, cfg.train.dtype)
-    max_len = max(cfg.data.seq_len, cfg.data.val_seq_len or 0)
-    model = build_model(cfg.model, max_len, dev, seed=0, dtype=dtype,
-                        attn_backend=choose_backend(cfg.model.attn_backend, dev),
-                        window_block=cfg.schedule.window_block)
-    # The final window of the schedule is the one the finished model was trained (and evaluated) with.
-    model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
+    try:
+        dev = resolve_device(device)
+    except DeviceError as e:
+        raise LoadError(str(e)) from None
+    # Its default windows are the schedule's final ones: those the finished model was trained with.
+    model = model_from_config(cfg, dev, dtype=dtype)
     state = strip_wrapper_prefixes(load_state(source, dev))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

@@ -18,35 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fp8_linear import fp8_linear_dynamic
+from .fp8_linear import fits_fp8, fp8_linear_dynamic
 from .rotary import Rotary
 
 FLEX_BLOCK = 128
-
-
-def flex_available(device: torch.device) -> bool:
-    """FlexAttention needs a compiled kernel; only CUDA devices of compute capability >= 8 get one here."""
-    if device.type != "cuda":
-        return False
-    try:
-        from torch.nn.attention import flex_attention  # noqa: F401
-    except ImportError:
-        return False
-    return torch.cuda.get_device_capability(device)[0] >= 8
-
-
-def choose_backend(requested: str, device: torch.device) -> str:
-    # An explicit choice is kept: flex on a CPU runs as the unfused reference (for tests, not speed).
-    if requested == "auto":
-        return "flex" if flex_available(device) else "sdpa"
-    return requested
 
 
 @dataclass
 class AttnContext:
     backend: str
     masks: dict[str, Any]  # "L"/"S" -> dense bool mask (sdpa), BlockMask (flex), or None (plain causal)
-    pos_offset: int = 0
+    windows: Any = None  # (long, short) in tokens: the KV-cache path builds its masks from them
 
 
 def document_ids(inputs_BT: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -147,7 +129,7 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
             masks[key] = None  # plain causal: lets SDPA pick its fused kernels
         else:
             masks[key] = dense_mask(doc if doc_masking else None, T, window, block, device)
-    return AttnContext(backend=backend, masks=masks)
+    return AttnContext(backend=backend, masks=masks, windows=windows)
 
 
 _compiled_flex = None
@@ -202,7 +184,8 @@ class KVCache:
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, *, scale: float,
-                 gate_dim: int = 0):
+                 gate_dim: int = 0, layer: int = 0, window_key: str = "L", window_block: int = FLEX_BLOCK,
+                 fp8_scaling: str = ""):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -213,7 +196,11 @@ class CausalSelfAttention(nn.Module):
         self.proj = CastedLinear(hdim, dim)
         self.gate = CastedLinear(gate_dim, num_heads) if gate_dim else None
         self.rotary = rotary
-        self.fp8_scaling = ""  # "rowwise" / "tensorwise": FP8 qkv and output matmuls, set by build_model
+        self.layer = layer  # this layer's slot in the KV cache
+        self.window_key = window_key  # "L" or "S": which of the context's windows this layer uses
+        self.window_block = window_block
+        # "rowwise" / "tensorwise": FP8 qkv and output matmuls, where asked for and the shapes allow
+        self.fp8_scaling = fp8_scaling if fits_fp8(self.qkv_w, self.proj.weight) else ""
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -225,8 +212,7 @@ class CausalSelfAttention(nn.Module):
             self.gate.weight.zero_()  # gates start half open: sigmoid(0)
 
     def forward(self, x_BTD: torch.Tensor, ve_BTD: torch.Tensor | None, v_lambdas: torch.Tensor,
-                ctx: AttnContext, window_key: str, window, layer: int = 0,
-                kv_cache: KVCache | None = None, block: int = FLEX_BLOCK) -> torch.Tensor:
+                ctx: AttnContext, kv_cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, Dh = self.num_heads, self.head_dim
         qkv_w = self.qkv_w.flatten(end_dim=1)
@@ -246,16 +232,18 @@ class CausalSelfAttention(nn.Module):
             v = v_lambdas[0] * v
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if kv_cache is not None:
-            k, v = kv_cache.update(layer, k, v)
+            k, v = kv_cache.update(self.layer, k, v)
+            window = ctx.windows[0] if self.window_key == "L" else ctx.windows[1]
+            block = self.window_block
             Tk = k.size(2)
             qpos = torch.arange(pos, pos + T, device=x_BTD.device)[:, None]
             kpos = torch.arange(Tk, device=x_BTD.device)[None, :]
             mask = (kpos <= qpos) & ((qpos // block) - (kpos // block) < window_blocks(window, block))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         elif ctx.backend == "flex":
-            y = flex_attention_fused(q, k, v, ctx.masks[window_key], self.scale)
+            y = flex_attention_fused(q, k, v, ctx.masks[self.window_key], self.scale)
         else:
-            mask = ctx.masks[window_key]
+            mask = ctx.masks[self.window_key]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
         y = y.transpose(1, 2)  # B, T, H, Dh
         if self.gate is not None:

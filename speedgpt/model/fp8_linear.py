@@ -1,7 +1,7 @@
 """FP8 linear layers with dynamic scales, for the hidden matmuls (MLP, attention projections), on
 Hopper and newer.
 
-Unlike the lm_head (model/fp8.py), hidden activations and their gradients have no bound to derive
+Unlike the lm_head (model/fp8_head.py), hidden activations and their gradients have no bound to derive
 a static scale from, so each operand is scaled by its own absolute maximum when it is cast:
 
 - "rowwise": one scale per row of each operand (per token for activations and gradients, per
@@ -30,6 +30,11 @@ import torch
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
 SCALINGS = ("rowwise", "tensorwise")
+
+
+def fits_fp8(*weights: torch.Tensor) -> bool:
+    """Whether _scaled_mm can take these weights: both dims of every one a multiple of 16."""
+    return all(n % 16 == 0 for w in weights for n in w.shape[-2:])
 
 
 def quantize(t: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:

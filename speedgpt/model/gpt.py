@@ -13,22 +13,27 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import ModelConfig
-from .fp8 import E4M3_MAX, fp8_head_cross_entropy, fp8_linear, fp8_supported
-from .fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp
-from .kernels.softcap_ce import available as fused_ce_available, softcap_cross_entropy
+from ..data.tokenizer import BOS_ID
 from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
+from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
+from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
+from .kernels.softcap_ce import softcap_cross_entropy
 from .rotary import Rotary
+from .runtime import ModelRuntime
 
-BOS_ID = 50256
+# Bound on the FP8 head's weights: w_scale = FP8_W_BOUND / 448 keeps |W| <= 24 representable (model/fp8_head.py).
+FP8_W_BOUND = 24.0
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, *, fp8_scaling: str = "", fused_act: bool = False):
         super().__init__()
         self.fc = CastedLinear(dim, hidden)
         self.proj = CastedLinear(hidden, dim)
-        self.fp8_scaling = ""  # "rowwise" / "tensorwise": FP8 matmuls, set by build_model where supported
-        self.fused_act = False  # rowwise only: ReLU² and its FP8 casts in one kernel each way
+        # FP8 matmuls where asked for and the shapes allow (_scaled_mm wants multiples of 16)
+        self.fp8_scaling = fp8_scaling if fits_fp8(self.fc.weight, self.proj.weight) else ""
+        # rowwise only: ReLU² and its FP8 casts in one kernel each way
+        self.fused_act = fused_act and self.fp8_scaling == "rowwise"
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -37,7 +42,7 @@ class MLP(nn.Module):
         self.proj.weight.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fp8_scaling == "rowwise" and self.fused_act:
+        if self.fused_act:
             return fp8_relu2_mlp(x, self.fc.weight, self.proj.weight)
         if self.fp8_scaling:
             h = fp8_linear_dynamic(x, self.fc.weight, self.fp8_scaling)
@@ -46,53 +51,66 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: ModelConfig, rotary: Rotary, has_attn: bool):
+    """One layer: x0 mixing, attention (unless the layer is attention-free) and the MLP. Everything
+    that is constant per layer (its index, window, FP8 choices) is fixed here at construction."""
+
+    def __init__(self, cfg: ModelConfig, rotary: Rotary, layer: int, runtime: ModelRuntime):
         super().__init__()
         dim = cfg.resolved_dim()
         scale = cfg.attn_scale or cfg.head_dim ** -0.5
+        window_key = (cfg.window_pattern * cfg.depth)[layer]
         self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
-                                         gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0)
-                     if has_attn else None)
-        self.mlp = MLP(dim, int(cfg.mlp_ratio * dim))
+                                         gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0, layer=layer,
+                                         window_key=window_key, window_block=runtime.window_block,
+                                         fp8_scaling=runtime.fp8_attn)
+                     if layer not in cfg.attn_free_layers else None)
+        self.mlp = MLP(dim, int(cfg.mlp_ratio * dim), fp8_scaling=runtime.fp8_mlp,
+                       fused_act=runtime.fp8_mlp_fused_act)
+        self.window_key = window_key
+        self.x0_mixing = cfg.x0_mixing
 
     def init_weights(self) -> None:
         if self.attn is not None:
             self.attn.init_weights()
         self.mlp.init_weights()
 
-    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, window_key: str, window,
-                layer: int, kv_cache: KVCache | None, x0_mixing: bool, block: int):
-        if x0_mixing:
+    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, kv_cache: KVCache | None):
+        if self.x0_mixing:
             x = lambdas[0] * x + lambdas[1] * x0
         if self.attn is not None:
-            x = x + self.attn(norm(x), ve, v_lambdas, ctx, window_key, window, layer, kv_cache, block)
+            x = x + self.attn(norm(x), ve, v_lambdas, ctx, kv_cache)
         return x + self.mlp(norm(x))
 
 
 class GPT(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_seq_len: int):
+    """Build through model/build.py (`model_from_config`, `build_model`): it allocates on the device
+    and initializes; the runtime (dtype, backend, FP8, default windows) is fixed at construction."""
+
+    def __init__(self, cfg: ModelConfig, max_seq_len: int, runtime: ModelRuntime | None = None):
         super().__init__()
+        runtime = runtime or ModelRuntime()
         self.cfg = cfg
+        self.runtime = runtime
         depth, dim, vocab = cfg.depth, cfg.resolved_dim(), cfg.padded_vocab()
         self.vocab_size = cfg.vocab_size
         self.embed = nn.Embedding(vocab, dim)
         self.value_embeds = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(cfg.value_embeds))
         self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate)
-        self.blocks = nn.ModuleList(Block(cfg, self.rotary, i not in cfg.attn_free_layers) for i in range(depth))
+        self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
         self.lm_head = CastedLinear(dim, vocab)
         self.num_skips = depth // 2 if cfg.unet_skips else 0
         self.skip_weights = nn.Parameter(torch.empty(self.num_skips))
         self.block_lambdas = nn.Parameter(torch.empty(depth, 2))  # x <- l0 * x + l1 * x0
         self.v_lambdas = nn.Parameter(torch.empty(depth, 2))  # v <- l0 * v + l1 * value_embed
-        self.window_keys = (cfg.window_pattern * depth)[:depth]
-        self.compute_dtype = torch.float32
-        self.windows = (max_seq_len, max_seq_len)  # (long, short) used when forward gets none
-        self.window_block = 128  # windows are whole blocks of this many tokens (flex's block size)
-        self.attn_backend = "sdpa"
-        self.fp8_head = False  # switched on by build_model where the device supports it
-        self.fused_ce = False  # likewise: the loss through model/kernels/softcap_ce.py
-        self.fp8_w_bound = 24.0
-        self.fp8_grad_scale = 1.0 / E4M3_MAX  # set by the trainer from tokens per step (see model/fp8.py)
+        self.window_keys = "".join(block.window_key for block in self.blocks)
+        self.windows = runtime.windows or (max_seq_len, max_seq_len)  # (long, short) when forward gets none
+        # The loss path, chosen once: the FP8 head fused with the loss (training steps; evaluation
+        # and per-token losses take the fused loss over the FP8 head's logits), the fused loss over
+        # the head's logits, or the reference softcap + cross-entropy in torch.
+        if runtime.fp8_head and runtime.fused_ce:
+            self.loss_path = "fp8_fused"
+        else:
+            self.loss_path = "fused_ce" if runtime.fused_ce else "torch"
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -130,13 +148,15 @@ class GPT(nn.Module):
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 reduction: str = "mean", windows=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
-        cfg = self.cfg
+        """The loss (targets given; `reduction` as in F.cross_entropy) or the softcapped fp32 logits.
+        `windows` (long, short) override the runtime's; `ctx` (masks) is built here unless given."""
+        cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
-        if kv_cache is None and ctx is None:
-            ctx = build_context(inputs_BT, backend=self.attn_backend, windows=windows,
-                                doc_masking=cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys,
-                                block=self.window_block)
-        dtype = self.compute_dtype
+        if ctx is None:
+            ctx = (build_context(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
+                                 bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
+                   if kv_cache is None else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
+        dtype = rt.dtype
         x = x0 = norm(self.embed(inputs_BT).to(dtype))
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
         skips: list[torch.Tensor] = []
@@ -144,37 +164,44 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             if n and i >= depth - n:
                 x = x + self.skip_weights[i - (depth - n)] * skips.pop()
-            key = self.window_keys[i]
-            window = windows[0] if key == "L" else windows[1]
             x = block(x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i],
-                      ctx, key, window, i, kv_cache, cfg.x0_mixing, self.window_block)
+                      ctx, kv_cache)
             if i < n:
                 skips.append(x)
         if kv_cache is not None:
             kv_cache.pos += inputs_BT.size(1)
         x = norm(x)
-        B, T, D = x.shape
-        if (self.fp8_head and self.fused_ce and targets_BT is not None and reduction in ("mean", "sum")
-                and torch.is_grad_enabled()):
-            # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8.py)
-            return fp8_head_cross_entropy(x.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
-                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.fp8_w_bound / E4M3_MAX,
+        if targets_BT is None:
+            return self.softcap(self.head(x).float())
+        return self.loss(x, targets_BT, reduction)
+
+    def head(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        """The lm_head's logits before the softcap, in FP8 where the runtime says so."""
+        if not self.runtime.fp8_head:
+            return self.lm_head(x_BTD)
+        B, T, D = x_BTD.shape
+        return fp8_linear(x_BTD.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
+                          FP8_W_BOUND / E4M3_MAX, self.runtime.fp8_grad_scale).view(B, T, -1)
+
+    def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        cap = self.cfg.logit_softcap
+        return cap * torch.tanh(logits / cap) if cap else logits
+
+    def loss(self, x_BTD: torch.Tensor, targets_BT: torch.Tensor, reduction: str) -> torch.Tensor:
+        cfg = self.cfg
+        B, T, D = x_BTD.shape
+        if self.loss_path == "fp8_fused" and reduction in ("mean", "sum") and torch.is_grad_enabled():
+            # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8_head.py)
+            return fp8_head_cross_entropy(x_BTD.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
+                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, FP8_W_BOUND / E4M3_MAX,
                                           reduction)
-        if self.fp8_head:
-            logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
-                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1)
-        else:
-            logits = self.lm_head(x)
-        if self.fused_ce and targets_BT is not None:
+        logits = self.head(x_BTD)
+        if self.loss_path != "torch":
             # fp32 softcap + cross-entropy in one kernel pair; the backward overwrites the (unused) logits
             loss = softcap_cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1),
                                          cfg.logit_softcap, reduction, inplace_backward=True)
             return loss.view_as(targets_BT) if reduction == "none" else loss
-        logits = logits.float()
-        if cfg.logit_softcap:
-            logits = cfg.logit_softcap * torch.tanh(logits / cfg.logit_softcap)
-        if targets_BT is None:
-            return logits
+        logits = self.softcap(logits.float())
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1).long(), reduction=reduction)
         return loss.view_as(targets_BT) if reduction == "none" else loss
 
@@ -191,47 +218,10 @@ class GPT(nn.Module):
         matmul = self.num_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
         attn = 0.0
         hdim = self.cfg.resolved_heads() * self.cfg.head_dim
-        for block, key in zip(self.blocks, self.window_keys):
+        for block in self.blocks:
             if block.attn is None:
                 continue
-            window = windows[0] if key == "L" else windows[1]
+            window = windows[0] if block.window_key == "L" else windows[1]
             keys = min(window, (seq_len + 1) / 2)
             attn += 12 * hdim * keys  # fwd 2 matmuls x 2 FLOPs, x3 for fwd+bwd
         return 6 * matmul + attn
-
-
-def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, *, seed: int = 0,
-                dtype: torch.dtype = torch.float32, attn_backend: str = "sdpa", window_block: int = 128) -> GPT:
-    """Build on the meta device, allocate on `device`, then initialize there (seeded)."""
-    device = torch.device(device)
-    with torch.device("meta"):
-        model = GPT(cfg, max_seq_len)
-    model.to_empty(device=device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        model.init_weights()
-    model.compute_dtype = dtype
-    model.attn_backend = attn_backend
-    model.window_block = window_block
-    model.fp8_head = cfg.fp8_head and fp8_supported(device)
-    model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
-    if cfg.fp8_mlp or cfg.fp8_attn:
-        _enable_fp8_matmuls(model, cfg, fp8_supported(device))
-    if cfg.bf16_embeds:
-        for emb in [model.embed, *model.value_embeds]:
-            emb.to(torch.bfloat16)
-    return model
-
-
-def _enable_fp8_matmuls(model: GPT, cfg: ModelConfig, supported: bool) -> None:
-    """Switch the hidden matmuls the config names to FP8 where the device can run them: _scaled_mm
-    wants both dims of every weight to be multiples of 16."""
-    def fits(*weights: torch.Tensor) -> bool:
-        return supported and all(n % 16 == 0 for w in weights for n in w.shape[-2:])
-
-    for block in model.blocks:
-        if cfg.fp8_mlp and fits(block.mlp.fc.weight, block.mlp.proj.weight):
-            block.mlp.fp8_scaling = cfg.fp8_mlp_scaling
-            block.mlp.fused_act = cfg.fp8_mlp_fused_act
-        if cfg.fp8_attn and block.attn is not None and fits(block.attn.qkv_w, block.attn.proj.weight):
-            block.attn.fp8_scaling = cfg.fp8_mlp_scaling

@@ -31,20 +31,6 @@ class DistInfo:
         return self.rank == 0
 
 
-def pick_device(requested: str, local_rank: int = 0) -> torch.device:
-    if requested == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank)
-        return torch.device("cpu")
-    device = torch.device(requested)
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError(f"train.device={requested} but no CUDA device is visible; use --train.device=cpu")
-        if device.index is None:
-            device = torch.device("cuda", local_rank)
-    return device
-
-
 def _env_int(name: str, default: int) -> int:
     raw = os.environ.get(name, str(default))
     try:
@@ -62,7 +48,9 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
     local_rank = _env_int("LOCAL_RANK", 0)
     if not 0 <= rank < world_size:
         raise RuntimeError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size}); launch with torchrun")
-    device = pick_device(requested_device, local_rank)
+    from ..device import resolve_device
+
+    device = resolve_device(requested_device, local_rank)
     if device.type == "cuda":
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK={local_rank} needs cuda:{device.index} but only "

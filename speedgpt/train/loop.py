@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
-from ..model.attention import choose_backend
-from ..model.gpt import GPT, build_model
+from ..model.build import model_from_config
+from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
 from ..parallel.ddp import clip_grad_norm_, grad_sync_of
@@ -73,11 +73,6 @@ class Trainer:
         self.resume = resume
         self.device = self.dist.device
         self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
-        t = cfg.train
-        if t.dtype == "auto":
-            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        else:
-            self.dtype = getattr(torch, t.dtype)
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -100,20 +95,15 @@ class Trainer:
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
                                   seed=cfg.train.seed)
-        backend = choose_backend(cfg.model.attn_backend, self.device)
-        block = cfg.schedule.window_block
+        self.model: GPT = model_from_config(cfg, self.device, world_size=self.dist.world_size)
+        rt = self.model.runtime
+        block = rt.window_block
         for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
-            if backend == "flex" and length % block:
+            if rt.attn_backend == "flex" and length % block:
                 raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
                                   f"FlexAttention; use {max(block, length // block * block)} or "
                                   f"--model.attn_backend=sdpa")
-        max_len = max(d.seq_len, d.val_seq_len or 0)
-        self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
-                                      attn_backend=backend, window_block=cfg.schedule.window_block)
-        self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
-        # The loss is a mean over the step's tokens: that bounds the logit gradient (model/fp8.py).
-        self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
-        if cfg.model.fp8_head and not self.model.fp8_head:
+        if cfg.model.fp8_head and not rt.fp8_head:
             self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
         if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
             self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
@@ -141,8 +131,8 @@ class Trainer:
         self.peak = peak_flops(self.device, cfg.train.peak_flops)
         n = self.model.num_params()
         self.log(f"model: {n / 1e6:.1f}M parameters ({self.model.num_params(False) / 1e6:.1f}M non-embedding), "
-                 f"depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention {backend}, "
-                 f"device {self.device}, dtype {self.dtype}")
+                 f"depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention {rt.attn_backend}, "
+                 f"device {self.device}, dtype {rt.dtype}")
         self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
                  f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:

@@ -194,7 +194,7 @@ if HAVE_TRITON:
     ):
         """g_scale * dloss_i/dx_ij for one (BLOCK_N x BLOCK_V) tile, given the rows' logsumexp, written
         in e5m2 twice: row-major into G (N, V) and transposed into GT (V, N), the two layouts the FP8
-        backward matmuls want (model/fp8.py). One tile per program. 64-bit tile bases, 32-bit offsets
+        backward matmuls want (model/fp8_head.py). One tile per program. 64-bit tile bases, 32-bit offsets
         inside the tile (the host checks they fit). The general version (any shape, the interpreter);
         _softcap_ce_fp8_grad_fast_kernel is the GPU's."""
         row0 = tl.program_id(0) * BLOCK_N
@@ -410,7 +410,7 @@ def softcap_ce_fp8_grad(logits: torch.Tensor, targets: torch.Tensor, cap: float,
                         ignore_index: int = -100, fp8_dtype: torch.dtype = torch.float8_e5m2):
     """(per-row loss fp32, G, G^T contiguous) with G = g_scale * dloss_i/dlogits_ij in `fp8_dtype`:
     the loss and its unreduced gradient together, for a caller that knows the gradient is needed
-    (the FP8 head, model/fp8.py): the forward kernel (loss, logsumexp), then one gradient kernel that
+    (the FP8 head, model/fp8_head.py): the forward kernel (loss, logsumexp), then one gradient kernel that
     reads the logits once and writes both fp8 layouts. Ignored rows get loss 0 and a zero gradient row.
     Triton where available, plain torch elsewhere (same contract)."""
     if available(logits.device):

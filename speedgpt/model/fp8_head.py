@@ -32,16 +32,12 @@ from __future__ import annotations
 
 import torch
 
-E4M3_MAX = 448.0
+from .fp8_linear import E4M3_MAX  # noqa: F401  (the head's scales are fractions of it)
+
 # Per-token logit gradients (softmax minus one-hot, times a softcap derivative <= 1) lie in [-1, 1].
 # Times 2^15 they stay below e5m2's maximum (57344) and values down to 2^-31 (e5m2's smallest
 # subnormal, 2^-16, over the scale) survive: far below what a softmax over 50K classes produces.
 G_SCALE = 2.0 ** 15
-
-
-def fp8_supported(device: torch.device) -> bool:
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) \
-        and hasattr(torch, "float8_e4m3fn")
 
 
 def _to_fp8(t: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
