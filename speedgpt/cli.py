@@ -63,12 +63,11 @@ def cmd_train(argv: list[str]) -> int:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
 
+    from .rundir.checkpoint import CheckpointError
     from .train.loop import train
 
-    from .train.checkpoint import CheckpointError
-
     try:
-        train(cfg, run_dir=run_dir, resume=bool(args.resume))
+        result = train(cfg, run_dir=run_dir, resume=bool(args.resume))
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
@@ -78,7 +77,27 @@ def cmd_train(argv: list[str]) -> int:
             raise
         print(f"speedgpt train: error: {e}", file=sys.stderr)
         return 2
+    if result.model is not None:  # the rank that wrote the run
+        sample_and_report(cfg, result)
     return 0
+
+
+def sample_and_report(cfg, result) -> None:
+    """What `speedgpt train` adds after training: a sample from the trained model and the run's report."""
+    if cfg.run.sample_tokens:
+        from .infer.generate import sample_text
+
+        text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
+                           temperature=0.8, top_k=50, seed=cfg.train.seed)
+        print("sample:\n" + text, flush=True)
+    if cfg.run.report:
+        try:
+            from .report import write_report
+
+            paths = write_report([result.run_dir], result.run_dir)
+            print(f"report: {paths.get('png', '')}", flush=True)
+        except Exception as e:  # a plotting failure must not lose a finished run
+            print(f"report: not written ({type(e).__name__}: {e})", flush=True)
 
 
 def cmd_data(argv: list[str]) -> int:

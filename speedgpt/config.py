@@ -339,7 +339,9 @@ def to_toml(cfg: Config) -> str:
 
 
 def save_toml(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(to_toml(cfg))
+    from .atomic import atomic_write
+
+    atomic_write(path, to_toml(cfg))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,12 +12,11 @@ fp32, being a few hundred numbers whose precision matters more than their size.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .rundir import RunDir
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -70,16 +69,18 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
     from safetensors.torch import save_file
 
     from . import __version__
-    from .infer.load import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
-                             locate, strip_wrapper_prefixes)
+    from .atomic import atomic_dir
+    from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
+                                 locate, strip_wrapper_prefixes)
 
     if dtype not in DTYPES:
         raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
     src = locate(source, checkpoint)
     cfg = load_config(src)
-    out = Path(out) if out is not None else src.root / "export"
+    default_out = RunDir(src.root).default_export
+    out = Path(out) if out is not None else default_out
     if out.resolve() == src.root.resolve():
-        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {src.root / 'export'}")
+        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / EXPORT_CONFIG).is_file())):
         raise ExportError(f"{out} exists and is not an export; choose an empty or new --out directory")
 
@@ -94,23 +95,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
                        "dtype": dtype, "speedgpt_version": __version__,
                        "aliases": aliases}}
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
-        # mkdtemp (and safetensors) create private files; an export is meant to be shared: use the umask.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)
-        for name in (EXPORT_WEIGHTS, EXPORT_CONFIG):
-            os.chmod(tmp / name, 0o666 & ~umask)
-            with open(tmp / name, "rb") as f:
-                os.fsync(f.fileno())
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

@@ -27,16 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from speedgpt.train.metrics import finite, read_metrics
+from speedgpt.atomic import atomic_file, atomic_write
+from speedgpt.rundir import REPORT_HTML, REPORT_PNG, RunDir
+from speedgpt.rundir.metrics import finite, read_metrics
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the tomli backport (a declared dependency there)
     import tomli as tomllib
-
-REPORT_PNG = "report.png"
-REPORT_HTML = "report.html"
-
 
 # ----------------------------------------------------------------------------------------------
 # Loading
@@ -65,7 +63,7 @@ def load_run(run_dir: str | os.PathLike) -> RunData:
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
     config, text = {}, ""
-    cfg_path = run_dir / "config.toml"
+    cfg_path = RunDir(run_dir).config_path
     if cfg_path.is_file():
         text = cfg_path.read_text(encoding="utf-8")
         try:
@@ -570,8 +568,7 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     fig.suptitle(title or "speedgpt report", fontsize=14, fontweight="bold")
 
     _table_panel(ax_table, rows or [summarize(r, target_loss) for r in runs], colors, target_loss)
-    png_path = Path(png_path)
-    fig.savefig(png_path)
+    fig.savefig(png_path, format="png")  # a path or a binary file
     return png_path
 
 
@@ -666,13 +663,6 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
     )
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    # A report being rewritten while someone opens it should never be seen half-written.
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def write_report(run_dirs: Sequence[str | os.PathLike], out_dir: str | os.PathLike, *,
                  target_loss: float | None = None, title: str | None = None) -> dict[str, Path]:
     """Write ``out_dir/report.png`` and ``out_dir/report.html`` (with the A/B table when there are
@@ -687,10 +677,10 @@ def _render(runs: list[RunData], rows: list[dict], out_dir: Path, target_loss: f
     title = title or (f"speedgpt report: {runs[0].label}" if len(runs) == 1 else f"speedgpt report: {len(runs)} runs")
     out_dir.mkdir(parents=True, exist_ok=True)
     png, page = out_dir / REPORT_PNG, out_dir / REPORT_HTML
-    tmp_png = out_dir / f".{REPORT_PNG}.tmp{os.getpid()}.png"
-    plot_runs(runs, tmp_png, target_loss=target_loss, title=title, rows=rows, comparison=comparison)
-    os.replace(tmp_png, png)
-    _atomic_write(page, _html(runs, rows, png.read_bytes(), title, comparison).encode("utf-8"))
+    # A report being rewritten while someone opens it is never seen half-written.
+    with atomic_file(png) as f:
+        plot_runs(runs, f, target_loss=target_loss, title=title, rows=rows, comparison=comparison)
+    atomic_write(page, _html(runs, rows, png.read_bytes(), title, comparison))
     return {"png": png, "html": page}
 
 

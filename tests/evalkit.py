@@ -12,7 +12,7 @@ from speedgpt.config import apply_overrides, load_preset, save_toml
 from speedgpt.data.shards import write_shard
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.build import build_model
-from speedgpt.train.checkpoint import save_checkpoint
+from speedgpt.rundir.checkpoint import save_checkpoint
 
 TINY = ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         "--model.attn_free_layers=[2]", "--model.window_pattern=LS", "--data.seq_len=64",

@@ -14,7 +14,7 @@ import torch
 from evalkit import make_run, tiny_config, write_corpus
 from speedgpt.cli import main
 from speedgpt.eval.run import EvalError, plan_batches, resolve_eval_files
-from speedgpt.train.metrics import read_metrics
+from speedgpt.rundir.metrics import read_metrics
 
 FIXTURE = Path(__file__).parent / "fixtures" / "hellaswag_mini.jsonl"
 

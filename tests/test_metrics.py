@@ -6,7 +6,7 @@ import types
 import pytest
 import torch
 
-from speedgpt.train.metrics import MetricsLogger, read_metrics, record_kind
+from speedgpt.rundir.metrics import MetricsLogger, read_metrics, record_kind
 
 
 def _train(step, loss=3.0, **kw):

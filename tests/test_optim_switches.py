@@ -18,7 +18,7 @@ from speedgpt.optim.muon import (DistMuon, Muon, muon_lr_scale, newton_schulz, n
 from speedgpt.optim.schedules import lr_multiplier, muon_weight_decay
 from speedgpt.parallel.ddp import GradSync
 from speedgpt.parallel.dist import init_distributed, spawn_local
-from speedgpt.train.checkpoint import load_checkpoint, save_checkpoint
+from speedgpt.rundir.checkpoint import load_checkpoint, save_checkpoint
 from test_optim import conditioned  # singular values log-spaced over [1/cond, 1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -156,7 +156,7 @@ def test_import_is_cheap_and_side_effect_free(tmp_path):
     import subprocess
     import sys
 
-    code = ("import sys, speedgpt.report, speedgpt.train.metrics; "
+    code = ("import sys, speedgpt.report, speedgpt.rundir.metrics; "
             "print(sorted(m for m in ('matplotlib', 'rich', 'torch', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(Path(report.__file__).parents[1])})

@@ -11,7 +11,7 @@ import pytest
 from speedgpt import report
 from speedgpt.config import apply_overrides, load_preset, save_toml
 from speedgpt.report import compare_runs, comparison_markdown, config_diff, interpolate, load_runs
-from speedgpt.train.metrics import MetricsLogger
+from speedgpt.rundir.metrics import MetricsLogger
 
 
 def write_run(run_dir, vals, *, overrides=(), config=True, step_tokens=100):

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from speedgpt.config import apply_overrides, load_toml
-from speedgpt.train.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from speedgpt.rundir.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from speedgpt.train.loop import train
 
 
@@ -74,7 +74,7 @@ def test_time_budget_stops_early_with_final_eval(tiny_cfg, tmp_path):
 
 
 def test_checkpoints_order_numerically(tmp_path):
-    from speedgpt.train.checkpoint import latest_checkpoint
+    from speedgpt.rundir.checkpoint import latest_checkpoint
 
     for step in (999_999, 1_000_000):
         save_checkpoint(tmp_path, step, {}, [], {}, keep=5)

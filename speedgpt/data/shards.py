@@ -11,11 +11,12 @@ from __future__ import annotations
 import glob
 import os
 import sys
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
+
+from ..atomic import atomic_file
 
 if TYPE_CHECKING:  # torch is imported on use: tokenizing (and its worker processes) never needs it
     import torch
@@ -60,36 +61,10 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | to
     if arr.size >= 2**31:
         raise ValueError(f"write_shard({path}): {arr.size} tokens exceed the int32 header field; split the shard")
     arr = arr.astype("<u2", copy=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Not tempfile.mkstemp: it creates mode 0600 files; os.open with 0o666 honours the umask.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(_header(arr.size))
-            f.write(arr.tobytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
+    with atomic_file(path) as f:
+        f.write(_header(arr.size))
+        f.write(arr.tobytes())
     return int(arr.size)
-
-
-def _fsync_dir(directory: Path) -> None:
-    # Makes the rename itself durable; not possible on every OS (e.g. Windows), hence best effort.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def read_header(path: str | os.PathLike) -> int:

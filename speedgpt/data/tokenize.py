@@ -23,6 +23,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from ..atomic import atomic_write
 from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, python_source_files
 from .shards import write_shard
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
@@ -318,13 +319,7 @@ def _add(writer: _ShardWriter, stats: dict, split: str, doc: np.ndarray) -> None
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, json.dumps(obj, indent=1) + "\n")
 
 
 def read_manifest(out_dir: str | os.PathLike) -> dict | None:

@@ -27,15 +27,14 @@ def download_hellaswag(dest_dir: str | os.PathLike, url: str = HELLASWAG_VAL_URL
     dest = dest_dir / Path(urllib.request.urlparse(url).path).name
     if dest.is_file():
         return dest
+    from ..atomic import atomic_file
+
     dest_dir.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".{dest.name}.part{os.getpid()}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp, open(tmp, "wb") as f:
+        with urllib.request.urlopen(url, timeout=timeout) as resp, atomic_file(dest) as f:
             while chunk := resp.read(1 << 20):
                 f.write(chunk)
-        os.replace(tmp, dest)
     except OSError as e:  # URLError, HTTPError and timeouts are all OSErrors
-        tmp.unlink(missing_ok=True)
         raise RuntimeError(f"could not download {url} ({e}); fetch it by hand into {dest}") from e
     return dest
 

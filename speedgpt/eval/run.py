@@ -65,7 +65,9 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     from ..data.loader import val_batches
     from ..data.shards import read_header
     from ..data.tokenizer import BOS_ID, get_tokenizer
-    from ..infer.load import load_model, locate
+    from ..infer.load import load_model
+    from ..rundir import RunDir
+    from ..rundir.weights import locate
     from .bpb import evaluate_loss_and_bpb, token_byte_lengths
 
     if split not in ("val", "train"):
@@ -100,11 +102,10 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
                    "eval_s": round(time.perf_counter() - t0, 3)})
     print_fn(format_table(record))
     if log and src.kind == "run":
-        from ..train.metrics import MetricsLogger
-
-        with MetricsLogger(src.root) as metrics:
+        run = RunDir(src.root)
+        with run.metrics_logger() as metrics:
             metrics.log(record)
-        print_fn(f"eval: appended to {src.root / 'metrics.jsonl'}")
+        print_fn(f"eval: appended to {run.metrics_path}")
     return record
 
 

@@ -9,7 +9,6 @@ functions of the step, so a resumed run recomputes them exactly. The host reads 
 from __future__ import annotations
 
 import copy
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -17,16 +16,17 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
+from ..config import Config, ConfigError, micro_batch_rows, validate
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
 from ..parallel.ddp import clip_grad_norm_, grad_sync_of
 from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .hardware import environment_snapshot, peak_flops
-from .metrics import MetricsLogger
+from ..rundir import RunDir, default_run_dir
+from ..rundir.checkpoint import load_checkpoint
+from ..rundir.env import environment_snapshot
+from .hardware import peak_flops
 
 
 @dataclass
@@ -38,11 +38,8 @@ class TrainResult:
     val_loss: float | None
     train_losses: list[float] = field(default_factory=list)  # every step's loss (mean over micro-batches)
     val_history: list[tuple[int, float]] = field(default_factory=list)
-
-
-def default_run_dir(cfg: Config) -> Path:
-    name = cfg.run.name or cfg.preset or "run"
-    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    # The trained model, on the rank that writes the run (None elsewhere): the CLI samples from it.
+    model: GPT | None = field(default=None, repr=False)
 
 
 def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path], list[Path]]:
@@ -70,6 +67,7 @@ class Trainer:
         validate(cfg, self.dist.world_size)
         self.quiet = quiet or not self.dist.is_main
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
+        self.rundir = RunDir(self.run_dir)
         self.resume = resume
         self.device = self.dist.device
         self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
@@ -84,9 +82,8 @@ class Trainer:
         from ..data.loader import TokenLoader, check_capacity
 
         if self.dist.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_toml(cfg, self.run_dir / "config.toml")
-            (self.run_dir / "env.json").write_text(json.dumps(environment_snapshot(self.device), indent=1))
+            self.rundir.write_config(cfg)
+            self.rundir.write_env(environment_snapshot(self.device))
         barrier()
         self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
         check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
@@ -125,7 +122,7 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
-        self.metrics = MetricsLogger(self.run_dir, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+        self.metrics = self.rundir.metrics_logger(tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
                                      wandb_project=cfg.run.wandb_project, run_name=cfg.run.name or None,
                                      config=cfg.to_dict(), enabled=self.dist.is_main)
         self.peak = peak_flops(self.device, cfg.train.peak_flops)
@@ -221,14 +218,13 @@ class Trainer:
         path = None
         optim_states = [opt.state_dict() for opt in self.optimizers]  # sharded: a collective, all ranks
         if self.dist.is_main:
-            path = save_checkpoint(self.run_dir / "checkpoints", self.step, self.model.state_dict(),
-                                   optim_states, self.state(),
-                                   keep=self.cfg.train.keep_checkpoints)
+            path = self.rundir.save_checkpoint(self.step, self.model.state_dict(), optim_states, self.state(),
+                                               keep=self.cfg.train.keep_checkpoints)
         barrier()
         return path
 
     def load_latest(self) -> None:
-        path = latest_checkpoint(self.run_dir / "checkpoints")
+        path = self.rundir.latest_checkpoint()
         model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
         self.model.load_state_dict(model_state)
         for opt, sd in zip(self.optimizers, optim_states):
@@ -368,22 +364,9 @@ class Trainer:
                                      f"(e.g. --optim.muon_lr) or enable --optim.grad_clip=1.0")
 
     def finish(self, result: TrainResult) -> None:
-        cfg = self.cfg
-        if self.dist.is_main and cfg.run.sample_tokens:
-            from ..infer.generate import sample_text
-
-            text = sample_text(self.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
-                               temperature=0.8, top_k=50, seed=cfg.train.seed)
-            self.log("sample:\n" + text)
         self.metrics.close()
-        if self.dist.is_main and cfg.run.report:
-            try:
-                from ..report import write_report
-
-                paths = write_report([self.run_dir], self.run_dir)
-                self.log(f"report: {paths.get('png', '')}")
-            except Exception as e:  # a plotting failure must not lose a finished run
-                self.log(f"report: not written ({type(e).__name__}: {e})")
+        if self.dist.is_main:
+            result.model = self.model
         self.log(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.train_time_s:.1f}s; "
                  f"run dir {self.run_dir}")
 

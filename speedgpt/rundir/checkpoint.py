@@ -8,12 +8,13 @@ checkpoint or none of it; `state.json` is written last and marks it complete.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..atomic import atomic_dir
 
 STEP_PREFIX = "step_"
 
@@ -22,38 +23,15 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing or unreadable; the message says which and what to do."""
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: Any, state: dict,
                     keep: int = 2) -> Path:
     ckpt_root = Path(ckpt_root)
-    ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"{STEP_PREFIX}{step:06d}"
-    tmp = ckpt_root / f".tmp-{final.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    torch.save(model_state, tmp / "model.pt")
-    torch.save(optim_state, tmp / "optim.pt")
-    (tmp / "state.json").write_text(json.dumps({**state, "step": step, "complete": True}, indent=1))
-    for name in ("model.pt", "optim.pt", "state.json"):
-        _fsync_file(tmp / name)
-    _fsync_dir(tmp)
-    if final.exists():  # re-saving the same step (e.g. after resume): replace atomically enough
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    _fsync_dir(ckpt_root)
+    # re-saving the same step (e.g. after resume) replaces it
+    with atomic_dir(final) as tmp:
+        torch.save(model_state, tmp / "model.pt")
+        torch.save(optim_state, tmp / "optim.pt")
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "complete": True}, indent=1))
     if keep > 0:
         for old in list_checkpoints(ckpt_root)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)

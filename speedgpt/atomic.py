@@ -1,0 +1,96 @@
+"""Atomic writes: the one way speedgpt puts a file or a directory under its final name.
+
+Everything is written under a temporary name in the target's own directory (so the final rename
+stays on one filesystem), flushed and fsynced, then renamed over the target, and the directory
+is fsynced so the rename itself survives a power cut. A crash therefore leaves the old file (or
+none), never a half-written one under the final name; temporary names start with "." so readers
+that list a directory skip them. New files get mode 0666 minus the umask, like any other file
+the user creates (tempfile's 0600 would make shared shards and exports private).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename in `directory` durable; best effort where the OS cannot (e.g. Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def temp_name(path: Path) -> Path:
+    """A hidden, unique sibling of `path` for writing it."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator:
+    """Open a temporary sibling of `path` for writing; on a clean exit it is fsynced and renamed
+    over `path`, on an exception removed. `mode` is "wb" or "w" (text, UTF-8)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write `data` (text as UTF-8) to `path` atomically."""
+    with atomic_file(path, "wb") as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary sibling directory of `path` to fill; on a clean exit every file in
+    it gets the umask's mode and is fsynced, and the directory replaces `path` (an existing one is removed first: between the
+    two, `path` is briefly absent, never half-written). On an exception the temporary is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private
+        yield tmp
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                os.chmod(f, 0o666 & ~umask)  # some writers (safetensors) create private files
+                fsync_file(f)
+        fsync_dir(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    fsync_dir(path.parent)

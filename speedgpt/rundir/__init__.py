@@ -1,0 +1,119 @@
+"""The run directory: its layout, and the one place that reads and writes it.
+
+    RUN_DIR/
+      config.toml        the resolved config (`speedgpt train --config` of it reproduces the run)
+      env.json           code version, packages, hardware (rundir/env.py)
+      metrics.jsonl      one JSON record per line (rundir/metrics.py)
+      checkpoints/       step_NNNNNN/{model.pt, optim.pt, state.json} (rundir/checkpoint.py)
+      export/            model.safetensors + config.json (`speedgpt export`; rundir/export_dir.py)
+      report.png, report.html
+
+Training writes it; eval, sampling, export and reports read it through `RunDir`, so none of them
+needs the training code. Importing this module is cheap (no torch): reports use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..atomic import atomic_write
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from .metrics import MetricsLogger
+
+CONFIG_FILE = "config.toml"
+ENV_FILE = "env.json"
+METRICS_FILE = "metrics.jsonl"
+CHECKPOINTS_DIR = "checkpoints"
+EXPORT_DIR = "export"
+REPORT_PNG = "report.png"
+REPORT_HTML = "report.html"
+
+
+class RunDir:
+    """Paths and readers/writers of one run directory (which need not exist yet)."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser()
+
+    def __repr__(self) -> str:
+        return f"RunDir({str(self.root)!r})"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / CONFIG_FILE
+
+    @property
+    def env_path(self) -> Path:
+        return self.root / ENV_FILE
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.root / METRICS_FILE
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / CHECKPOINTS_DIR
+
+    @property
+    def default_export(self) -> Path:
+        return self.root / EXPORT_DIR
+
+    def is_run(self) -> bool:
+        """Whether this looks like a directory `speedgpt train` wrote (it holds config.toml)."""
+        return self.config_path.is_file()
+
+    # -- config and environment -------------------------------------------------------------
+    def write_config(self, cfg: Config) -> None:
+        from ..config import to_toml
+
+        atomic_write(self.config_path, to_toml(cfg))
+
+    def read_config(self) -> Config:
+        from ..config import load_toml
+
+        return load_toml(self.config_path)
+
+    def write_env(self, snapshot: dict) -> None:
+        atomic_write(self.env_path, json.dumps(snapshot, indent=1))
+
+    def read_env(self) -> dict:
+        return json.loads(self.env_path.read_text()) if self.env_path.is_file() else {}
+
+    # -- metrics ------------------------------------------------------------------------------
+    def metrics_logger(self, **kwargs) -> MetricsLogger:
+        from .metrics import MetricsLogger
+
+        return MetricsLogger(self.root, **kwargs)
+
+    def read_metrics(self) -> list[dict]:
+        from .metrics import read_metrics
+
+        return read_metrics(self.root)
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def list_checkpoints(self) -> list[Path]:
+        from .checkpoint import list_checkpoints
+
+        return list_checkpoints(self.checkpoints)
+
+    def latest_checkpoint(self) -> Path:
+        from .checkpoint import latest_checkpoint
+
+        return latest_checkpoint(self.checkpoints)
+
+    def save_checkpoint(self, step: int, model_state: dict, optim_state, state: dict, keep: int = 2) -> Path:
+        from .checkpoint import save_checkpoint
+
+        return save_checkpoint(self.checkpoints, step, model_state, optim_state, state, keep=keep)
+
+
+def default_run_dir(cfg: Config) -> Path:
+    """runs/<run.name or preset>-<local time>: where a run goes when neither --run-dir nor run.dir says."""
+    name = cfg.run.name or cfg.preset or "run"
+    return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"

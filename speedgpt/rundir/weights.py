@@ -1,0 +1,141 @@
+"""Where a model's weights come from: a run directory's checkpoint or an export directory.
+
+- run directory (written by `speedgpt train`): `config.toml` + `checkpoints/step_NNNNNN/model.pt`;
+  the latest complete checkpoint is used unless one is named.
+- export directory (written by `speedgpt export`): `config.json` + `model.safetensors`.
+
+`locate` finds the weights without loading them, `load_config` reads the config saved beside them,
+`load_state` the tensors. Either way the model is rebuilt from the saved config (infer/load.py), so
+a checkpoint never needs pickled code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import CONFIG_FILE, RunDir
+from .checkpoint import STEP_PREFIX, list_checkpoints
+
+EXPORT_WEIGHTS = "model.safetensors"
+EXPORT_CONFIG = "config.json"
+EXPORT_FORMAT_VERSION = 1
+# Prefixes wrappers add to parameter names: torch.compile (`_orig_mod.`) and DDP (`module.`).
+# The weights are the same tensors, so they are stripped rather than kept as a second naming.
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")
+
+
+class LoadError(RuntimeError):
+    """A run or export directory is missing, incomplete or does not match its config; the message says what to do."""
+
+
+@dataclass
+class WeightsSource:
+    """Where a model's weights come from, and the training progress they stand for."""
+    kind: str  # "run" | "export"
+    root: Path  # the run or export directory
+    weights: Path  # checkpoint directory (run) or model.safetensors (export)
+    step: int | None
+    tokens: int | None
+    train_time_s: float | None
+
+
+def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for key, value in state.items():
+        for prefix in WRAPPER_PREFIXES:
+            while key.startswith(prefix):
+                key = key[len(prefix):]
+        out[key] = value
+    return out
+
+
+def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSource:
+    """Find the weights `load_model` would use, without loading them."""
+    root = Path(path).expanduser()
+    if not root.exists():
+        raise LoadError(f"{root} does not exist; pass a run directory (from `speedgpt train`) or an export "
+                        f"directory (from `speedgpt export`)")
+    if not root.is_dir():
+        raise LoadError(f"{root} is a file; pass its directory (a run directory or an export directory)")
+    if (root / EXPORT_CONFIG).is_file() or (root / EXPORT_WEIGHTS).is_file():
+        if checkpoint is not None:
+            raise LoadError(f"{root} is an export (one set of weights); drop --checkpoint={checkpoint}")
+        for name in (EXPORT_CONFIG, EXPORT_WEIGHTS):
+            if not (root / name).is_file():
+                raise LoadError(f"export {root} has no {name}; re-run `speedgpt export RUN_DIR --out {root}`")
+        meta = _read_export_json(root).get("export", {})
+        return WeightsSource("export", root, root / EXPORT_WEIGHTS, meta.get("step"), meta.get("tokens"),
+                      meta.get("train_time_s"))
+    run = RunDir(root)
+    if not run.is_run():
+        raise LoadError(f"{root} has neither {CONFIG_FILE} (a run directory) nor {EXPORT_CONFIG} (an export); "
+                        f"pass the directory `speedgpt train` wrote")
+    ckpt_root = run.checkpoints
+    found = list_checkpoints(ckpt_root)
+    if not found:
+        raise LoadError(f"run {root} has no checkpoint under {ckpt_root}; train it to the end or with "
+                        f"--train.checkpoint_every=N")
+    if checkpoint is None:
+        ckpt = found[-1]
+    else:
+        text = str(checkpoint)
+        name = text if text.startswith(STEP_PREFIX) else f"{STEP_PREFIX}{int(text):06d}" if text.isdigit() else None
+        ckpt = Path(text) if name is None else ckpt_root / name
+        if not (ckpt / "model.pt").is_file():
+            have = ", ".join(p.name.removeprefix(STEP_PREFIX).lstrip("0") or "0" for p in found)
+            raise LoadError(f"run {root} has no checkpoint '{checkpoint}'; available steps: {have}")
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        raise LoadError(f"checkpoint {ckpt} is incomplete (state.json missing or corrupt); name an earlier one "
+                        f"with --checkpoint STEP") from None
+    return WeightsSource("run", root, ckpt, state.get("step"), state.get("tokens"), state.get("train_time_s"))
+
+
+def _read_export_json(root: Path) -> dict:
+    try:
+        data = json.loads((root / EXPORT_CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{root / EXPORT_CONFIG} is not valid JSON ({e}); re-export the run") from None
+    version = data.get("format_version")
+    if version != EXPORT_FORMAT_VERSION:
+        raise LoadError(f"{root / EXPORT_CONFIG} has format_version={version!r}; this speedgpt reads "
+                        f"{EXPORT_FORMAT_VERSION}: re-export with this version")
+    return data
+
+
+def load_config(source: WeightsSource):
+    from ..config import ConfigError, config_from_dict
+
+    if source.kind == "run":
+        return RunDir(source.root).read_config()
+    data = _read_export_json(source.root)
+    data = {k: v for k, v in data.items() if k not in ("format_version", "export")}
+    try:
+        return config_from_dict(data)
+    except ConfigError as e:
+        raise LoadError(f"{source.root / EXPORT_CONFIG}: {e}") from None
+
+
+def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
+    if source.kind == "export":
+        from safetensors.torch import load_file
+
+        state = load_file(str(source.weights), device=str(device))
+        # Tensors that shared storage were written once; the others are listed as aliases.
+        aliases = _read_export_json(source.root).get("export", {}).get("aliases") or {}
+        for alias, canonical in aliases.items():
+            state[alias] = state[canonical]
+        return state
+    try:
+        state = torch.load(source.weights / "model.pt", map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise LoadError(f"checkpoint {source.weights} has no model.pt; name another with --checkpoint STEP") from None
+    except Exception as e:  # torch raises several types for truncated or garbled files
+        raise LoadError(f"checkpoint {source.weights}/model.pt is unreadable ({type(e).__name__}); name another "
+                        f"with --checkpoint STEP") from None
+    return state
