@@ -120,7 +120,7 @@ def test_defaults_leave_every_switch_off_and_the_speedrun_preset_turns_the_ab_wi
     assert (o.muon_ortho, o.normuon, o.cautious_wd, o.wd_schedule, o.muon_weight_decay) == \
         ("polar_express", True, True, "lr", 0.036)
     model = build_model(load_preset("tiny-cpu").model, 32, "cpu")
-    muon = build_optimizers(model, load_preset("tiny-cpu").optim, torch.device("cpu"))[1]
+    muon = build_optimizers(model, load_preset("tiny-cpu").optim, torch.device("cpu")).muon
     g = muon.param_groups[0]
     assert (g["ortho"], g["normuon"], g["cautious_wd"]) == ("newton_schulz", False, False)
 
@@ -284,25 +284,35 @@ def test_normuon_state_round_trips_through_state_dict_and_checkpoints(tmp_path):
 
 
 def test_load_keeps_this_runs_switches_and_fp32_second_moments():
-    """A checkpoint written without NorMuon (or before the switches existed) loads into a NorMuon
-    run and NorMuon stays on; bf16 parameters keep their second moments in fp32 across a load."""
+    """A checkpoint written without NorMuon loads into a NorMuon run and NorMuon stays on (the
+    container takes only per-parameter state from a checkpoint, never settings); bf16 parameters
+    keep their second moments in fp32 across a load."""
+    from speedgpt.optim.container import Optimizers
+    from speedgpt.parallel.ddp import NoSync
+
     p = torch.nn.Parameter(torch.randn(16, 8).bfloat16())
-    old = Muon([p], lr=0.02)
-    p.grad = torch.randn(16, 8).bfloat16()
+    e = torch.nn.Parameter(torch.randn(4, 8))
+
+    def container(**muon_kw):
+        return Optimizers(torch.optim.AdamW([e], lr=0.01), Muon([p], lr=0.02, **muon_kw),
+                          {id(p): "w", id(e): "e"}, NoSync())
+
+    old = container()
+    p.grad, e.grad = torch.randn(16, 8).bfloat16(), torch.randn(4, 8)
     old.step()
     sd = old.state_dict()
-    for key in Muon.SWITCHES:  # a checkpoint from before the switches
-        del sd["param_groups"][0][key]
-    new = Muon([p], lr=0.02, normuon=True, ortho="polar_express")
+    assert set(sd) == {"adam", "muon"} and set(sd["muon"]) == {"w"} and set(sd["adam"]) == {"e"}
+    new = container(normuon=True, ortho="polar_express")
     new.load_state_dict(sd)
-    assert new.param_groups[0]["normuon"] is True and new.param_groups[0]["ortho"] == "polar_express"
+    g = new.muon.param_groups[0]
+    assert g["normuon"] is True and g["ortho"] == "polar_express"
     new.step()
-    buf = new.state[p]["second_momentum_buffer"]
+    buf = new.muon.state[p]["second_momentum_buffer"]
     assert buf.dtype == torch.float32
-    again = Muon([p], lr=0.02, normuon=True)
+    again = container(normuon=True)
     again.load_state_dict(new.state_dict())
-    assert again.state[p]["second_momentum_buffer"].dtype == torch.float32
-    assert torch.equal(again.state[p]["second_momentum_buffer"], buf)
+    assert again.muon.state[p]["second_momentum_buffer"].dtype == torch.float32
+    assert torch.equal(again.muon.state[p]["second_momentum_buffer"], buf)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -356,7 +366,7 @@ def test_trainer_sets_the_scheduled_weight_decay_each_step(schedule):
     for step in (0, 54, 80, 99):
         trainer.set_hyperparameters(step)
         mult = lr_multiplier(cfg.schedule, step, 100)
-        group = trainer.optimizers[1].param_groups[0]
+        group = trainer.optimizers.muon.param_groups[0]
         assert group["cautious_wd"] is True
         assert group["lr"] == pytest.approx(cfg.optim.muon_lr * mult)
         assert group["weight_decay"] == pytest.approx(0.05 * (mult if schedule == "lr" else 1.0))
@@ -389,8 +399,8 @@ def test_training_with_every_switch_resumes_exactly(tmp_path):
         "--schedule.window_block=16", "--optim.muon_ortho=polar_express", "--optim.normuon=true",
         "--optim.cautious_wd=true", "--optim.muon_weight_decay=0.05", "--optim.wd_schedule=lr"])
     full = train(cfg, run_dir=tmp_path / "full", quiet=True)
-    optim_state = torch.load(tmp_path / "full/checkpoints/step_000002/optim.pt")[1]
-    assert all("second_momentum_buffer" in st for st in optim_state["state"].values())
+    optim_state = torch.load(tmp_path / "full/checkpoints/step_000002/optim.pt")["muon"]
+    assert optim_state and all("second_momentum_buffer" in st for st in optim_state.values())
     shutil.copytree(tmp_path / "full", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed/checkpoints/step_000004")
     resumed = train(cfg, run_dir=tmp_path / "resumed", resume=True, quiet=True)
@@ -423,7 +433,7 @@ def test_build_passes_every_switch():
         "--optim.cautious_wd=true", "--optim.muon_weight_decay=0.04", "--optim.wd_schedule=lr"])
     validate(cfg)
     model = build_model(cfg.model, 32, "cpu")
-    muon = build_optimizers(model, cfg.optim, torch.device("cpu"))[1]
+    muon = build_optimizers(model, cfg.optim, torch.device("cpu")).muon
     g = muon.param_groups[0]
     assert (g["ortho"], g["normuon"], g["normuon_beta2"], g["cautious_wd"], g["weight_decay"]) == \
         ("polar_express", True, 0.9, True, 0.04)
@@ -503,7 +513,7 @@ def _switches_worker(rank, world, out):
         "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         "--optim.muon_ortho=polar_express", "--optim.normuon=true", "--optim.cautious_wd=true",
         "--optim.muon_weight_decay=0.04"])
-    muon = build_optimizers(build_model(cfg.model, 32, "cpu"), cfg.optim, cpu)[1]
+    muon = build_optimizers(build_model(cfg.model, 32, "cpu"), cfg.optim, cpu).muon
     assert isinstance(muon, DistMuon)
     g = muon.param_groups[0]
     assert (g["ortho"], g["normuon"], g["cautious_wd"], g["weight_decay"]) == ("polar_express", True, True, 0.04)
@@ -526,3 +536,22 @@ def test_dist_muon_two_ranks_match_muon_per_switch_and_state_moves_between_world
     after = torch.load(tmp_path / "ref_after.pt")["params"]
     for p, r in zip(params, after):
         torch.testing.assert_close(p.detach(), r, atol=2e-5, rtol=0)
+
+
+def test_container_reads_checkpoints_written_before_it():
+    """optim.pt used to hold [adam state_dict, muon state_dict] with state by position; it still loads."""
+    cfg = load_preset("tiny-cpu")
+    model = build_model(cfg.model, 32, "cpu")
+    opts = build_optimizers(model, cfg.optim, torch.device("cpu"))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opts.step()
+    legacy = [opts.adam.state_dict(), opts.muon.state_dict()]
+    fresh = build_optimizers(model, cfg.optim, torch.device("cpu"))
+    fresh.load_state_dict(copy.deepcopy(legacy))
+    named, again = opts.state_dict(), fresh.state_dict()
+    assert named.keys() == again.keys() and named["muon"].keys() == again["muon"].keys()
+    for key in named:
+        for name, st in named[key].items():
+            for k, v in st.items():
+                assert torch.equal(again[key][name][k], v), (key, name, k)

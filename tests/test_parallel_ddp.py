@@ -54,6 +54,7 @@ def tiny_model(cfg):
 
 def set_schedule(opts, mult, momentum):
     """What the trainer does each step: per-group lr from initial_lr, Muon momentum."""
+    opts = list(opts)  # [adam, muon]: a container iterates its members in that order
     for opt in opts:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
@@ -77,8 +78,8 @@ def test_one_rank_is_the_single_process_math():
     ref = tiny_model(cfg)
     model = copy.deepcopy(ref)
     ref_opts = build_optimizers(ref, cfg.optim, torch.device("cpu"))
-    assert isinstance(ref_opts[0], torch.optim.AdamW) and type(ref_opts[1]) is Muon
-    assert isinstance(grad_sync_of(ref_opts), NoSync)
+    assert isinstance(ref_opts.adam, torch.optim.AdamW) and type(ref_opts.muon) is Muon
+    assert isinstance(grad_sync_of(ref_opts), NoSync) and isinstance(ref_opts.grad_sync, NoSync)
     sync = GradSync(1, 0, torch.device("cpu"))
     o = cfg.optim
     groups = model.param_groups()
@@ -101,8 +102,8 @@ def test_one_rank_is_the_single_process_math():
             m.zero_grad(set_to_none=True)
     for (n, a), b in zip(ref.named_parameters(), model.parameters()):
         torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-6, msg=n)
-    assert_states_close(ref_opts[0].state_dict(), opts[0].state_dict(), atol=1e-7)
-    assert_states_close(ref_opts[1].state_dict(), opts[1].state_dict(), atol=0)
+    assert_states_close(ref_opts.adam.state_dict(), opts[0].state_dict(), atol=1e-7)
+    assert_states_close(ref_opts.muon.state_dict(), opts[1].state_dict(), atol=0)
 
 
 def test_single_process_clip_and_no_group():
@@ -140,7 +141,7 @@ def _sharded_worker(rank, world, out):
     model = copy.deepcopy(ref)
     ref_opts = build_optimizers(ref, cfg.optim, cpu, world_size=1)
     opts = build_optimizers(model, cfg.optim, cpu)
-    assert isinstance(opts[0], DistAdam) and isinstance(opts[1], DistMuon)
+    assert isinstance(opts.adam, DistAdam) and isinstance(opts.muon, DistMuon)
     sync = grad_sync_of(opts)
     accum, rows = 2, 2  # two micro-steps of two rows per rank
     schedule = [(1.0, 0.85), (0.5, 0.9), (0.3, 0.95)]
@@ -160,12 +161,12 @@ def _sharded_worker(rank, world, out):
             assert all(b.launched for b in sync.buckets), "backward hooks did not launch every bucket"
         # Gradients after the overlapped reduction == the single-process gradients, part by part.
         ref_grads = {id(p): r.grad for p, r in zip(model.parameters(), ref.parameters())}
-        adam_parts = opts[0].reduced_grads()
-        for (p, _), g in zip(opts[0]._params_in_launch_order(), adam_parts):
-            _, lo, n = opts[0]._shard(p)
+        adam_parts = opts.adam.reduced_grads()
+        for (p, _), g in zip(opts.adam._params_in_launch_order(), adam_parts):
+            _, lo, n = opts.adam._shard(p)
             torch.testing.assert_close(g, ref_grads[id(p)].reshape(-1)[lo:lo + n], atol=1e-6, rtol=1e-5)
-        muon_parts = opts[1].reduced_grads()
-        owned = [ps[rank] for _, ps, _ in opts[1]._mine() if rank < len(ps)]
+        muon_parts = opts.muon.reduced_grads()
+        owned = [ps[rank] for _, ps, _ in opts.muon._mine() if rank < len(ps)]
         assert len(owned) == len(muon_parts)
         for p, g in zip(owned, muon_parts):
             torch.testing.assert_close(g, ref_grads[id(p)], atol=1e-6, rtol=1e-5)
@@ -174,7 +175,7 @@ def _sharded_worker(rank, world, out):
             norm = clip_grad_norm_(opts, 0.05)
             assert norm_ref > 0.1, "clipping would not be active"
             torch.testing.assert_close(norm, norm_ref, rtol=1e-5, atol=0)
-        for o in ref_opts + opts:
+        for o in [*ref_opts, *opts]:
             o.step()
         ref.zero_grad(set_to_none=True)
         model.zero_grad(set_to_none=True)
@@ -189,6 +190,10 @@ def _sharded_worker(rank, world, out):
                 assert_states_close(a.state_dict(), b, atol=2e-5)
             for o, sd in zip(opts, full):
                 o.load_state_dict(copy.deepcopy(sd))
+            # ...and through the container, by parameter name, as checkpoints do
+            named = opts.state_dict()
+            assert set(named["adam"]) | set(named["muon"]) == {n for n, _ in model.named_parameters()}
+            opts.load_state_dict(copy.deepcopy(named))
     torch.save({"rank": rank, "params": [p.detach() for p in model.parameters()]}, f"{out}/rank{rank}.pt")
     _bf16_check(rank, world)
     torch.distributed.destroy_process_group()

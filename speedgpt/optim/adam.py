@@ -150,9 +150,6 @@ class DistAdam(torch.optim.Optimizer):
         """Load a full (unsharded) state, from any world size or from torch's AdamW; keep this rank's slices."""
         super().load_state_dict(state_dict)
         for group in self.param_groups:
-            for k in ("fused", "foreach", "capturable", "differentiable", "amsgrad", "maximize",
-                      "decoupled_weight_decay"):
-                group.pop(k, None)  # torch AdamW's implementation flags: not DistAdam's business
             for p in group["params"]:
                 st = self.state.get(p)
                 if not st:

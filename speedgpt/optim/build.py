@@ -3,8 +3,8 @@
 One process: torch's AdamW (fused on CUDA) and Muon, exactly the single-GPU math. Several
 (torch.distributed initialized with world size > 1): DistAdam and DistMuon, which shard the
 optimizer work and state across ranks and reduce gradients through one shared GradSync
-(parallel/ddp.py), attached to each optimizer as `opt.grad_sync`. Both write the same full,
-unsharded state_dict format, so checkpoints move freely between world sizes.
+(parallel/ddp.py), attached to each optimizer as `opt.grad_sync`. The container (optim/container.py)
+names them and writes one full, unsharded checkpoint format for every world size.
 """
 
 from __future__ import annotations
@@ -12,35 +12,16 @@ from __future__ import annotations
 import torch
 
 from ..config import OptimConfig
+from ..parallel.ddp import NoSync
 from ..parallel.dist import get_rank, get_world_size
+from .container import Optimizers
 from .muon import Muon
-
-# torch AdamW's implementation flags: chosen for this process, never taken from a checkpoint.
-_IMPL_FLAGS = ("fused", "foreach", "capturable", "differentiable")
-
-
-def _keep_impl_flags(adam: torch.optim.AdamW) -> None:
-    """A checkpoint written by DistAdam (or on another device) must not switch the fused kernel off:
-    load_state_dict replaces group settings with the saved ones, so restore the flags afterwards."""
-    flags = [{k: g.get(k) for k in _IMPL_FLAGS} for g in adam.param_groups]
-
-    def restore(opt, *_):
-        for group, f in zip(opt.param_groups, flags):
-            group.update(f)
-            for p in group["params"]:
-                st = opt.state.get(p)
-                if st and "step" in st:
-                    # fused/capturable want the step count on the device; the others on the host.
-                    on_device = bool(f["fused"] or f["capturable"])
-                    st["step"] = st["step"].to(device=p.device if on_device else "cpu", dtype=torch.float32)
-
-    adam.register_load_state_dict_post_hook(restore)
 
 
 def build_optimizers(model, cfg: OptimConfig, device: torch.device,
-                     world_size: int | None = None) -> list[torch.optim.Optimizer]:
-    """[adam, muon]. world_size None: torch.distributed's (1 without a process group); 1 forces the
-    single-process optimizers (a reference inside a distributed test)."""
+                     world_size: int | None = None) -> Optimizers:
+    """The container of `adam` and `muon`. world_size None: torch.distributed's (1 without a process
+    group); 1 forces the single-process optimizers (a reference inside a distributed test)."""
     groups = model.param_groups()
     # Adam lrs were tuned at width 768; wider models take proportionally smaller steps.
     scale = (768 / model.cfg.resolved_dim()) ** 0.5 if cfg.scale_lr_by_width else 1.0
@@ -58,8 +39,8 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
     if world == 1:
         adam = torch.optim.AdamW(adam_groups, betas=betas, eps=cfg.adam_eps,
                                  weight_decay=cfg.adam_weight_decay, fused=device.type == "cuda")
-        _keep_impl_flags(adam)
         muon = Muon(groups["matrix"], **muon_kwargs)
+        sync = NoSync()
     else:
         from ..optim.adam import DistAdam
         from ..optim.muon import DistMuon
@@ -68,8 +49,7 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
         sync = GradSync(world, get_rank(), device)
         adam = DistAdam(adam_groups, sync, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay)
         muon = DistMuon(groups["matrix"], sync, **muon_kwargs)
-    optimizers = [adam, muon]
-    for opt in optimizers:
+    for opt in (adam, muon):
         for group in opt.param_groups:
             group["initial_lr"] = group["lr"]
-    return optimizers
+    return Optimizers(adam, muon, {id(p): name for name, p in model.named_parameters()}, sync)

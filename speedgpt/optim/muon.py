@@ -121,9 +121,6 @@ class Muon(torch.optim.Optimizer):
         (optim.wd_schedule). cautious_wd: decay only where p and the update have the same sign.
     """
 
-    # Algorithm switches: this run's choice, never taken from a checkpoint (see load_state_dict).
-    SWITCHES = ("ortho", "normuon", "normuon_beta2", "cautious_wd")
-
     def __init__(self, params, lr: float = 0.05, momentum: float = 0.95, nesterov: bool = True,
                  ns_steps: int = 5, weight_decay: float = 0.0, ortho: str = "newton_schulz",
                  normuon: bool = False, normuon_beta2: float = 0.95, cautious_wd: bool = False):
@@ -199,13 +196,9 @@ class Muon(torch.optim.Optimizer):
                     self.apply_update(p, self.normalize(p, chunk.reshape(p.shape), group), group)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """torch's load, then two repairs: the algorithm switches stay this optimizer's own (a run
-        resumed with --optim.normuon=true turns it on; older checkpoints lack the keys), and the
-        NorMuon second moments stay fp32 (torch casts every state tensor to its parameter's dtype)."""
-        switches = [{k: g[k] for k in self.SWITCHES} for g in self.param_groups]
+        """torch's load, keeping NorMuon's second moments in fp32 (torch casts every state tensor to
+        its parameter's dtype; they are kept in fp32 whatever the parameter's, see state_layout)."""
         super().load_state_dict(state_dict)
-        for group, sw in zip(self.param_groups, switches):
-            group.update(sw)
         params = [p for g in self.param_groups for p in g["params"]]
         for i, saved in state_dict["state"].items():
             st = self.state.get(params[int(i)], {})

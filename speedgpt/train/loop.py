@@ -21,7 +21,7 @@ from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
-from ..parallel.ddp import clip_grad_norm_, grad_sync_of
+from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
 from ..rundir import RunDir, default_run_dir
 from ..rundir.checkpoint import load_checkpoint
@@ -107,7 +107,7 @@ class Trainer:
         if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
             self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
-        self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
+        self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:
             import torch._inductor.config as inductor_config
 
@@ -161,7 +161,7 @@ class Trainer:
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
         weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
-        for group in self.optimizers[1].param_groups:
+        for group in self.optimizers.muon.param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
@@ -185,8 +185,7 @@ class Trainer:
             total += loss.detach()
         if self.cfg.optim.grad_clip:
             clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)  # works on sharded, reduced grads
-        for opt in self.optimizers:
-            opt.step()
+        self.optimizers.step()
         self.model.zero_grad(set_to_none=True)
         return total
 
@@ -216,7 +215,7 @@ class Trainer:
 
     def save(self) -> Path | None:
         path = None
-        optim_states = [opt.state_dict() for opt in self.optimizers]  # sharded: a collective, all ranks
+        optim_states = self.optimizers.state_dict()  # sharded: a collective, all ranks
         if self.dist.is_main:
             path = self.rundir.save_checkpoint(self.step, self.model.state_dict(), optim_states, self.state(),
                                                keep=self.cfg.train.keep_checkpoints)
@@ -227,8 +226,7 @@ class Trainer:
         path = self.rundir.latest_checkpoint()
         model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
         self.model.load_state_dict(model_state)
-        for opt, sd in zip(self.optimizers, optim_states):
-            opt.load_state_dict(sd)
+        self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(state["loader"])
         torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["train_time_s"]
@@ -243,7 +241,7 @@ class Trainer:
             return 0.0
         t0 = time.perf_counter()
         model_state = copy.deepcopy(self.model.state_dict())
-        optim_states = [copy.deepcopy(opt.state_dict()) for opt in self.optimizers]
+        optim_states = copy.deepcopy(self.optimizers.state_dict())
         loader_state = self.loader.state_dict()
         total = self.cfg.train.steps
         # Visit steps across the schedule so every window size the run will use gets compiled.
@@ -251,8 +249,7 @@ class Trainer:
             self.train_step(min(total - 1, (i * total) // n))
         self.evaluate()
         self.model.load_state_dict(model_state)
-        for opt, sd in zip(self.optimizers, optim_states):
-            opt.load_state_dict(sd)
+        self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(loader_state)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -343,7 +340,7 @@ class Trainer:
         t = self.cfg.train
         tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
-                  "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
+                  "train_loss": loss, "lr": self.optimizers.muon.param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
