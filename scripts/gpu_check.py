@@ -124,7 +124,7 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
         return run
 
     t_unfused = cuda_ms(step(lambda: unfused(x, w)))
-    # the default (the f16 gradient kernel) and the general kernel; scripts/bench_ce_grad.py sweeps tiles
+    # the default (the f16 gradient kernel) and the general kernel; benchmarks/ce_grad.py sweeps tiles
     t_fast = cuda_ms(step(fused))
     t_compiled = cuda_ms(step(lambda: fused_compiled(x, w, t)))
     softcap_ce.CONFIG["fp8g_fast"] = False

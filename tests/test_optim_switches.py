@@ -17,7 +17,8 @@ from speedgpt.optim.muon import (DistMuon, Muon, muon_lr_scale, newton_schulz, n
                                  polar_express)
 from speedgpt.optim.schedules import lr_multiplier, muon_weight_decay
 from speedgpt.parallel.ddp import GradSync
-from speedgpt.parallel.dist import init_distributed, spawn_local
+from distkit import spawn_local
+from speedgpt.parallel.dist import init_distributed
 from speedgpt.rundir.checkpoint import load_checkpoint, save_checkpoint
 from test_optim import conditioned  # singular values log-spaced over [1/cond, 1]
 

@@ -15,7 +15,8 @@ from speedgpt.optim.adam import DistAdam
 from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import DistMuon, Muon
 from speedgpt.parallel.ddp import GradSync, NoSync, clip_grad_norm_, grad_sync_of
-from speedgpt.parallel.dist import init_distributed, spawn_local, teardown
+from distkit import spawn_local
+from speedgpt.parallel.dist import init_distributed, teardown
 
 TINY = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         "--model.vocab_size=512",  # batches here are synthetic (no BOS); the trainer tests need the real vocab

@@ -15,7 +15,7 @@ import torch
 
 from speedgpt.config import apply_overrides, config_from_plain, load_preset
 from speedgpt.data.shards import write_shard
-from speedgpt.parallel.dist import spawn_local
+from distkit import spawn_local
 from speedgpt.train.loop import train
 
 BOS = 50256

@@ -1,5 +1,5 @@
 """The FP8 MLP's fused activation (model/kernels/relu2_fp8.py, fp8_linear.fp8_relu2_mlp): the torch
-reference against fp8_linear's quantize, the Triton kernels against the reference (under
+reference against fp8_cast's quantize, the Triton kernels against the reference (under
 TRITON_INTERPRET on CPU, or on a GPU), the whole MLP against the unfused FP8 path, compile, and
 the wiring in build_model."""
 
@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from speedgpt.model import gpt as gpt_module
 from speedgpt.model import runtime as runtime_module
 from speedgpt.model.build import build_model
-from speedgpt.model.fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp, quantize
+from speedgpt.model.fp8_cast import quantize
+from speedgpt.model.fp8_linear import fp8_linear_dynamic, fp8_relu2_mlp
 from speedgpt.model.kernels import relu2_fp8 as k
 from speedgpt.model.kernels.softcap_ce import interpreting
 from test_fp8 import rel

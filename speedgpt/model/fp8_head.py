@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-from .fp8_linear import E4M3_MAX  # noqa: F401  (the head's scales are fractions of it)
+from .fp8_cast import E4M3_MAX  # noqa: F401  (the head's scales are fractions of it)
 
 # Per-token logit gradients (softmax minus one-hot, times a softcap derivative <= 1) lie in [-1, 1].
 # Times 2^15 they stay below e5m2's maximum (57344) and values down to 2^-31 (e5m2's smallest

@@ -11,7 +11,7 @@ a static scale from, so each operand is scaled by its own absolute maximum when 
 - "tensorwise": one scale per tensor; e4m3 forward, e5m2 gradient (its wider range stands in for
   the per-row scales). The global amax costs a separate reduction pass.
 
-Measured on an H100 at the speedrun's MLP shape (scripts/bench_mlp.py): the FP8 GEMMs take
+Measured on an H100 at the speedrun's MLP shape (benchmarks/mlp.py): the FP8 GEMMs take
 0.17-0.22 ms against 0.31-0.34 ms in bf16, but Inductor's ReLU² kernels with the fused casts read
 each 3072-wide row twice, so the MLP's forward + backward gains only ~5 % (rowwise; tensorwise is
 slower than bf16). `fp8_relu2_mlp` does the activation and its casts in one read per row (its own
@@ -27,25 +27,14 @@ from __future__ import annotations
 
 import torch
 
-E4M3_MAX = 448.0
-E5M2_MAX = 57344.0
+from .fp8_cast import quantize
+
 SCALINGS = ("rowwise", "tensorwise")
 
 
 def fits_fp8(*weights: torch.Tensor) -> bool:
     """Whether _scaled_mm can take these weights: both dims of every one a multiple of 16."""
     return all(n % 16 == 0 for w in weights for n in w.shape[-2:])
-
-
-def quantize(t: torch.Tensor, dtype: torch.dtype, rowwise: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(t / scale in `dtype`, row-major, and scale in fp32) with scale = amax / the format's max, per
-    row (shape (rows, 1)) or per tensor (shape ()). All-zero rows get a tiny scale and stay zero."""
-    fmax = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
-    t32 = t.float()
-    amax = t32.abs().amax(dim=-1, keepdim=True) if rowwise else t32.abs().amax()
-    scale = amax.clamp_min(1e-30) / fmax
-    # The clamp only catches rounding in the division: e4m3fn has no infinity, an overflow is NaN.
-    return (t32 / scale).clamp(-fmax, fmax).to(dtype).contiguous(), scale
 
 
 def _mm(a8: torch.Tensor, sa: torch.Tensor, b8_t: torch.Tensor, sb: torch.Tensor, rowwise: bool,

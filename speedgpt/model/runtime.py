@@ -17,7 +17,7 @@ import torch
 
 from ..config import Config, ModelConfig
 from ..device import resolve_device, resolve_dtype
-from .fp8_linear import E4M3_MAX
+from .fp8_cast import E4M3_MAX
 
 
 def fp8_supported(device: torch.device) -> bool:

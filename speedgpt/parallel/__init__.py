@@ -1,1 +1,1 @@
-"""Process groups and parallelism: one device, data-parallel, FSDP2."""
+"""Process groups (dist.py) and data parallelism with gradient reduce-scatter from backward hooks (ddp.py)."""

@@ -1,7 +1,7 @@
 """The FP8 MLP's activation in one pass each way: ReLU² with the row-wise e4m3 cast of its result.
 
 Forward, per row of the fc output h (bf16):  a = relu(h)² (bf16),  a8 = a / s (e4m3),
-s = max|a| / 448: what model/fp8_linear.py's quantize does to a, with a kept in bf16 for the
+s = max|a| / 448: what model/fp8_cast.py's quantize does to a, with a kept in bf16 for the
 weight gradient of the projection.
 Backward, per row:  dh = g · 2 relu(h) (computed in fp32, rounded once to bf16) and its e4m3 copy
 with its own row scale, for the fc's input gradient.
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ..fp8_linear import quantize
+from ..fp8_cast import quantize
 from .softcap_ce import HAVE_TRITON, available, tl, triton
 
 ROWS_PER_PROGRAM = 2
@@ -40,7 +40,7 @@ if HAVE_TRITON:
     @triton.jit
     def _row_cast(v, row_ok, col_ok, out8_ptr, scale_ptr, rows, offs):
         """Store v (fp32, already rounded to bf16) as e4m3 over its row maximum, and the scales; as
-        fp8_linear.quantize does (an all-zero row, common after ReLU, gets the floor scale 1e-30 / 448)."""
+        fp8_cast.quantize does (an all-zero row, common after ReLU, gets the floor scale 1e-30 / 448)."""
         amax = tl.max(tl.where(col_ok, tl.abs(v), 0.0), axis=1)
         scale = tl.maximum(amax, 1e-30) / 448.0
         q = tl.clamp(v / scale[:, None], -448.0, 448.0)

@@ -58,7 +58,7 @@ CONFIG = {
     "bwd_block_v": 4096, "bwd_warps": 8,
     "tanh": "exp",  # exp | libdevice | approx (see _capped_log2)
     # e5m2 gradient: one (rows x vocab) tile per program. On the GPU the f16 kernel runs where the tiles
-    # divide the shape; 64 x 128 with 8 warps ran at the memory floor (scripts/bench_ce_grad.py, H100:
+    # divide the shape; 64 x 128 with 8 warps ran at the memory floor (benchmarks/ce_grad.py, H100:
     # 3.64 ms at 49152 x 50304, a copy with the same traffic 3.59 ms; 32 x 256 took 4.9 ms). The general
     # kernel's tanh is the one-instruction approximation (~2^-11 relative error, far below e5m2's 2^-3).
     "fp8g_block_n": 64, "fp8g_block_v": 128, "fp8g_warps": 8, "fp8g_tanh": "approx",

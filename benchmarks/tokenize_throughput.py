@@ -1,6 +1,6 @@
 """Tokenizer throughput: the speedgpt pipeline vs plain single-process tiktoken.
 
-    python -m speedgpt.data.bench_tokenize [--max-chars N] [--workers N]
+    python benchmarks/tokenize_throughput.py [--max-chars N] [--workers N]
 
 Both run on the same documents (the local Python-source corpus, held in memory, so disk
 reads are not measured). "per core" divides by the number of worker processes used.
@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
+from pathlib import Path
 
-from .corpus import Documents, python_source_files
-from .tokenize import tokenize_corpus
-from .tokenizer import get_tokenizer
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from speedgpt.data.corpus import Documents, python_source_files  # noqa: E402
+from speedgpt.data.tokenize import tokenize_corpus  # noqa: E402
+from speedgpt.data.tokenizer import get_tokenizer  # noqa: E402
 
 
 def benchmark_tokenize(*, max_chars: int = 40_000_000, workers: int | None = None, echo=print) -> dict:

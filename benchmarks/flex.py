@@ -1,8 +1,9 @@
 """Time compiled FlexAttention forward + backward at the speedrun's shape (one 48K-token row, 6 heads
 of 128, document-causal sliding windows in blocks of 128) for several FlexAttention kernel_options,
-to choose the model's (speedgpt/model/attention.py: FLEX_KERNEL_OPTIONS). GPU only.
+to choose the kernel_options that speedgpt/model/attention.py's flex_attention_fused would pass
+(today it passes none: FlexAttention's defaults). GPU only.
 
-Usage: python scripts/bench_flex.py [--T 49152] [--doc-len 7000] [--windows 1792 896]"""
+Usage: python benchmarks/flex.py [--T 49152] [--doc-len 7000] [--windows 1792 896]"""
 
 from __future__ import annotations
 

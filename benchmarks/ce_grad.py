@@ -4,7 +4,7 @@ e5m2 gradient kernel (the general one and the GPU's f16 one) over tile sizes and
 reference on the first rows. A copy kernel with the same loads and stores but no math gives the
 memory floor. Prints ms and the achieved bandwidth.
 
-Usage: python scripts/bench_ce_grad.py [--rows 49152] [--quick]
+Usage: python benchmarks/ce_grad.py [--rows 49152] [--quick]
 """
 
 from __future__ import annotations

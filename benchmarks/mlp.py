@@ -5,7 +5,7 @@ the raw GEMMs (bf16 mm against torch._scaled_mm) and, optionally, bf16 under Ind
 (Triton GEMM templates with the ReLU² fused into their epilogues). Prints ms per call and the
 relative errors against fp32.
 
-Usage: python scripts/bench_mlp.py [--tokens 49152] [--dim 768] [--autotune]
+Usage: python benchmarks/mlp.py [--tokens 49152] [--dim 768] [--autotune]
 """
 
 from __future__ import annotations

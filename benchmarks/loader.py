@@ -1,6 +1,6 @@
 """TokenLoader host cost per batch and packing crop, on synthetic FineWeb-like shards.
 
-    python -m speedgpt.data.bench_loader [--tokens 100000000,20000000] [--calls 200]
+    python benchmarks/loader.py [--tokens 100000000,20000000] [--calls 200]
 
 Writes temporary shards whose document lengths are lognormal (mean ~1,000 tokens,
 median ~600, like FineWeb), then times ``next_batch`` on the calling thread with and
@@ -10,15 +10,18 @@ without prefetch (a 3 ms sleep stands in for the training step the prefetcher ov
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-from .loader import TokenLoader, packing_stats
-from .shards import write_shard
-from .tokenizer import BOS_ID
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from speedgpt.data.loader import TokenLoader, packing_stats  # noqa: E402
+from speedgpt.data.shards import write_shard  # noqa: E402
+from speedgpt.data.tokenizer import BOS_ID  # noqa: E402
 
 SHAPES = [(1, 49152, 1), (8, 49152, 1), (8, 1024, 1), (1, 49152, 8)]  # (B, T, world size)
 
