@@ -139,7 +139,7 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    kind: str = "constant_cooldown"  # constant_cooldown | warmup_cosine | wsd
+    kind: str = "constant_cooldown"  # constant_cooldown (with warmup_frac: WSD) | warmup_cosine
     warmup_frac: float = 0.0
     cooldown_frac: float = 0.45
     final_lr_frac: float = 0.1
@@ -411,8 +411,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
     if s.window_block < 1:
         raise ConfigError(f"schedule.window_block={s.window_block} must be at least 1 (128 suits FlexAttention)")
-    if s.kind not in ("constant_cooldown", "warmup_cosine", "wsd"):
-        raise ConfigError(f"schedule.kind='{s.kind}' must be one of constant_cooldown, warmup_cosine, wsd")
+    if s.kind == "wsd":
+        raise ConfigError("schedule.kind='wsd' is constant_cooldown with a warmup; use --schedule.kind=constant_cooldown "
+                          "and --schedule.warmup_frac")
+    if s.kind not in ("constant_cooldown", "warmup_cosine"):
+        raise ConfigError(f"schedule.kind='{s.kind}' must be one of constant_cooldown, warmup_cosine")
     for key in ("warmup_frac", "cooldown_frac", "final_lr_frac", "short_window_frac"):
         v = getattr(s, key)
         if not 0.0 <= v <= 1.0:

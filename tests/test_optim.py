@@ -65,8 +65,8 @@ def test_warmup_cosine_shape():
     assert f(100) == pytest.approx(0.0, abs=1e-9)
 
 
-def test_wsd_has_warmup_stable_and_decay():
-    cfg = ScheduleConfig(kind="wsd", warmup_frac=0.1, cooldown_frac=0.2, final_lr_frac=0.0)
+def test_constant_cooldown_with_warmup_is_wsd():
+    cfg = ScheduleConfig(kind="constant_cooldown", warmup_frac=0.1, cooldown_frac=0.2, final_lr_frac=0.0)
     vals = [lr_multiplier(cfg, s, 100) for s in range(101)]
     assert vals[0] == pytest.approx(0.1) and vals[9] == pytest.approx(1.0)
     assert all(v == 1.0 for v in vals[10:80])

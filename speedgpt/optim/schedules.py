@@ -32,7 +32,7 @@ def warmup_cosine(step: int, total: int, warmup_frac: float, final_frac: float) 
 def lr_multiplier(cfg: ScheduleConfig, step: int, total: int) -> float:
     if cfg.kind == "warmup_cosine":
         return warmup_cosine(step, total, cfg.warmup_frac, cfg.final_lr_frac)
-    # WSD (warmup-stable-decay) is constant_cooldown with a warmup; kept as its own name for clarity.
+    # WSD (warmup-stable-decay) is constant_cooldown with a warmup_frac.
     return constant_cooldown(step, total, cfg.cooldown_frac, cfg.final_lr_frac, cfg.warmup_frac)
 
 
