@@ -56,12 +56,13 @@ class ModelConfig:
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8_head.py).
     fused_ce: bool = False
     # MLP matmuls (forward and input gradient) in FP8 with dynamic scales (model/fp8_linear.py; Hopper+,
-    # bf16 elsewhere). fp8_mlp_scaling: rowwise (one scale per token / output unit) | tensorwise (one
-    # per tensor: a token's output then depends on the rest of the batch, so KV-cached decoding no
-    # longer equals a full forward).
+    # bf16 elsewhere).
     fp8_mlp: bool = False
-    fp8_mlp_scaling: str = "rowwise"  # also the scaling of fp8_attn
     fp8_attn: bool = False  # likewise for the attention's qkv and output projections
+    # The scaling of both (fp8_mlp, fp8_attn): rowwise (one scale per token / output unit) | tensorwise
+    # (one per tensor: a token's output then depends on the rest of the batch, so KV-cached decoding
+    # no longer equals a full forward).
+    fp8_scaling: str = "rowwise"
     # rowwise fp8_mlp: ReLU² with its FP8 casts as one Triton kernel each way (model/kernels/relu2_fp8.py)
     fp8_mlp_fused_act: bool = True
 
@@ -239,6 +240,10 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     raise ConfigError(f"{key}: expected {name}, got {value!r} ({type(value).__name__}); fix the value of {key}")
 
 
+# Keys renamed since runs were first saved: old config.toml files (and overrides) still load.
+RENAMED_KEYS = {"model.fp8_mlp_scaling": "model.fp8_scaling"}
+
+
 def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config:
     cfg = copy.deepcopy(base) if base is not None else Config()
     for section, values in data.items():
@@ -252,7 +257,8 @@ def config_from_dict(data: dict[str, Any], base: Config | None = None) -> Config
         obj = getattr(cfg, section)
         types_ = _field_types(type(obj))
         for key, value in values.items():
-            full = f"{section}.{key}"
+            full = RENAMED_KEYS.get(f"{section}.{key}", f"{section}.{key}")
+            key = full.split(".", 1)[1]
             if key not in types_:
                 close = ", ".join(k for k in types_ if k[:3] == key[:3]) or ", ".join(types_)
                 raise ConfigError(f"unknown config key '{full}'; did you mean one of: {close}")
@@ -383,8 +389,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           f"(they are used by the first and last layers); lower it or raise model.depth")
     if m.attn_backend not in ("auto", "sdpa", "flex"):
         raise ConfigError(f"model.attn_backend='{m.attn_backend}' must be one of auto, sdpa, flex")
-    if m.fp8_mlp_scaling not in ("rowwise", "tensorwise"):
-        raise ConfigError(f"model.fp8_mlp_scaling='{m.fp8_mlp_scaling}' must be rowwise or tensorwise")
+    if m.fp8_scaling not in ("rowwise", "tensorwise"):
+        raise ConfigError(f"model.fp8_scaling='{m.fp8_scaling}' must be rowwise or tensorwise")
     if set(m.window_pattern) - {"L", "S"} or not m.window_pattern:
         raise ConfigError(f"model.window_pattern='{m.window_pattern}' must be letters L (long) and S (short)")
     bad = [i for i in m.attn_free_layers if not 0 <= i < m.depth]

@@ -32,7 +32,7 @@ def test_speedrun_preset_matches_record_shape():
     assert micro_batch_rows(cfg, 8) == (1, 1)
     # the speed switches chosen by H100 A/Bs (docs/benchmarks.md); each falls back off the GPU
     m = cfg.model
-    assert m.fp8_head and m.fused_ce and m.fp8_mlp and m.fp8_mlp_scaling == "rowwise" and m.fp8_mlp_fused_act
+    assert m.fp8_head and m.fused_ce and m.fp8_mlp and m.fp8_scaling == "rowwise" and m.fp8_mlp_fused_act
     assert m.fp8_attn and cfg.train.persistent_reductions_upto == 1024
 
 

@@ -85,9 +85,9 @@ def runtime_for(model_cfg: ModelConfig, device: str | torch.device, *, dtype: st
         window_block=window_block, windows=windows,
         fp8_head=model_cfg.fp8_head and fp8,
         fused_ce=model_cfg.fused_ce and fused_ce_supported(device),
-        fp8_mlp=model_cfg.fp8_mlp_scaling if model_cfg.fp8_mlp and fp8 else "",
+        fp8_mlp=model_cfg.fp8_scaling if model_cfg.fp8_mlp and fp8 else "",
         fp8_mlp_fused_act=model_cfg.fp8_mlp_fused_act,
-        fp8_attn=model_cfg.fp8_mlp_scaling if model_cfg.fp8_attn and fp8 else "",
+        fp8_attn=model_cfg.fp8_scaling if model_cfg.fp8_attn and fp8 else "",
         fp8_grad_scale=1.0 / (grad_tokens * E4M3_MAX) if grad_tokens else 1.0 / E4M3_MAX,
     )
 
