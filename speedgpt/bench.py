@@ -112,6 +112,52 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     total = cfg.train.steps
     # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
     schedule_steps = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
+    step_times, comm_ms, loader_s = time_steps(trainer, schedule_steps)
+    if profile and cuda:
+        from torch.profiler import ProfilerActivity, profile as torch_profile
+
+        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            for s in schedule_steps[-2:]:
+                trainer.train_step(s)
+            torch.cuda.synchronize(device)
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
+        print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
+    trainer.metrics.close()
+    mean_s = statistics.mean(step_times)
+    tok_s = cfg.train.batch_tokens / mean_s
+    flops = trainer.model.flops_per_token(cfg.data.seq_len)
+    out = {
+        "device": str(device) if not cuda else torch.cuda.get_device_name(device),
+        "tokens_per_step": cfg.train.batch_tokens,
+        "step_ms_mean": mean_s * 1e3,
+        "step_ms_median": statistics.median(step_times) * 1e3,
+        "tok_per_s": tok_s,
+        "model_tflops_per_s": tok_s * flops / 1e12,
+        "setup_s": setup_s,
+        "compile_warmup_s": warm_s,
+        "loader_ms_per_step": loader_s / len(step_times) * 1e3,
+        "world_size": trainer.dist.world_size,
+        "attn_backend": trainer.model.runtime.attn_backend,
+        "fp8_head": trainer.model.runtime.fp8_head,
+    }
+    if comm_ms:
+        out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)
+        out["comm_exposed_frac"] = statistics.mean(comm_ms) / 1e3 / mean_s
+    if trainer.peak:
+        out["mfu_datasheet"] = tok_s * flops / (trainer.peak * trainer.dist.world_size)
+    if cuda:
+        out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+    del trainer
+    if cuda:
+        torch.cuda.empty_cache()
+    return out
+
+
+def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[float], float]:
+    """(seconds per step, exposed communication ms per step, host seconds in the loader in all) of
+    one training step at each schedule position: CUDA events on a GPU, the wall clock elsewhere."""
+    cuda = trainer.device.type == "cuda"
     # Host time spent handing out batches: the loader's whole cost to the step (copies are async).
     loader_s = [0.0]
     next_batch = trainer.loader.next_batch
@@ -139,45 +185,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
             t = time.perf_counter()
             trainer.train_step(s)
             step_times.append(time.perf_counter() - t)
-    if profile and cuda:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for s in schedule_steps[-2:]:
-                trainer.train_step(s)
-            torch.cuda.synchronize(device)
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
-        print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
-    trainer.metrics.close()
-    mean_s = statistics.mean(step_times)
-    tok_s = cfg.train.batch_tokens / mean_s
-    flops = trainer.model.flops_per_token(cfg.data.seq_len)
-    out = {
-        "device": str(device) if not cuda else torch.cuda.get_device_name(device),
-        "tokens_per_step": cfg.train.batch_tokens,
-        "step_ms_mean": mean_s * 1e3,
-        "step_ms_median": statistics.median(step_times) * 1e3,
-        "tok_per_s": tok_s,
-        "model_tflops_per_s": tok_s * flops / 1e12,
-        "setup_s": setup_s,
-        "compile_warmup_s": warm_s,
-        "loader_ms_per_step": loader_s[0] / len(step_times) * 1e3,
-        "world_size": trainer.dist.world_size,
-        "attn_backend": trainer.model.runtime.attn_backend,
-        "fp8_head": trainer.model.runtime.fp8_head,
-    }
-    if comm_ms:
-        out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)
-        out["comm_exposed_frac"] = statistics.mean(comm_ms) / 1e3 / mean_s
-    if trainer.peak:
-        out["mfu_datasheet"] = tok_s * flops / (trainer.peak * trainer.dist.world_size)
-    if cuda:
-        out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
-    del trainer
-    if cuda:
-        torch.cuda.empty_cache()
-    return out
+    return step_times, comm_ms, loader_s[0]
 
 
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
