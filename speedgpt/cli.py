@@ -142,9 +142,28 @@ def cmd_data(argv: list[str]) -> int:
 
 
 def cmd_report(argv: list[str]) -> int:
-    from .report import main as report_main
+    p = argparse.ArgumentParser(
+        prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
+        "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
+        "that differ from A's.")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output dir (default: the run dir for one run, ./speedgpt-report for several)")
+    p.add_argument("--target-loss", type=float, default=None, help="report time/tokens to reach this val loss")
+    p.add_argument("--title", default=None)
+    p.add_argument("--markdown", action="store_true",
+                   help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md); needs 2+ runs")
+    args = p.parse_args(argv)
+    if args.markdown and len(args.run_dirs) < 2:
+        p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
+    from .report import report_runs
 
-    return report_main(argv) or 0
+    try:
+        report_runs(args.run_dirs, args.out, target_loss=args.target_loss, title=args.title, markdown=args.markdown)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"speedgpt report: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def cmd_bench(argv: list[str]) -> int:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from speedgpt import report
+from speedgpt.cli import main as cli_main
 from speedgpt.report import format_rows, print_summary, summary_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -147,7 +148,7 @@ def test_print_summary_renders_with_rich(tmp_path, width):
 
 def test_cli_main_defaults_to_the_run_dir(tmp_path, capsys):
     run = make_run(tmp_path / "r", "cli", steps=130)
-    assert report.main([str(run), "--target-loss", "4.5"]) == 0
+    assert cli_main(["report", str(run), "--target-loss", "4.5"]) == 0
     assert (run / "report.png").exists() and (run / "report.html").exists()
     assert "wrote" in capsys.readouterr().out
 
@@ -159,7 +160,7 @@ def test_import_is_cheap_and_side_effect_free(tmp_path):
     code = ("import sys, speedgpt.report, speedgpt.rundir.metrics; "
             "print(sorted(m for m in ('matplotlib', 'rich', 'torch', 'wandb') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env={"PYTHONPATH": str(Path(report.__file__).parents[1])})
+                         env={"PYTHONPATH": str(Path(report.__file__).parents[2])})
     assert out.stdout.strip() == "[]" and list(tmp_path.iterdir()) == []
 
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from speedgpt import report
+from speedgpt.cli import main as cli_main
 from speedgpt.config import apply_overrides, load_preset, save_toml
 from speedgpt.report import compare_runs, comparison_markdown, config_diff, interpolate, load_runs
 from speedgpt.rundir.metrics import MetricsLogger
@@ -111,7 +112,7 @@ def test_a_config_missing_keys_takes_the_defaults(tmp_path):
 
 
 def test_markdown_table(abc, tmp_path, capsys):
-    assert report.main([*map(str, abc), "--markdown", "--out", str(tmp_path / "out")]) == 0
+    assert cli_main(["report", *map(str, abc), "--markdown", "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()
     assert "wrote" in captured.err and "wrote" not in captured.out  # stdout: just the table, to paste
     lines = captured.out.splitlines()
@@ -133,7 +134,7 @@ def test_markdown_table(abc, tmp_path, capsys):
 
 def test_markdown_needs_two_runs(abc, capsys):
     with pytest.raises(SystemExit) as e:
-        report.main([str(abc[0]), "--markdown"])
+        cli_main(["report", str(abc[0]), "--markdown"])
     assert e.value.code == 2 and "--markdown prints the A/B table" in capsys.readouterr().err
 
 
@@ -214,7 +215,7 @@ def test_two_real_runs(tiny_cfg, tmp_path, capsys, one_thread):
     assert b["delta_at_equal_tokens"] == pytest.approx(vals[1][-1]["val_loss"] - vals[0][-1]["val_loss"])
     assert comp["equal_time_s"] == min(v[-1]["time_s"] for v in vals)
     assert all(r["val_at_equal_time"] is not None for r in comp["rows"])
-    assert report.main([str(tmp_path / "A"), str(tmp_path / "B"), "--markdown", "--out", str(tmp_path / "o")]) == 0
+    assert cli_main(["report", str(tmp_path / "A"), str(tmp_path / "B"), "--markdown", "--out", str(tmp_path / "o")]) == 0
     assert "| B: B | `optim.muon_lr=0.03` |" in capsys.readouterr().out
 
 

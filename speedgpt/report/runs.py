@@ -1,0 +1,67 @@
+"""Reading runs for reports: the run directory contract only (config.toml, metrics.jsonl), so a
+report works on finished, crashed and still-running runs alike, and on older runs."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from ..rundir import RunDir
+from ..rundir.metrics import finite, read_metrics
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the tomli backport (a declared dependency there)
+    import tomli as tomllib
+
+
+@dataclass
+class RunData:
+    dir: Path
+    label: str
+    config: dict = field(default_factory=dict)
+    config_text: str = ""
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def train(self) -> list[dict]:
+        return [r for r in self.records if finite(r.get("train_loss"))]
+
+    @property
+    def evals(self) -> list[dict]:
+        return [r for r in self.records if finite(r.get("val_loss"))]
+
+
+def load_run(run_dir: str | os.PathLike) -> RunData:
+    """Read one run dir; a missing metrics.jsonl is an error, a missing/bad config.toml is not
+    (the label then falls back to the directory name)."""
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    config, text = {}, ""
+    cfg_path = RunDir(run_dir).config_path
+    if cfg_path.is_file():
+        text = cfg_path.read_text(encoding="utf-8")
+        try:
+            config = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            warnings.warn(f"{cfg_path}: unreadable TOML ({e}); labelling the run by its directory name")
+    name = (config.get("run") or {}).get("name")
+    label = str(name) if name else (run_dir.resolve().name or str(run_dir))
+    return RunData(dir=run_dir, label=label, config=config, config_text=text, records=records)
+
+
+def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[RunData]:
+    if not run_dirs:
+        raise ValueError("no run directories given: pass at least one RUN_DIR")
+    runs = [load_run(d) for d in run_dirs]
+    # Two runs with the same name (e.g. the same preset twice) need distinct legend entries.
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.label] = seen.get(run.label, 0) + 1
+    for run in runs:
+        if seen[run.label] > 1:
+            run.label = f"{run.label} ({run.dir})"
+    return runs
