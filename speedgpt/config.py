@@ -33,6 +33,7 @@ class ModelConfig:
     model_dim: int = 768
     head_dim: int = 128
     num_heads: int = 0  # 0: model_dim // head_dim
+    num_kv_heads: int = 0  # grouped-query attention: key/value heads, each shared by num_heads / num_kv_heads queries; 0: num_heads
     aspect_ratio: int = 64
     mlp_ratio: float = 4.0
     vocab_size: int = 50257
@@ -73,6 +74,9 @@ class ModelConfig:
 
     def resolved_heads(self) -> int:
         return self.num_heads or self.resolved_dim() // self.head_dim
+
+    def resolved_kv_heads(self) -> int:
+        return self.num_kv_heads or self.resolved_heads()
 
     def padded_vocab(self) -> int:
         m = self.vocab_pad_multiple
@@ -136,6 +140,24 @@ class OptimConfig:
     grad_clip: float = 0.0  # global-norm clipping; 0 disables
     # Depth-knob learning-rate scaling: Adam lrs scale with (768 / model_dim) ** 0.5 when on.
     scale_lr_by_width: bool = False
+    # Which optimizers: "muon" (Muon for hidden matrices, Adam for the rest: the speedrun's) or
+    # "adamw" (one AdamW for every parameter, the large-model recipe: optim.adamw_lr for all,
+    # betas optim.adam_beta1/adam_beta2, decoupled decay optim.adamw_weight_decay on matrices only).
+    kind: str = "muon"
+    adamw_lr: float = 3e-4
+    adamw_weight_decay: float = 0.1
+
+
+@dataclass
+class ParallelConfig:
+    # How the model is spread over the ranks (docs/distributed.md):
+    #   "ddp": every rank holds the whole model and its gradients; optimizer state sharded (ZeRO-1 style);
+    #   "fsdp": parameters, gradients and optimizer state sharded per transformer block (FSDP2, fully_shard);
+    #   "auto": ddp when its estimated memory per GPU fits the device, fsdp otherwise.
+    strategy: str = "ddp"
+    reshard_after_forward: bool = True  # fsdp: free each block's gathered weights after its forward (less memory, one more all-gather)
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of keeping them
+    memory_limit_gib: float = 0.0  # memory per device the estimate must fit in; 0: the GPU's own (no check on CPU)
 
 
 @dataclass
@@ -195,6 +217,7 @@ class Config:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     preset: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +226,7 @@ class Config:
 
 # Config's sections and the dataclass of each: the one table both parsing and rebuilding use.
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig}
+            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig, "parallel": ParallelConfig}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +293,8 @@ def config_from_plain(d: dict[str, Any]) -> Config:
     """Rebuild a Config from `Config.to_dict()` output (e.g. one sent to another process)."""
     out = Config(preset=d.get("preset", ""))
     for section, cls in SECTIONS.items():
-        setattr(out, section, cls(**{k: (list(v) if isinstance(v, list) else v) for k, v in d[section].items()}))
+        setattr(out, section, cls(**{k: (list(v) if isinstance(v, list) else v)
+                                     for k, v in d.get(section, {}).items()}))
     return out
 
 
@@ -382,6 +406,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if m.num_heads and m.num_heads * m.head_dim != dim:
         raise ConfigError(f"model.num_heads={m.num_heads} x model.head_dim={m.head_dim} != model.model_dim={dim}; "
                           f"set model.head_dim={dim // m.num_heads}")
+    if m.num_kv_heads < 0 or m.resolved_heads() % m.resolved_kv_heads():
+        raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide the {m.resolved_heads()} query heads "
+                          f"(0: as many as query heads)")
     if m.head_dim % 4:
         raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
     if m.value_embeds * 2 > m.depth:
@@ -432,7 +459,13 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
     if t.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
-    o = cfg.optim
+    o, par = cfg.optim, cfg.parallel
+    if par.strategy not in ("ddp", "fsdp", "auto"):
+        raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
+    if par.memory_limit_gib < 0:
+        raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+    if o.kind not in ("muon", "adamw"):
+        raise ConfigError(f"optim.kind='{o.kind}' must be muon or adamw")
     if o.muon_ortho not in ("newton_schulz", "polar_express"):
         raise ConfigError(f"optim.muon_ortho='{o.muon_ortho}' must be newton_schulz or polar_express")
     if o.muon_ns_steps < 1:

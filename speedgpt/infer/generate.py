@@ -81,7 +81,7 @@ def decode_steps(model: GPT, prompts: Sequence[Sequence[int]] | torch.Tensor, ma
     cache = None
     if use_cache:
         cfg = model.cfg
-        cache = KVCache(cfg.depth, B, cfg.resolved_heads(), total, cfg.head_dim, device, model.runtime.dtype)
+        cache = KVCache(cfg.depth, B, cfg.resolved_kv_heads(), total, cfg.head_dim, device, model.runtime.dtype)
         logits_BV = model(seq_BT[:, :start], kv_cache=cache)[:, -1, :vocab]  # prefill the common prefix
     else:
         logits_BV = model(seq_BT[:, :start])[:, -1, :vocab]

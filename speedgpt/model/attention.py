@@ -135,7 +135,7 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
 _compiled_flex = None
 
 
-def flex_attention_fused(q, k, v, block_mask, scale: float) -> torch.Tensor:
+def flex_attention_fused(q, k, v, block_mask, scale: float, enable_gqa: bool = False) -> torch.Tensor:
     """FlexAttention through its fused kernel also when the model itself runs eagerly (eval, sampling
     without compile): uncompiled, flex materializes the whole (T x T) score matrix, 54 GiB at 48K
     tokens. Inside a compiled model the inner compile is simply inlined. CPU keeps the reference path."""
@@ -143,10 +143,18 @@ def flex_attention_fused(q, k, v, block_mask, scale: float) -> torch.Tensor:
     from torch.nn.attention.flex_attention import flex_attention
 
     if q.device.type != "cuda":
-        return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
+        return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale)
+    return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+@torch.no_grad()
+def init_from_plan(module: nn.Module) -> None:
+    """Fill a module's parameters by its `init_plan()` (a list of (name, fill function))."""
+    params = dict(module.named_parameters())
+    for name, fill in module.init_plan():
+        fill(params[name])
 
 
 def norm(x: torch.Tensor) -> torch.Tensor:
@@ -185,14 +193,21 @@ class KVCache:
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, *, scale: float,
                  gate_dim: int = 0, layer: int = 0, window_key: str = "L", window_block: int = FLEX_BLOCK,
-                 fp8_scaling: str = ""):
+                 fp8_scaling: str = "", num_kv_heads: int = 0):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.scale = scale
         hdim = num_heads * head_dim
-        # One merged weight for q, k and v: one matmul, and Muon orthogonalizes each of the three.
-        self.qkv_w = nn.Parameter(torch.empty(3, hdim, dim))
+        self.num_kv_heads = num_kv_heads or num_heads
+        if self.num_kv_heads == num_heads:
+            # One merged weight for q, k and v: one matmul, and Muon orthogonalizes each of the three.
+            self.qkv_w = nn.Parameter(torch.empty(3, hdim, dim))
+        else:
+            # Grouped-query attention: k and v have fewer heads than q, so q has its own matrix and k, v
+            # share a merged one; Muon still orthogonalizes each of the three.
+            self.q_w = nn.Parameter(torch.empty(hdim, dim))
+            self.kv_w = nn.Parameter(torch.empty(2, self.num_kv_heads * head_dim, dim))
         self.proj = CastedLinear(hdim, dim)
         self.gate = CastedLinear(gate_dim, num_heads) if gate_dim else None
         self.rotary = rotary
@@ -200,21 +215,32 @@ class CausalSelfAttention(nn.Module):
         self.window_key = window_key  # "L" or "S": which of the context's windows this layer uses
         self.window_block = window_block
         # "rowwise" / "tensorwise": FP8 qkv and output matmuls, where asked for and the shapes allow
-        self.fp8_scaling = fp8_scaling if fits_fp8(self.qkv_w, self.proj.weight) else ""
+        # (FP8 projections are for the merged q, k, v weight; grouped-query layers keep bf16)
+        self.fp8_scaling = (fp8_scaling if self.num_kv_heads == num_heads and fits_fp8(self.qkv_w, self.proj.weight)
+                            else "")
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
-        dim = self.qkv_w.size(-1)
-        bound = (3 ** 0.5) * 0.5 * dim ** -0.5  # uniform with std 0.5/sqrt(dim)
-        self.qkv_w.uniform_(-bound, bound)
-        self.proj.weight.zero_()  # every block starts as the identity on the residual stream
+    def init_plan(self, prefix: str = "") -> list:
+        """(parameter name, fill function) in initialization order: see GPT.init_plan."""
+        def uniform(t):
+            bound = (3 ** 0.5) * 0.5 * t.size(-1) ** -0.5  # uniform with std 0.5/sqrt(dim)
+            t.uniform_(-bound, bound)
+
+        qkv = [("qkv_w", uniform)] if self.num_kv_heads == self.num_heads else [("q_w", uniform), ("kv_w", uniform)]
+        plan = qkv + [("proj.weight", torch.Tensor.zero_)]  # every block starts as the identity on the residual
         if self.gate is not None:
-            self.gate.weight.zero_()  # gates start half open: sigmoid(0)
+            plan.append(("gate.weight", torch.Tensor.zero_))  # gates start half open: sigmoid(0)
+        return [(prefix + name, fn) for name, fn in plan]
 
-    def forward(self, x_BTD: torch.Tensor, ve_BTD: torch.Tensor | None, v_lambdas: torch.Tensor,
-                ctx: AttnContext, kv_cache: KVCache | None = None) -> torch.Tensor:
+    init_weights = init_from_plan
+
+    def qkv(self, x_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, T, H, Dh), k and v (B, T, KV, Dh)."""
         B, T, _ = x_BTD.shape
-        H, Dh = self.num_heads, self.head_dim
+        H, KV, Dh = self.num_heads, self.num_kv_heads, self.head_dim
+        if KV != H:
+            q = F.linear(x_BTD, self.q_w.type_as(x_BTD)).view(B, T, H, Dh)
+            k, v = F.linear(x_BTD, self.kv_w.flatten(end_dim=1).type_as(x_BTD)).view(B, T, 2 * KV, Dh).chunk(2, dim=-2)
+            return q, k, v
         qkv_w = self.qkv_w.flatten(end_dim=1)
         if self.fp8_scaling:
             # bf16 input gradient: Inductor casts the 2304-wide rows of dqkv (out of the rotary and QK-norm
@@ -223,6 +249,14 @@ class CausalSelfAttention(nn.Module):
         else:
             qkv = F.linear(x_BTD, qkv_w.type_as(x_BTD)).view(B, T, 3 * H, Dh)
         q, k, v = qkv.chunk(3, dim=-2)
+        return q, k, v
+
+    def forward(self, x_BTD: torch.Tensor, ve_BTD: torch.Tensor | None, v_lambdas: torch.Tensor,
+                ctx: AttnContext, kv_cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        H, Dh = self.num_heads, self.head_dim
+        gqa = self.num_kv_heads != H
+        q, k, v = self.qkv(x_BTD)
         q, k = norm(q), norm(k)
         pos = kv_cache.pos if kv_cache is not None else 0
         q, k = self.rotary(q, pos), self.rotary(k, pos)
@@ -239,12 +273,13 @@ class CausalSelfAttention(nn.Module):
             qpos = torch.arange(pos, pos + T, device=x_BTD.device)[:, None]
             kpos = torch.arange(Tk, device=x_BTD.device)[None, :]
             mask = (kpos <= qpos) & ((qpos // block) - (kpos // block) < window_blocks(window, block))
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         elif ctx.backend == "flex":
-            y = flex_attention_fused(q, k, v, ctx.masks[self.window_key], self.scale)
+            y = flex_attention_fused(q, k, v, ctx.masks[self.window_key], self.scale, enable_gqa=gqa)
         else:
             mask = ctx.masks[self.window_key]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                               enable_gqa=gqa)
         y = y.transpose(1, 2)  # B, T, H, Dh
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate(x_BTD[..., :self.gate.in_features])).unsqueeze(-1)

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID
-from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, norm
+from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, init_from_plan, norm
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
 from .kernels.softcap_ce import softcap_cross_entropy
@@ -35,11 +35,13 @@ class MLP(nn.Module):
         # rowwise only: ReLU² and its FP8 casts in one kernel each way
         self.fused_act = fused_act and self.fp8_scaling == "rowwise"
 
-    @torch.no_grad()
-    def init_weights(self) -> None:
+    def init_plan(self, prefix: str = "") -> list:
+        """(parameter name, fill function) in initialization order: see GPT.init_plan."""
         bound = (3 ** 0.5) * 0.5 * self.fc.in_features ** -0.5
-        self.fc.weight.uniform_(-bound, bound)
-        self.proj.weight.zero_()
+        return [(prefix + "fc.weight", lambda t: t.uniform_(-bound, bound)),
+                (prefix + "proj.weight", torch.Tensor.zero_)]
+
+    init_weights = init_from_plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fused_act:
@@ -62,17 +64,18 @@ class Block(nn.Module):
         self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
                                          gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0, layer=layer,
                                          window_key=window_key, window_block=runtime.window_block,
-                                         fp8_scaling=runtime.fp8_attn)
+                                         fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads())
                      if layer not in cfg.attn_free_layers else None)
         self.mlp = MLP(dim, int(cfg.mlp_ratio * dim), fp8_scaling=runtime.fp8_mlp,
                        fused_act=runtime.fp8_mlp_fused_act)
         self.window_key = window_key
         self.x0_mixing = cfg.x0_mixing
 
-    def init_weights(self) -> None:
-        if self.attn is not None:
-            self.attn.init_weights()
-        self.mlp.init_weights()
+    def init_plan(self, prefix: str = "") -> list:
+        attn = self.attn.init_plan(prefix + "attn.") if self.attn is not None else []
+        return attn + self.mlp.init_plan(prefix + "mlp.")
+
+    init_weights = init_from_plan
 
     def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, kv_cache: KVCache | None):
         if self.x0_mixing:
@@ -94,7 +97,9 @@ class GPT(nn.Module):
         depth, dim, vocab = cfg.depth, cfg.resolved_dim(), cfg.padded_vocab()
         self.vocab_size = cfg.vocab_size
         self.embed = nn.Embedding(vocab, dim)
-        self.value_embeds = nn.ModuleList(nn.Embedding(vocab, dim) for _ in range(cfg.value_embeds))
+        # Value embeddings are added to v: as wide as the key/value heads (narrower with grouped-query attention).
+        ve_dim = cfg.resolved_kv_heads() * cfg.head_dim if cfg.resolved_kv_heads() != cfg.resolved_heads() else dim
+        self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(cfg.value_embeds))
         self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate)
         self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
         self.lm_head = CastedLinear(dim, vocab)
@@ -112,18 +117,27 @@ class GPT(nn.Module):
         else:
             self.loss_path = "fused_ce" if runtime.fused_ce else "torch"
 
+    def init_plan(self) -> list:
+        """Every parameter's initialization as (name, fill function), in the order the random draws
+        happen. A fill works on a whole tensor of the parameter's shape, so a sharded model
+        (parallel/fsdp.py) initializes parameter by parameter into the same values as an unsharded
+        one, from the same seed, whatever the world size."""
+        plan = [("embed.weight", nn.init.normal_)]
+        plan += [(f"value_embeds.{i}.weight", nn.init.normal_) for i in range(len(self.value_embeds))]
+        for i, block in enumerate(self.blocks):
+            plan += block.init_plan(f"blocks.{i}.")
+        plan += [("lm_head.weight", torch.Tensor.zero_),  # uniform predictions at init: loss starts at ln(padded vocab)
+                 ("skip_weights", lambda t: t.fill_(1.0)),
+                 ("block_lambdas", lambda t: t.copy_(torch.tensor([1.0, 0.0]).expand_as(t))),
+                 ("v_lambdas", lambda t: t.fill_(0.5))]
+        return plan
+
     @torch.no_grad()
     def init_weights(self) -> None:
         """Initialize every parameter; called after `to_empty` so big models never live on the CPU."""
-        nn.init.normal_(self.embed.weight)
-        for ve in self.value_embeds:
-            nn.init.normal_(ve.weight)
-        for block in self.blocks:
-            block.init_weights()
-        self.lm_head.weight.zero_()  # uniform predictions at init: loss starts at ln(padded vocab)
-        self.skip_weights.fill_(1.0)
-        self.block_lambdas.copy_(torch.tensor([1.0, 0.0]).expand_as(self.block_lambdas))
-        self.v_lambdas.fill_(0.5)
+        params = dict(self.named_parameters())
+        for name, fill in self.init_plan():
+            fill(params[name])
         self.rotary.init_tables(self.embed.weight.device)
 
     def value_embed_for_layer(self, ves: list[torch.Tensor], i: int) -> torch.Tensor | None:

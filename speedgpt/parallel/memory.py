@@ -1,0 +1,151 @@
+"""Memory per device before anything is allocated: parameters, gradients, optimizer state and
+activations, for a strategy (ddp | fsdp) and a world size; `choose_strategy` resolves "auto" and
+refuses a config that cannot fit, naming the knobs to turn.
+
+The counts come from the model built on the meta device (exact parameter numbers, no memory);
+the activation term is a per-layer model of what the backward keeps (see `activation_bytes`), an
+estimate. Everything is in bytes.
+
+What each strategy keeps on one device (N parameters, W ranks, block = the largest block's
+parameters, all masters fp32):
+  ddp:  params 4N, grads 4N (every rank reduces the full gradients), optimizer state / W
+        (DistAdam / DistMuon shard it ZeRO-1 style; on one rank it is whole).
+  fsdp: params 4N / W plus the gathered working copy of two blocks (the one computing and the
+        one prefetched) in the compute dtype; grads 4N / W plus one block's unsharded gradients;
+        optimizer state / W.
+Optimizer state: Adam 8 bytes per parameter (two fp32 moments), Muon 4 (one momentum buffer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Config, ConfigError, micro_batch_rows
+
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    strategy: str
+    world_size: int
+    micro_batch: int
+    params: float
+    grads: float
+    optimizer: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {getattr(self, k) / GIB:.2f}" for k in ("params", "grads", "optimizer", "activations"))
+        return (f"{self.strategy} on {self.world_size} rank(s), micro-batch {self.micro_batch}: "
+                f"{self.total / GIB:.2f} GiB per device ({parts} GiB; an estimate)")
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    total: int
+    adam: int  # parameters with two Adam moments
+    muon: int  # hidden matrices with one momentum buffer (0 with optim.kind="adamw")
+    largest_block: int
+
+
+def param_counts(cfg: Config) -> ParamCounts:
+    """Exact parameter counts from the model built on the meta device (no memory is allocated)."""
+    from ..model.gpt import GPT
+    from ..model.runtime import ModelRuntime, max_seq_len
+
+    with torch.device("meta"):
+        model = GPT(cfg.model, max_seq_len(cfg), ModelRuntime(device=torch.device("meta")))
+    total = sum(p.numel() for p in model.parameters())
+    matrices = sum(p.numel() for p in model.param_groups()["matrix"])
+    muon = matrices if cfg.optim.kind == "muon" else 0
+    largest = max(sum(p.numel() for p in b.parameters()) for b in model.blocks)
+    return ParamCounts(total=total, adam=total - muon, muon=muon, largest_block=largest)
+
+
+def activation_bytes(cfg: Config, micro_batch: int, dtype_bytes: int) -> float:
+    """What one micro-batch's backward keeps, per device. Per token and layer, in the compute dtype:
+    the block input, the two norm outputs, q, k, v (after norm and rotary), the attention output
+    and its projection input (~8 widths for attention with heads x head_dim = width, plus k and v
+    again when they are fewer heads), and the MLP's input, hidden pre-activation and ReLU² output
+    (1 width + 2 hidden). With activation checkpointing only each block's input is kept, plus one
+    block's full set while it is recomputed. The head adds fp32 logits and their gradient
+    (2 x 4 bytes x padded vocab per token) and the embeddings' outputs."""
+    m = cfg.model
+    tokens = micro_batch * cfg.data.seq_len
+    dim = m.resolved_dim()
+    hidden = int(m.mlp_ratio * dim)
+    per_layer = 8 * dim + 2 * hidden
+    if cfg.parallel.activation_checkpointing:
+        layers = m.depth * dim + per_layer
+    else:
+        layers = m.depth * per_layer
+    embeds = (1 + m.value_embeds) * dim
+    head = 2 * 4 * m.padded_vocab()
+    return tokens * ((layers + embeds) * dtype_bytes + head)
+
+
+def estimate_memory(cfg: Config, strategy: str, world_size: int, *, dtype_bytes: int = 2,
+                    counts: ParamCounts | None = None) -> MemoryEstimate:
+    """Bytes per device for `strategy` ("ddp" | "fsdp") on `world_size` ranks. `dtype_bytes`: the
+    compute dtype's size (2 for bf16 on GPUs, 4 for fp32 on CPUs)."""
+    if strategy not in ("ddp", "fsdp"):
+        raise ValueError(f"strategy '{strategy}' has no memory model; use ddp or fsdp")
+    counts = counts or param_counts(cfg)
+    w = world_size
+    micro_batch, _ = micro_batch_rows(cfg, w)
+    optimizer = (8 * counts.adam + 4 * counts.muon) / w
+    if strategy == "ddp":
+        params = 4.0 * counts.total
+        grads = 4.0 * counts.total
+    else:
+        params = 4.0 * counts.total / w + 2 * dtype_bytes * counts.largest_block
+        grads = 4.0 * counts.total / w + dtype_bytes * counts.largest_block
+    return MemoryEstimate(strategy=strategy, world_size=w, micro_batch=micro_batch, params=params, grads=grads,
+                          optimizer=optimizer, activations=activation_bytes(cfg, micro_batch, dtype_bytes))
+
+
+def device_memory_limit(cfg: Config, device: torch.device) -> float | None:
+    """Bytes the estimate must fit in: parallel.memory_limit_gib, else the GPU's memory; None: no limit."""
+    if cfg.parallel.memory_limit_gib:
+        return cfg.parallel.memory_limit_gib * GIB
+    if device.type == "cuda":
+        return float(torch.cuda.get_device_properties(device).total_memory)
+    return None
+
+
+# The estimate leaves this share of the device for what it does not model (allocator
+# fragmentation, communication buffers, compile workspaces, the CUDA context).
+HEADROOM = 0.9
+
+
+def choose_strategy(cfg: Config, world_size: int, device: torch.device, *, dtype_bytes: int = 2,
+                    counts: ParamCounts | None = None) -> tuple[str, MemoryEstimate]:
+    """The strategy to run ("auto": ddp if it fits, else fsdp) and its estimate. Raises ConfigError,
+    with the estimate and the knobs to turn, when the chosen strategy does not fit."""
+    counts = counts or param_counts(cfg)
+    limit = device_memory_limit(cfg, device)
+    wanted = cfg.parallel.strategy
+    ddp = estimate_memory(cfg, "ddp", world_size, dtype_bytes=dtype_bytes, counts=counts)
+    if wanted == "auto":
+        strategy = "ddp" if limit is None or ddp.total <= HEADROOM * limit else "fsdp"
+    else:
+        strategy = wanted
+    est = ddp if strategy == "ddp" else estimate_memory(cfg, "fsdp", world_size, dtype_bytes=dtype_bytes,
+                                                         counts=counts)
+    if limit is not None and est.total > HEADROOM * limit:
+        knobs = ["a smaller --train.micro_batch_size"]
+        if not cfg.parallel.activation_checkpointing:
+            knobs.append("--parallel.activation_checkpointing=true")
+        if strategy == "ddp":
+            knobs.append("--parallel.strategy=fsdp")
+        knobs.append("more GPUs")
+        raise ConfigError(f"does not fit: {est.describe()}, over {HEADROOM:.0%} of {limit / GIB:.1f} GiB; "
+                          f"try {', '.join(knobs)}")
+    return strategy, est
