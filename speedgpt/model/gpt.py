@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID
@@ -178,8 +179,11 @@ class GPT(nn.Module):
         for i, block in enumerate(self.blocks):
             if n and i >= depth - n:
                 x = x + self.skip_weights[i - (depth - n)] * skips.pop()
-            x = block(x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i],
-                      ctx, kv_cache)
+            args = (x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i], ctx, kv_cache)
+            if rt.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None:
+                x = checkpoint(block, *args, use_reentrant=False)  # keep only the block's inputs
+            else:
+                x = block(*args)
             if i < n:
                 skips.append(x)
         if kv_cache is not None:

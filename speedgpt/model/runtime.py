@@ -66,6 +66,8 @@ class ModelRuntime:
     # The FP8 head's unfused backward scales the logit gradient by this (model/fp8_head.py): the loss
     # is a mean over a rank's tokens per step, which bounds that gradient.
     fp8_grad_scale: float = 1.0 / E4M3_MAX
+    # Training forwards recompute each block's activations in the backward instead of keeping them.
+    activation_checkpointing: bool = False
 
     def replace(self, **changes) -> ModelRuntime:
         return dataclasses.replace(self, **changes)
@@ -98,9 +100,10 @@ def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int 
     the FP8 head's gradient scale for a rank's share of the step's tokens."""
     from ..optim.schedules import attention_windows
 
-    return runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
-                       windows=attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps),
-                       grad_tokens=cfg.train.batch_tokens / world_size)
+    rt = runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
+                     windows=attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps),
+                     grad_tokens=cfg.train.batch_tokens / world_size)
+    return rt.replace(activation_checkpointing=cfg.parallel.activation_checkpointing)
 
 
 def max_seq_len(cfg: Config) -> int:

@@ -18,28 +18,53 @@ from .container import Optimizers
 from .muon import Muon
 
 
-def build_optimizers(model, cfg: OptimConfig, device: torch.device,
-                     world_size: int | None = None) -> Optimizers:
-    """The container of `adam` and `muon`. world_size None: torch.distributed's (1 without a process
-    group); 1 forces the single-process optimizers (a reference inside a distributed test)."""
+def adam_groups(model, cfg: OptimConfig) -> list[dict]:
+    """Adam's parameter groups: with optim.kind="muon" the embeddings, head and scalars at their own
+    lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay) where it is a
+    matrix (the hidden matrices and the head), not where it is an embedding or a scalar."""
     groups = model.param_groups()
+    if cfg.kind == "adamw":
+        decay = groups["matrix"] + groups["head"]
+        rest = groups["embed"] + groups["value_embed"] + groups["scalar"]
+        return [dict(params=decay, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay, name="matrix"),
+                dict(params=rest, lr=cfg.adamw_lr, weight_decay=0.0, name="no_decay")]
     # Adam lrs were tuned at width 768; wider models take proportionally smaller steps.
     scale = (768 / model.cfg.resolved_dim()) ** 0.5 if cfg.scale_lr_by_width else 1.0
-    adam_groups = [
-        dict(params=groups[name], lr=lr * scale, name=name)
+    return [
+        dict(params=groups[name], lr=lr * scale, name=name, weight_decay=cfg.adam_weight_decay)
         for name, lr in (("embed", cfg.embed_lr), ("value_embed", cfg.value_embed_lr),
                          ("head", cfg.head_lr), ("scalar", cfg.scalar_lr))
         if groups[name]
     ]
+
+
+def build_optimizers(model, cfg: OptimConfig, device: torch.device,
+                     world_size: int | None = None, *, strategy: str = "ddp") -> Optimizers:
+    """The container of `adam` and `muon` (no `muon` with optim.kind="adamw"). world_size None:
+    torch.distributed's (1 without a process group); 1 forces the single-process optimizers (a
+    reference inside a distributed test). strategy "fsdp": the model's parameters are DTensor
+    shards (parallel/fsdp.py), which torch's AdamW and ShardedMuon update in place."""
+    groups = model.param_groups()
+    adam_params = adam_groups(model, cfg)
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     world = get_world_size() if world_size is None else world_size
     muon_kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                        ns_steps=cfg.muon_ns_steps, weight_decay=cfg.muon_weight_decay, ortho=cfg.muon_ortho,
                        normuon=cfg.normuon, normuon_beta2=cfg.normuon_beta2, cautious_wd=cfg.cautious_wd)
-    if world == 1:
-        adam = torch.optim.AdamW(adam_groups, betas=betas, eps=cfg.adam_eps,
-                                 weight_decay=cfg.adam_weight_decay, fused=device.type == "cuda")
-        muon = Muon(groups["matrix"], **muon_kwargs)
+    use_muon = cfg.kind == "muon"
+    muon = None
+    if strategy == "fsdp":
+        from ..parallel.fsdp import FSDPSync
+        from .sharded_muon import ShardedMuon
+
+        adam = torch.optim.AdamW(adam_params, betas=betas, eps=cfg.adam_eps, foreach=True)
+        if use_muon:
+            muon = ShardedMuon(groups["matrix"], **muon_kwargs)
+        sync = FSDPSync(model, world, device)
+    elif world == 1:
+        adam = torch.optim.AdamW(adam_params, betas=betas, eps=cfg.adam_eps, fused=device.type == "cuda")
+        if use_muon:
+            muon = Muon(groups["matrix"], **muon_kwargs)
         sync = NoSync()
     else:
         from ..optim.adam import DistAdam
@@ -47,9 +72,10 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
         from ..parallel.ddp import GradSync
 
         sync = GradSync(world, get_rank(), device)
-        adam = DistAdam(adam_groups, sync, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay)
-        muon = DistMuon(groups["matrix"], sync, **muon_kwargs)
+        adam = DistAdam(adam_params, sync, betas=betas, eps=cfg.adam_eps)
+        if use_muon:
+            muon = DistMuon(groups["matrix"], sync, **muon_kwargs)
     for opt in (adam, muon):
-        for group in opt.param_groups:
+        for group in opt.param_groups if opt is not None else []:
             group["initial_lr"] = group["lr"]
     return Optimizers(adam, muon, {id(p): name for name, p in model.named_parameters()}, sync)

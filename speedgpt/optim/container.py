@@ -19,7 +19,7 @@ import torch
 
 
 class Optimizers:
-    def __init__(self, adam: torch.optim.Optimizer, muon: torch.optim.Optimizer, names: dict[int, str],
+    def __init__(self, adam: torch.optim.Optimizer, muon: torch.optim.Optimizer | None, names: dict[int, str],
                  grad_sync):
         self.adam = adam
         self.muon = muon
@@ -27,7 +27,8 @@ class Optimizers:
         self.grad_sync = grad_sync  # the shared gradient reduction (a no-op on one rank)
 
     def members(self) -> dict[str, torch.optim.Optimizer]:
-        return {"adam": self.adam, "muon": self.muon}
+        """The members present (`muon` is None with optim.kind="adamw")."""
+        return {k: v for k, v in (("adam", self.adam), ("muon", self.muon)) if v is not None}
 
     def __iter__(self) -> Iterator[torch.optim.Optimizer]:
         return iter(self.members().values())
@@ -50,7 +51,7 @@ class Optimizers:
         out = {}
         for key, opt in self.members().items():
             params = self._params(opt)
-            out[key] = {self.names[id(params[int(i)])]: st for i, st in opt.state_dict()["state"].items()}
+            out[key] = {self.names[id(params[int(i)])]: _gathered(st) for i, st in opt.state_dict()["state"].items()}
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -61,6 +62,9 @@ class Optimizers:
         for key, opt in self.members().items():
             params = self._params(opt)
             index = {self.names[id(p)]: i for i, p in enumerate(params)}
+            if key not in state:
+                raise KeyError(f"the checkpoint has no '{key}' optimizer state; it was written with another "
+                               f"optim.kind (members saved: {', '.join(state)})")
             saved = state[key]
             unknown = sorted(set(saved) - set(index))
             if unknown:
@@ -71,7 +75,8 @@ class Optimizers:
                 groups.append({**{k: v for k, v in group.items() if k != "params"},
                                "params": list(range(start, start + n))})
                 start += n
-            opt.load_state_dict({"state": {index[name]: st for name, st in saved.items()}, "param_groups": groups})
+            states = {index[name]: _sharded_like(st, params[index[name]]) for name, st in saved.items()}
+            opt.load_state_dict({"state": states, "param_groups": groups})
 
     def _from_positional(self, states) -> dict:
         """Checkpoints written before this container: [adam, muon] torch state dicts, state by position."""
@@ -80,3 +85,21 @@ class Optimizers:
             params = self._params(opt)
             out[key] = {self.names[id(params[int(i)])]: st for i, st in sd["state"].items()}
         return out
+
+
+def _gathered(state: dict) -> dict:
+    """A parameter's optimizer state with FSDP's DTensor shards gathered whole (a collective on every
+    rank, in the same order everywhere), so the checkpoint format is the same for every strategy."""
+    from ..parallel.fsdp import full_tensor
+
+    return {k: full_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
+def _sharded_like(state: dict, param: torch.Tensor) -> dict:
+    """The reverse for a sharded parameter: full state tensors of its shape become its shards."""
+    from ..parallel.fsdp import is_sharded, shard_like
+
+    if not is_sharded(param):
+        return state
+    return {k: shard_like(v, param) if isinstance(v, torch.Tensor) and v.shape == param.shape else v
+            for k, v in state.items()}

@@ -66,6 +66,18 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+def ensure_process_group(device: torch.device) -> None:
+    """A one-process group where there is none (FSDP needs a group also on one rank); owned, so
+    teardown destroys it."""
+    global _owns_group
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=device if device.type == "cuda" else None)
+    _owns_group = True
+
+
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 

@@ -81,6 +81,8 @@ class Trainer:
         cfg, d = self.cfg, self.cfg.data
         from ..data.loader import TokenLoader, check_capacity
 
+        self.choose_strategy()  # before anything is allocated: a config that cannot fit fails here
+
         if self.dist.is_main:
             self.rundir.write_config(cfg)
             self.rundir.write_env(environment_snapshot(self.device))
@@ -92,7 +94,15 @@ class Trainer:
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
                                   seed=cfg.train.seed)
-        self.model: GPT = model_from_config(cfg, self.device, world_size=self.dist.world_size)
+        if self.strategy == "fsdp":
+            from ..parallel.dist import ensure_process_group
+            from ..parallel.fsdp import build_fsdp_model
+
+            ensure_process_group(self.device)
+            self.model: GPT = build_fsdp_model(cfg, self.device, self.dist.world_size,
+                                               compile_blocks=cfg.train.compile)
+        else:
+            self.model = model_from_config(cfg, self.device, world_size=self.dist.world_size)
         rt = self.model.runtime
         block = rt.window_block
         for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
@@ -106,7 +116,7 @@ class Trainer:
             self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
         if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
             self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
-        self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
+        self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy)
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:
             import torch._inductor.config as inductor_config
@@ -117,7 +127,9 @@ class Trainer:
             note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
             if note:
                 self.log(note)
-        self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        # fsdp compiles block by block (build_fsdp_model); ddp compiles the whole model
+        whole = cfg.train.compile and self.strategy == "ddp"
+        self.forward = torch.compile(self.model, dynamic=False) if whole else self.model
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
         self.tokens = 0
@@ -134,6 +146,16 @@ class Trainer:
                  f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:
             self.load_latest()
+
+    def choose_strategy(self) -> None:
+        """parallel.strategy resolved ("auto": ddp if its estimate fits the device, else fsdp), with
+        the memory estimate printed; raises ConfigError naming the knobs when it cannot fit."""
+        from ..device import resolve_dtype
+        from ..parallel.memory import choose_strategy
+
+        dtype_bytes = resolve_dtype(self.cfg.train.dtype, self.device).itemsize
+        self.strategy, est = choose_strategy(self.cfg, self.dist.world_size, self.device, dtype_bytes=dtype_bytes)
+        self.log(f"memory: {est.describe()}")
 
     def usable_val_tokens(self) -> int:
         """data.val_tokens, rounded down to whole evaluation steps and capped by the val shards' size."""
@@ -161,7 +183,7 @@ class Trainer:
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
         weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
-        for group in self.optimizers.muon.param_groups:
+        for group in self.optimizers.muon.param_groups if self.optimizers.muon is not None else []:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
@@ -216,16 +238,34 @@ class Trainer:
     def save(self) -> Path | None:
         path = None
         optim_states = self.optimizers.state_dict()  # sharded: a collective, all ranks
+        model_state = self.full_model_state()  # fsdp: a collective too
         if self.dist.is_main:
-            path = self.rundir.save_checkpoint(self.step, self.model.state_dict(), optim_states, self.state(),
+            path = self.rundir.save_checkpoint(self.step, model_state, optim_states, self.state(),
                                                keep=self.cfg.train.keep_checkpoints)
         barrier()
         return path
 
+    def full_model_state(self) -> dict:
+        """The model's weights, whole (the same checkpoint format for every strategy and world size).
+        Under fsdp a collective: the shards are gathered, onto rank 0 only and into CPU memory."""
+        if self.strategy != "fsdp":
+            return self.model.state_dict()
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_model_state(self, state: dict) -> None:
+        if self.strategy != "fsdp":
+            self.model.load_state_dict(state)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
+
     def load_latest(self) -> None:
         path = self.rundir.latest_checkpoint()
         model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
-        self.model.load_state_dict(model_state)
+        self.load_model_state(model_state)
         self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(state["loader"])
         torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
@@ -340,7 +380,7 @@ class Trainer:
         t = self.cfg.train
         tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
-                  "train_loss": loss, "lr": self.optimizers.muon.param_groups[0]["lr"],
+                  "train_loss": loss, "lr": (self.optimizers.muon or self.optimizers.adam).param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
@@ -362,7 +402,12 @@ class Trainer:
 
     def finish(self, result: TrainResult) -> None:
         self.metrics.close()
-        if self.dist.is_main:
+        if self.strategy == "fsdp":  # sampling runs on rank 0 alone: it gets an unsharded copy
+            state = self.full_model_state()
+            if self.dist.is_main:
+                result.model = model_from_config(self.cfg, self.device, world_size=self.dist.world_size)
+                result.model.load_state_dict(state)
+        elif self.dist.is_main:
             result.model = self.model
         self.log(f"done: {result.steps} steps, {result.tokens:,} tokens in {result.train_time_s:.1f}s; "
                  f"run dir {self.run_dir}")

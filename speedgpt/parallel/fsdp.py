@@ -1,0 +1,123 @@
+"""Fully sharded data parallelism on PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+`build_fsdp_model` builds the model on the meta device (no memory), optionally wraps each block
+for activation checkpointing (the runtime's flag, applied in GPT.forward) and compiles each block,
+shards every transformer block, each embedding, then the root (head and scalars), allocates only
+this rank's shards (`to_empty`) and initializes them parameter by parameter from the model's
+`init_plan`: each parameter is drawn whole, in the unsharded model's order and from its seed, and
+this rank keeps its shard. So the initial weights are the same for any world size, and no more than
+one parameter is ever whole on a device.
+
+Mixed precision: on GPUs the gathered parameters are bf16 and gradients are reduced in fp32 (the
+masters stay fp32); on CPUs everything is fp32 (gloo, the tests).
+
+`FSDPSync` is the trainer's gradient-sync handle for this strategy: only the last micro-step's
+backward reduce-scatters (`set_requires_gradient_sync`), so accumulation costs no communication.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..config import Config
+from ..model.gpt import GPT
+from ..model.runtime import max_seq_len, resolve_runtime
+
+
+def device_mesh(device: torch.device, world_size: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world_size,))
+
+
+def mixed_precision(dtype: torch.dtype):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if dtype == torch.float32:
+        return MixedPrecisionPolicy()  # fp32 throughout (CPU runs and tests)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
+def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, compile_blocks: bool = False) -> GPT:
+    """The run's model, sharded over `world_size` ranks (a process group must exist)."""
+    from torch.distributed.fsdp import fully_shard
+
+    runtime = resolve_runtime(cfg, device, world_size=world_size)
+    with torch.device("meta"):
+        model = GPT(cfg.model, max_seq_len(cfg), runtime)
+    if cfg.model.bf16_embeds:
+        for emb in [model.embed, *model.value_embeds]:
+            emb.to(torch.bfloat16)
+    mesh = device_mesh(device, world_size)
+    kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype))
+    for block in model.blocks:
+        if compile_blocks:
+            block.compile(dynamic=False)  # per block: each block's reduce-scatter starts inside the backward
+        fully_shard(block, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
+    for emb in [model.embed, *model.value_embeds]:
+        fully_shard(emb, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
+    # The root keeps the head (the FP8 head reads its weight directly, outside a module call) and the
+    # per-layer scalars; it stays gathered through the forward (FSDP2 does not reshard the root).
+    fully_shard(model, **kw)
+    model.to_empty(device=device)
+    init_sharded(model, seed=cfg.train.seed)
+    return model
+
+
+@torch.no_grad()
+def init_sharded(model: GPT, seed: int) -> None:
+    """Initialize a sharded model exactly as `build_model` initializes an unsharded one."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    device = model.rotary.cos.device
+    params = dict(model.named_parameters())
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        for name, fill in model.init_plan():
+            p = params[name]
+            if not isinstance(p, DTensor):
+                fill(p)
+                continue
+            full = torch.empty(p.shape, dtype=p.dtype, device=device)
+            fill(full)
+            # src_data_rank=None: every rank holds the same full tensor, so each just keeps its chunk
+            mine = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
+            p.to_local().copy_(mine.to_local())
+            del full
+    model.rotary.init_tables(device)
+
+
+class FSDPSync:
+    """The trainer's gradient-sync handle under FSDP: the same interface as parallel/ddp.py's GradSync."""
+
+    timing = False
+
+    def __init__(self, model: torch.nn.Module, world_size: int, device: torch.device):
+        self.model = model
+        self.world_size = world_size
+        self.device = device
+
+    def prepare(self, final: bool) -> None:
+        # Non-final micro-steps accumulate unsharded gradients locally; the final one reduce-scatters.
+        self.model.set_requires_gradient_sync(bool(final))
+
+    def comm_wait_ms(self) -> float | None:
+        return None
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def full_tensor(t):
+    """A DTensor gathered whole (a collective: every rank calls it in the same order); others as they are."""
+    return t.full_tensor() if is_sharded(t) else t
+
+
+def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a full tensor, as a DTensor placed like the DTensor `like` (no communication)."""
+    from torch.distributed.tensor import distribute_tensor
+
+    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
