@@ -1,0 +1,112 @@
+"""FSDP2 (parallel.strategy="fsdp") on CPU ranks (gloo) against the unsharded model.
+
+- Initial weights: the sharded model built on 1, 2 and 4 ranks holds exactly the unsharded model's.
+- Gradient clipping: the global norm over sharded gradients equals the unsharded norm.
+- Training: 2 ranks under FSDP (Muon on sharded matrices, clipping active) give the losses of one
+  unsharded rank with the same global batch, within fp32 reduction-order tolerance (rtol 2e-4:
+  the sharded run sums two half-batch gradients in a different order, and its Newton-Schulz runs
+  per matrix rather than batched by shape); its checkpoint resumes on one rank under ddp.
+"""
+
+import shutil
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from distkit import spawn_local
+from speedgpt.config import apply_overrides, config_from_plain
+from speedgpt.model.build import model_from_config
+from speedgpt.parallel.fsdp import build_fsdp_model
+from test_parallel_train import make_shards, run_cfg, run_here
+from speedgpt.train.loop import train
+
+
+def full_state(model):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+
+
+def assert_same_init(cfg, world):
+    cpu = torch.device("cpu")
+    sharded = full_state(build_fsdp_model(cfg, cpu, world))
+    ref = model_from_config(cfg, cpu).state_dict()
+    assert set(sharded) == set(ref)
+    for k, v in ref.items():
+        assert torch.equal(sharded[k], v), f"{k} differs on {world} ranks"
+
+
+def _init_worker(rank, world, cfg_dict):
+    dist.init_process_group("gloo")
+    try:
+        assert_same_init(config_from_plain(cfg_dict), world)
+    finally:
+        dist.destroy_process_group()
+
+
+def grad_norms(cfg, world, rank):
+    """(sharded norm, unsharded norm) of the gradients of one global batch's mean loss."""
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, 64, (4, cfg.data.seq_len), generator=g)
+    targets = torch.randint(0, 64, (4, cfg.data.seq_len), generator=g)
+    ref = model_from_config(cfg, cpu)
+    ref(inputs, targets).backward()
+    ref_norm = torch.nn.utils.clip_grad_norm_(list(ref.parameters()), 1e9)
+    model = build_fsdp_model(cfg, cpu, world)
+    rows = slice(rank * 4 // world, (rank + 1) * 4 // world)
+    model(inputs[rows], targets[rows]).backward()
+    norm = torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1e9)
+    return norm.full_tensor(), ref_norm
+
+
+def _train_worker(rank, world, cfg_dict, run_dir, resume, out):
+    cfg = config_from_plain(cfg_dict)
+    dist.init_process_group("gloo")  # train() uses this group and leaves it to us
+    try:
+        if out.endswith("first.pt"):  # the checks that need no training, in the same processes
+            assert_same_init(cfg, world)
+            norm, ref_norm = grad_norms(cfg, world, rank)
+            # fp32: two half-batch gradients averaged vs one whole-batch gradient (~1e-5 relative apart)
+            torch.testing.assert_close(norm, ref_norm, rtol=1e-4, atol=0)
+        res = train(cfg, run_dir=run_dir, resume=resume, quiet=True)
+        if rank == 0:
+            torch.save({"losses": res.train_losses, "val": res.val_loss}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def fsdp_cfg(data_dir):
+    return apply_overrides(run_cfg(data_dir), ["--parallel.strategy=fsdp", "--optim.grad_clip=0.05"])
+
+
+def test_sharded_init_equals_unsharded_on_one_and_four_ranks(tmp_path, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = apply_overrides(run_cfg(tmp_path), ["--model.num_kv_heads=2", "--train.seed=7"])
+    spawn_local(_init_worker, 1, cfg.to_dict())
+    spawn_local(_init_worker, 4, cfg.to_dict())  # uneven shards: qkv_w's first dim is 3
+
+
+def test_fsdp_two_ranks_match_unsharded_and_resume_into_ddp(tmp_path, monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = fsdp_cfg(make_shards(tmp_path / "data"))
+    out = tmp_path / "first.pt"
+    spawn_local(_train_worker, 2, cfg.to_dict(), str(tmp_path / "E"), False, str(out))
+    r = torch.load(out)
+    losses_e, val_e = r["losses"], r["val"]
+
+    ddp = apply_overrides(cfg, ["--parallel.strategy=ddp"])
+    losses_f, val_f = run_here(ddp, tmp_path / "F")  # one rank, two micro-steps: the same global batch
+    assert losses_e[-1] < losses_e[0] - 0.05, f"the run did not learn: {losses_e}"
+    np.testing.assert_allclose(losses_e, losses_f, rtol=2e-4, atol=0)
+    np.testing.assert_allclose(val_e, val_f, rtol=2e-4)
+
+    # FSDP's step-3 checkpoint (full weights and optimizer state) continues on one rank under ddp.
+    shutil.copytree(tmp_path / "E", tmp_path / "G")
+    shutil.rmtree(tmp_path / "G" / "checkpoints" / "step_000006")
+    (tmp_path / "G" / "metrics.jsonl").unlink(missing_ok=True)
+    losses_g, _ = run_here(ddp, tmp_path / "G", resume=True)
+    np.testing.assert_allclose(losses_g, losses_e[3:], rtol=2e-4)
