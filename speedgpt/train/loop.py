@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..budget import resolve_budget
 from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
 from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
@@ -65,10 +66,15 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
 
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool = False, quiet: bool = False):
+        # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
+        # the resolved config is the one saved in the run dir and printed below.
+        cfg, budget_lines = resolve_budget(cfg)
         self.cfg = cfg
         self.dist = init_distributed(cfg.train.device)
         validate(cfg, self.dist.world_size)
         self.quiet = quiet or not self.dist.is_main
+        for line in budget_lines:
+            self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.resume = resume
         self.device = self.dist.device
@@ -173,7 +179,7 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * mult
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
-        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
+        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult, step / cfg.train.steps)
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
