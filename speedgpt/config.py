@@ -87,6 +87,10 @@ class DataConfig:
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
+    # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order,
+    # cropping the document a row end cuts; "bestfit": the largest buffered document that fits whole,
+    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped).
+    packing: str = "greedy"
 
     def cache_root(self) -> Path:
         """Where built corpora and downloaded eval data live (read at call time, never at import)."""
@@ -418,6 +422,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for key in ("val_every", "checkpoint_every", "warmup_steps"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
+    if d.packing not in ("greedy", "bestfit"):
+        raise ConfigError(f"data.packing='{d.packing}' must be greedy or bestfit")
     if d.val_seq_len and d.val_seq_len < 2:
         raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
     if s.window_block < 1:

@@ -105,7 +105,7 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed)
+                                  seed=cfg.train.seed, packing=d.packing)
         backend = choose_backend(cfg.model.attn_backend, self.device)
         block = cfg.schedule.window_block
         for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
@@ -364,7 +364,8 @@ class Trainer:
         tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
                   "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
-                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
+                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
+                  "cropped_share": round(self.loader.cropped_share, 5)}  # of the data read, share never trained
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
             record["comm_wait_ms"] = round(wait_ms, 3)
