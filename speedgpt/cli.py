@@ -139,6 +139,8 @@ examples:
   speedgpt eval runs/x                             # the run's own val split, as many tokens as it validated on
   speedgpt eval runs/x --data data/fineweb10B --tokens 1048576
   speedgpt eval runs/x --hellaswag download --limit 1000
+  speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
+  speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
   speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
 """
 
@@ -154,11 +156,18 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
     p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
     p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
+    p.add_argument("--core", action="store_true", help="also score CORE (DCLM's 22 in-context tasks)")
+    p.add_argument("--core-bundle", metavar="PATH_OR_download", default="download",
+                   help="the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or 'download' "
+                        "(default: fetched once into the cache)")
+    p.add_argument("--core-limit", type=int, help="score only N examples per CORE task (quick, approximate)")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--batch-rows", type=int, help="rows per forward (default: fits in about 32K tokens)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
     args = p.parse_args(argv)
+    if args.core_limit is not None and (args.core_limit < 1 or not args.core):
+        p.error("--core-limit N needs --core and N >= 1")
 
     from .config import ConfigError
     from .eval.run import EvalError, evaluate_run
@@ -167,7 +176,7 @@ def cmd_eval(argv: list[str]) -> int:
     try:
         evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
                      limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,
-                     log=not args.no_log)
+                     log=not args.no_log, core=args.core_bundle if args.core else None, core_limit=args.core_limit)
     except (LoadError, EvalError, ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"speedgpt eval: {e}", file=sys.stderr)
         return 2
