@@ -128,6 +128,12 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv) or 0
 
 
+def cmd_sweep(argv: list[str]) -> int:
+    from .sweep import main as sweep_main
+
+    return sweep_main(argv)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from .bench import main as bench_main
 
@@ -268,6 +274,7 @@ COMMANDS = {
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "sweep": (cmd_sweep, "depths x budgets, then the compute-optimal frontier: --out DIR --depths 4,6 --flops 1e15,3e15"),
     "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
 }
 
