@@ -110,3 +110,17 @@ def test_trainer_prints_and_saves_the_resolved_budget(tmp_path, capsys, tiny_cfg
     assert saved.train.steps == trainer.cfg.train.steps and saved.train.tokens_per_param == 0.05
     assert "budget:" in capsys.readouterr().out
     assert math.isfinite(n)
+
+
+@pytest.mark.parametrize("name, width, batch, steps", [("d12", 768, 2**19, 2828), ("d20", 1280, 2**20, 5237),
+                                                       ("d26", 1664, 2**20, 10844)])
+def test_ladder_presets_resolve_to_their_comments(name, width, batch, steps):
+    from importlib import resources
+
+    cfg, _ = resolve_budget(load_preset(name))
+    validate(cfg, 8)
+    n = scaling_params(cfg.model)
+    assert (cfg.model.resolved_dim(), cfg.train.batch_tokens, cfg.train.steps) == (width, batch, steps)
+    text = (resources.files("speedgpt") / "presets" / f"{name}.toml").read_text()
+    assert f"resolved: {n:,} scaling params, batch {batch:,} tokens, {steps:,} steps" in text
+    assert cfg.optim.muon_weight_decay == pytest.approx(0.036 * (768 / width) ** 2)
