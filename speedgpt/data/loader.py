@@ -409,13 +409,13 @@ def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID
     Greedy: rows, total tokens, tokens cropped (skipped tails of documents cut by a row
     end, plus the epoch's last partial row), inserted BOS tokens (rows that continue a
     long document) and the cropped fraction. Both packings: ``cropped_share``, the loader's
-    running figure (cropped / (cropped + row tokens)) over the rows planned until the data is
-    first read to its end.
+    running figure (cropped / (cropped + row tokens)) over the rows that consume one epoch's worth
+    of tokens (best-fit reads ahead by its buffer, so "until the data's end" would stop early).
     """
     planner = _Planner(_Shards(_resolve(files, "train"), bos_id), seed=0)
     if packing == "bestfit":
         packer, state, rows = BestFitPacker(planner, buffer_docs), BestFitState(0, 0, ()), 0
-        while state.epoch == 0:
+        while state.cropped + state.row_tokens < planner.shards.total:
             _, state = packer.plan(state, 1, seq_len + 1)
             rows += 1
         return {"seq_len": seq_len, "packing": packing, "rows": rows, "total_tokens": planner.shards.total,
