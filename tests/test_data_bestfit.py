@@ -143,12 +143,19 @@ def test_packing_stats_bestfit_crops_less(tmp_path):
     assert best["cropped_share"] < greedy["cropped_share"]
 
 
-def test_trainer_logs_cropped_share(tmp_path, tiny_cfg):
+def test_trainer_logs_cropped_share_and_resumes_exactly(tmp_path, tiny_cfg):
+    import shutil
+
     from speedgpt.config import apply_overrides
+    from speedgpt.train.checkpoint import list_checkpoints
     from speedgpt.train.loop import train
 
-    cfg = apply_overrides(tiny_cfg, ["--data.packing=bestfit", "--train.steps=4", "--train.val_every=0"])
-    train(cfg, run_dir=tmp_path / "run", quiet=True)
+    cfg = apply_overrides(tiny_cfg, ["--data.packing=bestfit", "--train.steps=4", "--train.val_every=0",
+                                     "--train.log_every=1", "--train.checkpoint_every=2", "--train.keep_checkpoints=3"])
+    full = train(cfg, run_dir=tmp_path / "run", quiet=True)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     shares = [r["cropped_share"] for r in records if "train_loss" in r]
-    assert shares and all(0 <= s < 1 for s in shares)
+    assert len(shares) == 4 and all(0 <= s < 1 for s in shares)
+    shutil.rmtree(list_checkpoints(tmp_path / "run" / "checkpoints")[-1])  # crashed after step 2's checkpoint
+    resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
+    assert resumed.train_losses == full.train_losses[2:]  # the buffer came back with the checkpoint
