@@ -133,6 +133,10 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
             source = f"{t.flops_budget:.3g} FLOPs / {per_token:,.0f} FLOPs/token"
         if t.batch_tokens == 0:
             t.batch_tokens = optimal_batch_tokens(tokens, cfg.model)
+            if t.batch_tokens % cfg.data.seq_len:
+                raise ConfigError(f"the derived batch of {t.batch_tokens:,} tokens is not a whole number of rows of "
+                                  f"data.seq_len={cfg.data.seq_len}; use a power-of-two seq_len or set "
+                                  f"train.batch_tokens yourself")
             lines.append(f"budget: batch {t.batch_tokens:,} tokens (2^{int(math.log2(t.batch_tokens))}, derived "
                          f"from {tokens:,.0f} tokens as B ~ D^{BATCH_EXPONENT} anchored at d{ANCHOR_DEPTH} = "
                          f"2^{int(math.log2(ANCHOR_BATCH_TOKENS))})")

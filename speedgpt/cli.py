@@ -153,7 +153,7 @@ examples:
 
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speedgpt eval", epilog=EVAL_EPILOG,
-                                description="Validation loss, bits per byte and optionally HellaSwag accuracy of a "
+                                description="Validation loss, bits per byte and optionally HellaSwag accuracy and CORE of a "
                                             "trained model; appended to the run's metrics.jsonl as an eval record.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")

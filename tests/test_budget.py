@@ -84,6 +84,8 @@ def test_defaults_resolve_to_themselves():
     (["--train.tokens_per_param=10", "--train.flops_budget=1e15"], "both set the horizon"),
     (["--train.tokens_per_param=-1"], "train.tokens_per_param=-1.0 must be >= 0"),
     (["--optim.tuned_width=768", "--optim.scale_lr_by_width=true"], "both scale the Adam lrs"),
+    (["--train.tokens_per_param=12", "--train.batch_tokens=0", "--data.seq_len=96"],
+     "derived batch of 131,072 tokens is not a whole number of rows of data.seq_len=96"),
 ])
 def test_budget_errors_name_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
