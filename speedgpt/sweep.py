@@ -215,6 +215,7 @@ def write_markdown(out: Path, results: list[RunResult], front: dict) -> Path:
 
 def write_plots(out: Path, results: list[RunResult], front: dict) -> list[Path]:
     import matplotlib
+    import numpy as np
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -225,10 +226,11 @@ def write_plots(out: Path, results: list[RunResult], front: dict) -> list[Path]:
         runs = sorted((r for r in results if r.depth == depth), key=lambda r: r.flops)
         ax.plot([r.flops for r in runs], [r.val_loss for r in runs], "o-", label=f"d{depth}")
     xs = [row["flops"] for row in front["rows"]]
+    smooth = np.geomspace(min(xs), max(xs), 50)
     ax.plot(xs, [row["loss"] for row in front["rows"]], "k--", lw=1, label="frontier")
     fit = front["loss_fit"]
     if fit:
-        ax.plot(xs, [fit["k"] * x ** fit["a"] for x in xs], "r:", label=f"fit C^{fit['a']:.3f}")
+        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="final val loss", title="loss against compute")
     ax.legend()
     fig.tight_layout()
@@ -239,7 +241,7 @@ def write_plots(out: Path, results: list[RunResult], front: dict) -> list[Path]:
     ax.plot(xs, [row["params_opt"] for row in front["rows"]], "o", label="N_opt")
     fit = front["params_fit"]
     if fit:
-        ax.plot(xs, [fit["k"] * x ** fit["a"] for x in xs], "r:", label=f"fit C^{fit['a']:.3f}")
+        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
     ax.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="scaling parameters",
            title="compute-optimal model size")
     ax.legend()
