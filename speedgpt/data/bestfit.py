@@ -3,9 +3,9 @@
 The greedy rows of loader.py take documents in stream order and crop the one the row end cuts.
 Best-fit keeps a buffer of the next documents and fills each row with the largest buffered
 document that fits whole, again and again; only when none fits does it crop one (the shortest,
-so the least is lost) to fill the row exactly. Every row starts at a BOS, every row is full
-(no padding) and the crops fall mostly on documents that would not have fit anyway
-(nanochat measured 39.4 % -> 34.6 % cropped at T=2048 on web text).
+so the least is lost) to fill the row exactly. Every row starts at a BOS and every row is full
+(no padding). nanochat measured 39.4 % -> 34.6 % cropped at T=2048 on web text; docs/scaling.md
+has the figures of these loaders.
 
 Documents longer than a row are read as row-sized pieces (a piece after the first gets a BOS
 put in front, as in the greedy rows), so long documents are never dropped.
