@@ -15,8 +15,9 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
@@ -63,10 +64,26 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb") -> Iterator:
     fsync_dir(path.parent)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write `data` (text as UTF-8) to `path` atomically."""
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], None]) -> Path:
+    """Write `data` (bytes, text as UTF-8, or a function that writes to a binary file) to `path`
+    atomically; on any error the old `path`, if any, is untouched."""
     with atomic_file(path, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if callable(data):
+            data(f)
+        else:
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
+
+
+def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
+    """Rename a fully written directory `tmp` (its files fsynced) to `final`, durably. `final` must
+    not exist: renaming over a directory is not atomic, so a caller replacing one moves it aside
+    first (and accepts that a crash in between leaves neither under the final name)."""
+    tmp, final = Path(tmp), Path(final)
+    fsync_dir(tmp)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+    return final
 
 
 @contextlib.contextmanager
@@ -86,11 +103,9 @@ def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
             if f.is_file():
                 os.chmod(f, 0o666 & ~umask)  # some writers (safetensors) create private files
                 fsync_file(f)
-        fsync_dir(tmp)
         if path.exists():
             shutil.rmtree(path)
-        os.rename(tmp, path)
+        publish_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(path.parent)

@@ -51,10 +51,9 @@ def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
 
 def scalar_param_names(cfg) -> set[str]:
     """Names of the model's scalar parameters (its optimizer's "scalar" group), found on the meta device."""
-    from .model.gpt import GPT
+    from .model.build import model_from_config
 
-    with torch.device("meta"):
-        model = GPT(cfg.model, 1)
+    model = model_from_config(cfg, "meta")
     ids = {id(p) for p in model.param_groups()["scalar"]}
     return {name for name, p in model.named_parameters() if id(p) in ids}
 
