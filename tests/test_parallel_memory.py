@@ -1,0 +1,69 @@
+"""The per-device memory estimate against numbers computed by hand, and the strategy choice it drives."""
+
+import pytest
+
+from speedgpt.config import ConfigError, apply_overrides, load_preset
+from speedgpt.parallel.memory import GIB, choose_strategy, estimate_memory, param_counts
+from speedgpt.train.loop import train
+
+# depth 2, width 64, head_dim 16 (4 heads), MLP 4x = 256, one value embedding, vocab 50257 padded to 50304
+SMALL = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
+         "--data.seq_len=32", "--train.batch_tokens=256", "--train.device=cpu"]
+VOCAB, DIM, HIDDEN = 50304, 64, 256
+BLOCK = 3 * DIM * DIM + DIM * DIM + DIM * HIDDEN + HIDDEN * DIM  # qkv, out proj, fc, mlp proj = 49152
+EMBEDS = 3 * VOCAB * DIM  # token embedding, value embedding, lm_head
+SCALARS = 1 + 2 * 2 + 2 * 2  # one U-net skip weight, block lambdas and v lambdas (2 per layer)
+TOTAL = EMBEDS + 2 * BLOCK + SCALARS
+
+
+def small(*extra):
+    return apply_overrides(load_preset("tiny-cpu"), SMALL + list(extra))
+
+
+def test_param_counts_by_hand():
+    c = param_counts(small())
+    assert (c.total, c.muon, c.adam, c.largest_block) == (TOTAL, 2 * BLOCK, TOTAL - 2 * BLOCK, BLOCK)
+    assert param_counts(small("--optim.kind=adamw")).muon == 0
+
+
+def test_estimate_by_hand():
+    cfg = small()
+    # 8 rows per step over 2 ranks: 4 rows of 32 tokens per micro-batch, fp32 (4 bytes) on CPU
+    tokens = 4 * 32
+    per_token = (2 * (8 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB  # two layers, two embeddings, fp32 logits + grad
+    optimizer = (8 * (TOTAL - 2 * BLOCK) + 4 * 2 * BLOCK) / 2  # Adam 2 moments, Muon 1 buffer, sharded over 2
+    ddp = estimate_memory(cfg, "ddp", 2, dtype_bytes=4)
+    assert (ddp.params, ddp.grads, ddp.optimizer, ddp.activations) == (4 * TOTAL, 4 * TOTAL, optimizer,
+                                                                       tokens * per_token)
+    fsdp = estimate_memory(cfg, "fsdp", 2, dtype_bytes=4)
+    assert fsdp.params == 4 * TOTAL / 2 + 2 * 4 * BLOCK  # shard + two gathered blocks
+    assert fsdp.grads == 4 * TOTAL / 2 + 4 * BLOCK  # shard + one block's unsharded gradients
+    assert fsdp.optimizer == optimizer and fsdp.activations == ddp.activations
+    # activation checkpointing keeps each block's input, plus one block's activations while recomputed
+    ac = estimate_memory(small("--parallel.activation_checkpointing=true"), "ddp", 2, dtype_bytes=4)
+    assert ac.activations == tokens * ((2 * DIM + (8 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB)
+    assert "ddp on 2 rank(s), micro-batch 4" in ddp.describe()
+
+
+def test_auto_picks_fsdp_only_when_ddp_does_not_fit():
+    import torch
+
+    cpu = torch.device("cpu")
+    ddp = estimate_memory(small(), "ddp", 2, dtype_bytes=4).total
+    fsdp = estimate_memory(small(), "fsdp", 2, dtype_bytes=4).total
+    assert fsdp < ddp
+    between = (fsdp + ddp) / 2 / 0.9 / GIB  # the limit the 90% headroom applies to
+    assert choose_strategy(small("--parallel.strategy=auto"), 2, cpu, dtype_bytes=4)[0] == "ddp"  # CPU: no limit
+    pick = choose_strategy(small("--parallel.strategy=auto", f"--parallel.memory_limit_gib={between}"), 2, cpu,
+                           dtype_bytes=4)[0]
+    assert pick == "fsdp"
+    with pytest.raises(ConfigError, match="parallel.strategy=fsdp"):
+        choose_strategy(small(f"--parallel.memory_limit_gib={between}"), 2, cpu, dtype_bytes=4)  # ddp asked for
+    with pytest.raises(ConfigError, match="micro_batch_size.*activation_checkpointing.*more GPUs"):
+        choose_strategy(small("--parallel.strategy=auto", "--parallel.memory_limit_gib=0.01"), 2, cpu, dtype_bytes=4)
+
+
+def test_train_fails_before_allocating(tmp_path):
+    cfg = small("--parallel.memory_limit_gib=0.001", "--data.train_files=/nonexistent/*.bin")
+    with pytest.raises(ConfigError, match="does not fit: ddp on 1 rank"):  # before the data is even looked at
+        train(cfg, run_dir=tmp_path / "run", quiet=True)
