@@ -23,8 +23,9 @@ def logits_of(model, seed=0):
         return model(x)
 
 
-def test_fp32_round_trip_gives_identical_logits(tmp_path):
-    run = make_run(tmp_path)
+@pytest.mark.parametrize("extra", [[], ["--model.num_kv_heads=1"]], ids=["mha", "gqa"])
+def test_fp32_round_trip_gives_identical_logits(tmp_path, extra):
+    run = make_run(tmp_path, extra=extra)
     out = export_model(run, tmp_path / "exp", dtype="fp32")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
     a, cfg_a = load_model(run)

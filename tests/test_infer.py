@@ -71,15 +71,27 @@ def test_cache_matches_full_forward(randomize, sampling):
         assert len(set(cached[0])) > 5
 
 
-def test_cache_logits_match_full_forward_closely():
+def test_grouped_query_attention_cache_matches_full_forward():
+    """Grouped-query attention (4 query heads sharing 2 key/value heads): the cache holds 2 heads."""
+    model = make_model(True, num_kv_heads=2)
+    assert model.blocks[0].attn.kv_w.shape == (2, 2 * 16, 64) and model.value_embeds[0].weight.shape[1] == 32
+    prompts = prompt_rows([9, 9])
+    n = SEQ - 9
+    cached = run_rows(model, prompts, n, use_cache=True, temperature=0.0)
+    assert cached == run_rows(model, prompts, n, use_cache=False, temperature=0.0)
+    assert len(set(cached[0])) > 5
+
+
+@pytest.mark.parametrize("kv_heads", [0, 2], ids=["mha", "gqa"])
+def test_cache_logits_match_full_forward_closely(kv_heads):
     """Stronger than equal argmax: the cached logits at every step equal the full forward's."""
-    model = make_model(True)
+    model = make_model(True, num_kv_heads=kv_heads)
     seq = torch.tensor(prompt_rows([SEQ])[0])[None]
     full = model(seq)[0]
     from speedgpt.model.attention import KVCache
 
     cfg = model.cfg
-    cache = KVCache(cfg.depth, 1, cfg.resolved_heads(), SEQ, cfg.head_dim, torch.device("cpu"), torch.float32)
+    cache = KVCache(cfg.depth, 1, cfg.resolved_kv_heads(), SEQ, cfg.head_dim, torch.device("cpu"), torch.float32)
     parts = [model(seq[:, :5], kv_cache=cache)[0]]
     parts += [model(seq[:, t:t + 1], kv_cache=cache)[0] for t in range(5, SEQ)]
     torch.testing.assert_close(torch.cat(parts), full, rtol=1e-4, atol=1e-4)
