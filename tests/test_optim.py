@@ -106,3 +106,25 @@ def test_batched_muon_step_equals_per_matrix_updates():
                 ref_opt.apply_update(r, ref_opt.update_for(r, r.grad, ref_opt.param_groups[0]), ref_opt.param_groups[0])
     for p, r in zip(params, ref):
         assert torch.allclose(p, r, atol=1e-5), p.shape
+
+
+def test_adamw_kind_is_one_adamw_decaying_matrices_only():
+    from speedgpt.config import OptimConfig
+    from speedgpt.config import ModelConfig
+    from speedgpt.model.build import build_model
+    from speedgpt.optim.build import build_optimizers
+
+    model = build_model(ModelConfig(depth=2, model_dim=64, head_dim=16, value_embeds=1, vocab_size=256), 32)
+    opts = build_optimizers(model, OptimConfig(kind="adamw", adamw_lr=1e-3, adamw_weight_decay=0.1),
+                            torch.device("cpu"), world_size=1)
+    assert opts.muon is None and list(opts.members()) == ["adam"]
+    decay, rest = opts.adam.param_groups
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decay["weight_decay"] == 0.1 and rest["weight_decay"] == 0.0
+    assert {names[id(p)] for p in decay["params"]} == {n for n, p in model.named_parameters()
+                                                        if n.startswith("blocks.") or n == "lm_head.weight"}
+    assert all(g["lr"] == 1e-3 for g in (decay, rest))
+    x = torch.randint(0, 256, (2, 32))
+    model(x, x).backward()
+    opts.step()  # one step of the whole model, state saved by name
+    assert set(opts.state_dict()) == {"adam"}
