@@ -67,6 +67,13 @@ class ModelConfig:
     # rowwise fp8_mlp: ReLU² with its FP8 casts as one Triton kernel each way (model/kernels/relu2_fp8.py)
     fp8_mlp_fused_act: bool = True
 
+    # Mixture-of-Experts MLPs, DeepSeek-V3 style (model/moe.py): 0 experts keeps the dense MLP everywhere.
+    moe_experts: int = 0  # routed experts per MoE layer
+    moe_top_k: int = 2  # routed experts each token uses
+    moe_shared_experts: int = 1  # experts every token uses; expert width = dense MLP width / (top_k + shared)
+    moe_dense_layers: int = 1  # the first layers keep the dense MLP (DeepSeek-V3 keeps 3 of 61)
+    moe_bias_rate: float = 1e-3  # aux-loss-free balancing: the expert bias moves this much per optimizer step
+
     def resolved_dim(self) -> int:
         if self.model_dim:
             return self.model_dim
@@ -422,6 +429,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     if m.num_kv_heads < 0 or m.resolved_heads() % m.resolved_kv_heads():
         raise ConfigError(f"model.num_kv_heads={m.num_kv_heads} must divide the {m.resolved_heads()} query heads "
                           f"(0: as many as query heads)")
+    if m.moe_experts < 0 or (m.moe_experts and not 1 <= m.moe_top_k <= m.moe_experts):
+        raise ConfigError(f"model.moe_top_k={m.moe_top_k} must lie in 1..model.moe_experts={m.moe_experts}")
+    if m.moe_experts and (m.moe_shared_experts < 0 or not 0 <= m.moe_dense_layers < m.depth):
+        raise ConfigError(f"model.moe_dense_layers={m.moe_dense_layers} must leave at least one of the {m.depth} "
+                          f"layers for experts, and model.moe_shared_experts={m.moe_shared_experts} must be >= 0")
     if m.head_dim % 4:
         raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
     if m.value_embeds * 2 > m.depth:

@@ -19,6 +19,7 @@ from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, 
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
 from .kernels.softcap_ce import softcap_cross_entropy
+from .moe import MoE
 from .rotary import Rotary
 from .runtime import ModelRuntime
 
@@ -67,8 +68,12 @@ class Block(nn.Module):
                                          window_key=window_key, window_block=runtime.window_block,
                                          fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads())
                      if layer not in cfg.attn_free_layers else None)
-        self.mlp = MLP(dim, int(cfg.mlp_ratio * dim), fp8_scaling=runtime.fp8_mlp,
-                       fused_act=runtime.fp8_mlp_fused_act)
+        if cfg.moe_experts and layer >= cfg.moe_dense_layers:
+            self.mlp = MoE(dim, int(cfg.mlp_ratio * dim), cfg.moe_experts, cfg.moe_top_k, cfg.moe_shared_experts,
+                           grouped=runtime.moe_grouped)
+        else:
+            self.mlp = MLP(dim, int(cfg.mlp_ratio * dim), fp8_scaling=runtime.fp8_mlp,
+                           fused_act=runtime.fp8_mlp_fused_act)
         self.window_key = window_key
         self.x0_mixing = cfg.x0_mixing
 
@@ -139,7 +144,15 @@ class GPT(nn.Module):
         params = dict(self.named_parameters())
         for name, fill in self.init_plan():
             fill(params[name])
+        self.init_buffers()
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """Buffers after `to_empty`: the rotary tables and the MoE balancing state."""
         self.rotary.init_tables(self.embed.weight.device)
+        for m in self.modules():
+            if isinstance(m, MoE):
+                m.init_buffers()
 
     def value_embed_for_layer(self, ves: list[torch.Tensor], i: int) -> torch.Tensor | None:
         k, depth = len(ves), len(self.blocks)
@@ -151,13 +164,15 @@ class GPT(nn.Module):
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer role: hidden matrices go to Muon, the rest to Adam."""
-        matrices = [p for p in self.blocks.parameters() if p.ndim >= 2]
+        # MoE routers are small (experts x width) and scale the expert outputs: Adam, with the scalars.
+        routers = [m.router for m in self.modules() if isinstance(m, MoE)]
+        matrices = [p for p in self.blocks.parameters() if p.ndim >= 2 and all(p is not r for r in routers)]
         return {
             "matrix": matrices,
             "embed": [self.embed.weight],
             "value_embed": [ve.weight for ve in self.value_embeds],
             "head": [self.lm_head.weight],
-            "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()],
+            "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()] + routers,
         }
 
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
@@ -229,11 +244,20 @@ class GPT(nn.Module):
             n -= self.embed.weight.numel() + sum(ve.weight.numel() for ve in self.value_embeds)
         return n
 
+    def active_params(self, embeddings: bool = True) -> int:
+        """Parameters one token uses: MoE layers count their router, top-k and shared experts only."""
+        n = self.num_params(embeddings)
+        for m in self.modules():
+            if isinstance(m, MoE):
+                n -= sum(p.numel() for p in m.parameters()) - m.active_params()
+        return n
+
     def flops_per_token(self, seq_len: int, windows: tuple[int, int] | None = None) -> float:
         """Training FLOPs per token: 6 x matmul parameters, plus attention scores and values over the
         average number of keys a query sees (causal, capped by its window)."""
         windows = self.windows if windows is None else windows
-        matmul = self.num_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
+        matmul = self.active_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
+        matmul += sum(m.router.numel() for m in self.modules() if isinstance(m, MoE))  # a matmul, listed with the scalars
         attn = 0.0
         hdim = self.cfg.resolved_heads() * self.cfg.head_dim
         for block in self.blocks:

@@ -68,6 +68,9 @@ class ModelRuntime:
     fp8_grad_scale: float = 1.0 / E4M3_MAX
     # Training forwards recompute each block's activations in the backward instead of keeping them.
     activation_checkpointing: bool = False
+    # MoE layers dispatch tokens with torch._grouped_mm (one kernel per projection) instead of a loop
+    # over experts: on CUDA.
+    moe_grouped: bool = False
 
     def replace(self, **changes) -> ModelRuntime:
         return dataclasses.replace(self, **changes)
@@ -91,6 +94,7 @@ def runtime_for(model_cfg: ModelConfig, device: str | torch.device, *, dtype: st
         fp8_mlp_fused_act=model_cfg.fp8_mlp_fused_act,
         fp8_attn=model_cfg.fp8_scaling if model_cfg.fp8_attn and fp8 else "",
         fp8_grad_scale=1.0 / (grad_tokens * E4M3_MAX) if grad_tokens else 1.0 / E4M3_MAX,
+        moe_grouped=device.type == "cuda",
     )
 
 

@@ -84,7 +84,7 @@ def init_sharded(model: GPT, seed: int) -> None:
             mine = distribute_tensor(full, p.device_mesh, p.placements, src_data_rank=None)
             p.to_local().copy_(mine.to_local())
             del full
-    model.rotary.init_tables(device)
+    model.init_buffers()
 
 
 class FSDPSync:

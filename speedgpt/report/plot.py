@@ -48,11 +48,17 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
-    fig = Figure(figsize=(16, 9), dpi=100, layout="constrained")
+    # Mixture-of-Experts runs log each MoE layer's load balance: a third row shows it.
+    moe = any(isinstance(r.get("moe_max_load"), list) for run in runs for r in run.train)
+    fig = Figure(figsize=(16, 13 if moe else 9), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
-    axes = fig.subplots(2, 3)
+    axes = fig.subplots(3 if moe else 2, 3)
     ax_loss, ax_tok, ax_time = axes[0]
     ax_lr, ax_tps, ax_table = axes[1]
+    if moe:
+        _expert_load_panel(axes[2][0], runs)
+        for ax in axes[2][1:]:
+            ax.set_axis_off()
     colors = [f"C{i % 10}" for i in range(len(runs))]
     all_times = [r["time_s"] for run in runs for r in run.records if finite(r.get("time_s"))]
     t_div, t_unit = _time_unit(max(all_times, default=0.0))
@@ -83,6 +89,22 @@ def plot_runs(runs: list[RunData], png_path: Path, *, target_loss: float | None 
     _table_panel(ax_table, rows or [summarize(r, target_loss) for r in runs], colors, target_loss)
     fig.savefig(png_path, format="png")  # a path or a binary file
     return png_path
+
+
+def _expert_load_panel(ax, runs: list[RunData]) -> None:
+    """The busiest expert's load over the mean (1 = balanced), per MoE layer, against the step."""
+    styles = ["-", "--", ":", "-."]
+    for i, run in enumerate(runs):
+        rows = [r for r in run.train if isinstance(r.get("moe_max_load"), list) and finite(r.get("step"))]
+        layers = max((len(r["moe_max_load"]) for r in rows), default=0)
+        for layer in range(layers):
+            pts = [(r["step"], r["moe_max_load"][layer]) for r in rows if len(r["moe_max_load"]) > layer]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=f"C{i % 10}", ls=styles[layer % 4], lw=1.2,
+                    label=f"{run.label}: MoE layer {layer}" if len(runs) > 1 else f"MoE layer {layer}")
+    ax.axhline(1.0, color="0.3", lw=0.9, ls=":")
+    ax.set(title="expert load: busiest expert / mean, per MoE layer", xlabel="step", ylabel="max / mean load")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="upper right")
 
 
 def _series(rows: list[dict], xkey: str, ykey: str) -> tuple[list, list]:

@@ -124,6 +124,12 @@ class Trainer:
             self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy)
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
+        self.has_experts = bool(cfg.model.moe_experts)
+        if self.has_experts:  # aux-loss-free balancing: expert biases move after each optimizer step
+            from ..model.moe import balance_experts
+
+            rate = cfg.model.moe_bias_rate
+            self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
         if cfg.train.compile:
             import torch._inductor.config as inductor_config
 
@@ -147,7 +153,10 @@ class Trainer:
         n = self.model.num_params()
         self.log(f"model: {n / 1e6:.1f}M parameters ({self.model.num_params(False) / 1e6:.1f}M non-embedding), "
                  f"depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention {rt.attn_backend}, "
-                 f"device {self.device}, dtype {rt.dtype}")
+                 f"device {self.device}, dtype {rt.dtype}, strategy {self.strategy}")
+        if self.has_experts:
+            self.log(f"experts: {self.model.active_params() / 1e6:.1f}M parameters active per token "
+                     f"(MFU counts these)")
         self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
                  f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:
@@ -389,6 +398,10 @@ class Trainer:
                   "train_loss": loss, "lr": (self.optimizers.muon or self.optimizers.adam).param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
                   "cropped_share": round(self.loader.cropped_share, 5)}  # of the data read, share never trained
+        if self.has_experts:  # per MoE layer: the busiest expert's load over the mean since the last log
+            from ..model.moe import expert_load_report
+
+            record["moe_max_load"] = expert_load_report(self.model)
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
             record["comm_wait_ms"] = round(wait_ms, 3)

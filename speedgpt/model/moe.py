@@ -1,0 +1,156 @@
+"""Mixture-of-Experts MLP in the style of DeepSeek-V3 (arXiv:2412.19437, section 2.1.2).
+
+- Routed experts: every token goes to the `top_k` experts with the highest sigmoid affinity
+  s_e = sigmoid(x . r_e); the chosen affinities, normalized to sum to one, weight their outputs.
+- A shared expert that every token passes through.
+- Auxiliary-loss-free load balancing: a per-expert bias b_e is added to the affinities for the
+  *choice* of experts only (never to the weights), and after each optimizer step it moves by
+  `rate` towards balance: b_e += rate * sign(mean load - load_e). It is a buffer, outside the
+  gradient; `balance_experts` applies it (the trainer calls it from an optimizer-step hook), with
+  the loads summed over ranks so every rank keeps the same bias.
+- Iso-FLOP width: each expert's hidden width is the dense MLP's divided by (top_k + shared), so
+  a token's active MLP FLOPs equal the dense model's.
+- Expert weights are 3-D (experts, out, in): Muon orthogonalizes each expert's matrix (its
+  leading dims are a batch).
+- Dispatch: tokens sorted by expert, then one `torch._grouped_mm` per projection over all experts
+  (CUDA, bf16: one kernel each), or a loop over experts (`grouped=False`; CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import CastedLinear
+
+
+def expert_hidden(dense_hidden: int, top_k: int, shared: int, multiple: int = 16) -> int:
+    """Iso-FLOP expert width: the dense hidden width over the experts a token uses, rounded up to
+    `multiple` (bf16 grouped matmuls want 16-byte-aligned rows)."""
+    h = dense_hidden / (top_k + shared)
+    return max(multiple, int(-(-h // multiple)) * multiple)
+
+
+def route(x_ND: torch.Tensor, router_ED: torch.Tensor, bias_E: torch.Tensor, top_k: int):
+    """(expert ids (N, k), weights (N, k)): top-k of sigmoid affinity + bias, weights from the affinity
+    alone, normalized over the chosen k."""
+    scores = torch.sigmoid(F.linear(x_ND.float(), router_ED.float()))
+    idx = torch.topk(scores + bias_E, top_k, dim=-1, sorted=False).indices
+    w = scores.gather(1, idx)
+    return idx, w / w.sum(dim=-1, keepdim=True)
+
+
+def experts_grouped(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
+                    counts_E: torch.Tensor) -> torch.Tensor:
+    """All experts' ReLU² MLPs over expert-sorted rows, one grouped matmul per projection."""
+    offs = torch.cumsum(counts_E, 0).to(torch.int32)
+    h = torch._grouped_mm(x_sorted, w1_EHD.type_as(x_sorted).transpose(-2, -1), offs=offs)
+    h = F.relu(h).square()
+    return torch._grouped_mm(h, w2_EDH.type_as(h).transpose(-2, -1), offs=offs)
+
+
+def experts_loop(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
+                 counts: list[int]) -> torch.Tensor:
+    """The same as `experts_grouped`, one expert at a time (any device; reads the counts on the host)."""
+    outs, start = [], 0
+    for e, n in enumerate(counts):
+        seg = x_sorted[start:start + n]
+        h = F.relu(F.linear(seg, w1_EHD[e].type_as(seg))).square()
+        outs.append(F.linear(h, w2_EDH[e].type_as(h)))
+        start += n
+    return torch.cat(outs)
+
+
+class MoE(nn.Module):
+    def __init__(self, dim: int, dense_hidden: int, experts: int, top_k: int, shared: int, *,
+                 grouped: bool = False):
+        super().__init__()
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"MoE: top_k={top_k} must lie in 1..{experts} (the number of experts)")
+        self.experts, self.top_k, self.grouped = experts, top_k, grouped
+        hidden = expert_hidden(dense_hidden, top_k, shared)
+        self.hidden = hidden
+        self.router = nn.Parameter(torch.empty(experts, dim))
+        self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
+        self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
+        if shared:
+            from .gpt import MLP
+
+            self.shared = MLP(dim, hidden * shared)
+        else:
+            self.shared = None
+        # Balancing state, outside the gradient: the bias is checkpointed; the loads are tokens routed
+        # to each expert since the last balancing step (and since the last log, for the metrics).
+        self.register_buffer("expert_bias", torch.zeros(experts), persistent=True)
+        self.register_buffer("load", torch.zeros(experts), persistent=False)
+        self.register_buffer("load_since_log", torch.zeros(experts), persistent=False)
+
+    def init_plan(self, prefix: str = "") -> list:
+        def uniform(t):
+            bound = (3 ** 0.5) * 0.5 * t.size(-1) ** -0.5
+            t.uniform_(-bound, bound)
+
+        plan = [(prefix + "router", uniform), (prefix + "w1", uniform), (prefix + "w2", torch.Tensor.zero_)]
+        return plan + (self.shared.init_plan(prefix + "shared.") if self.shared is not None else [])
+
+    def init_buffers(self) -> None:
+        for b in (self.expert_bias, self.load, self.load_since_log):
+            b.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x_ND = x.reshape(-1, shape[-1])
+        idx, weights = route(x_ND, self.router, self.expert_bias, self.top_k)
+        flat = idx.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        token = order // self.top_k  # the row each sorted assignment came from
+        counts = torch.bincount(flat, minlength=self.experts)
+        if self.training and torch.is_grad_enabled():
+            self.load += counts
+        x_sorted = x_ND[token]
+        if self.grouped:
+            out = experts_grouped(x_sorted, self.w1, self.w2, counts)
+        else:
+            out = experts_loop(x_sorted, self.w1, self.w2, counts.tolist())
+        out = out * weights.reshape(-1)[order, None].to(out.dtype)
+        y = torch.zeros_like(x_ND).index_add_(0, token, out.to(x_ND.dtype))
+        if self.shared is not None:
+            y = y + self.shared(x_ND)
+        return y.view(shape)
+
+    def active_params(self) -> int:
+        """Parameters one token uses: router, top_k experts and the shared expert."""
+        shared = sum(p.numel() for p in self.shared.parameters()) if self.shared is not None else 0
+        return self.router.numel() + self.top_k * (self.w1[0].numel() + self.w2[0].numel()) + shared
+
+
+@torch.no_grad()
+def balance_experts(model: nn.Module, rate: float) -> None:
+    """DeepSeek-V3's bias update for every MoE layer, from the loads since the last call, summed
+    over ranks (one small all-reduce) so the biases stay identical everywhere."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        return
+    loads = torch.stack([m.load for m in layers])
+    from ..parallel.dist import is_distributed
+
+    if is_distributed():
+        torch.distributed.all_reduce(loads)
+    mean = loads.mean(dim=1, keepdim=True)
+    for m, load, mu in zip(layers, loads, mean):
+        m.expert_bias += rate * torch.sign(mu - load)
+        m.load_since_log += load
+        m.load.zero_()
+
+
+def expert_load_report(model: nn.Module) -> list[float]:
+    """Per MoE layer: the busiest expert's share of tokens over the mean share (1.0 = balanced),
+    since the last report. Reads device values: logging steps only."""
+    out = []
+    for m in model.modules():
+        if isinstance(m, MoE):
+            load = m.load_since_log
+            out.append(round((load.max() / load.mean().clamp_min(1e-9)).item(), 4))
+            load.zero_()
+    return out

@@ -1,0 +1,118 @@
+"""Mixture-of-Experts MLP: routing, the balancing bias, grouped matmul against the per-expert loop,
+Muon per expert, active-parameter counting, and the expert load in the metrics and the report."""
+
+import json
+
+import pytest
+import torch
+
+from speedgpt.config import ModelConfig, apply_overrides
+from speedgpt.model.build import build_model
+from speedgpt.model.moe import MoE, balance_experts, expert_hidden, experts_grouped, experts_loop, route
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_routing_picks_top_k_of_affinity_plus_bias_and_weights_by_affinity_alone():
+    x = torch.eye(4)  # token i has affinity logit router[e, i] for expert e
+    router = torch.tensor([[3.0, 0, 0, 0], [2.0, 1, 0, 0], [1.0, 2, 0, 0], [0.0, 3, 0, 0]])
+    idx, w = route(x, router, torch.zeros(4), top_k=2)
+    assert sorted(idx[0].tolist()) == [0, 1] and sorted(idx[1].tolist()) == [2, 3]
+    s = torch.sigmoid(router[:, 0])
+    pick = {e: wt for e, wt in zip(idx[0].tolist(), w[0].tolist())}
+    assert pick[0] == pytest.approx((s[0] / (s[0] + s[1])).item())  # normalized over the chosen two
+    # A bias changes which experts are chosen, not how much the chosen ones weigh.
+    idx_b, w_b = route(x, router, torch.tensor([0.0, 0.0, 0.0, 10.0]), top_k=2)
+    assert sorted(idx_b[0].tolist()) == [0, 3]
+    pick = {e: wt for e, wt in zip(idx_b[0].tolist(), w_b[0].tolist())}
+    assert pick[3] == pytest.approx((s[3] / (s[0] + s[3])).item())
+
+
+def test_bias_moves_load_towards_balance():
+    moe = MoE(8, 32, experts=4, top_k=1, shared=0)
+    moe.init_buffers()
+    moe.load.copy_(torch.tensor([10.0, 2.0, 4.0, 0.0]))  # mean 4
+    model = torch.nn.Sequential(moe)
+    balance_experts(model, rate=0.01)
+    assert moe.expert_bias.tolist() == pytest.approx([-0.01, 0.01, 0.0, 0.01])
+    assert moe.load.sum() == 0 and moe.load_since_log.tolist() == [10.0, 2.0, 4.0, 0.0]
+
+
+def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
+    g = torch.Generator().manual_seed(0)
+    E, H, D = 4, 16, 8
+    counts = torch.tensor([3, 0, 5, 2])  # an expert with no tokens too
+    x = torch.randn(int(counts.sum()), D, generator=g, requires_grad=True)
+    w1 = torch.randn(E, H, D, generator=g, requires_grad=True)
+    w2 = torch.randn(E, D, H, generator=g, requires_grad=True)
+    up = torch.randn(int(counts.sum()), D, generator=g)
+    outs = []
+    for fn in (lambda: experts_grouped(x, w1, w2, counts), lambda: experts_loop(x, w1, w2, counts.tolist())):
+        y = fn()
+        grads = torch.autograd.grad((y * up).sum(), (x, w1, w2))
+        outs.append((y.detach(), *grads))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert outs[0][2][1].abs().sum() == 0  # the idle expert gets no gradient
+
+
+def moe_cfg(**kw):
+    base = dict(depth=3, model_dim=64, head_dim=16, value_embeds=1, vocab_size=256, mlp_ratio=4.0,
+                moe_experts=4, moe_top_k=2, moe_shared_experts=1, moe_dense_layers=1)
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+def test_layer_output_equals_a_dense_reference_and_counts_active_params():
+    model = build_model(moe_cfg(), 32)
+    moe = model.blocks[1].mlp
+    assert isinstance(moe, MoE) and not isinstance(model.blocks[0].mlp, MoE)  # first layer stays dense
+    assert moe.hidden == expert_hidden(256, 2, 1) == 96  # iso-FLOP: 256 / 3 rounded up to 16
+    with torch.no_grad():
+        moe.w2.normal_()
+    x = torch.randn(2, 5, 64)
+    y = moe(x)
+    # Reference: every token through its chosen experts one by one, plus the shared expert.
+    idx, w = route(x.reshape(-1, 64), moe.router, moe.expert_bias, 2)
+    ref = moe.shared(x.reshape(-1, 64)).clone()
+    for t in range(10):
+        for j in range(2):
+            e = idx[t, j]
+            h = torch.relu(x.reshape(-1, 64)[t] @ moe.w1[e].T).square()
+            ref[t] += w[t, j] * (h @ moe.w2[e].T)
+    torch.testing.assert_close(y.reshape(-1, 64), ref, rtol=1e-5, atol=1e-5)
+    expert = 96 * 64 * 2
+    inactive = 2 * (4 - 2) * expert  # two MoE layers, two of four experts idle per token
+    assert model.active_params() == model.num_params() - inactive
+
+
+def test_muon_orthogonalizes_each_expert():
+    from speedgpt.optim.muon import Muon, newton_schulz
+
+    w = torch.nn.Parameter(torch.zeros(3, 16, 8))
+    g = torch.randn(3, 16, 8, generator=torch.Generator().manual_seed(1))
+    w.grad = g.clone()
+    Muon([w], lr=1.0, momentum=0.0, nesterov=False).step()
+    for e in range(3):
+        expected = -newton_schulz(g[e]) * (16 / 8) ** 0.5
+        torch.testing.assert_close(w.detach()[e], expected, rtol=1e-4, atol=1e-5)
+
+
+def test_training_logs_expert_load_and_report_plots_it(tmp_path):
+    from test_parallel_train import make_shards, run_cfg
+
+    from speedgpt.report import write_report
+    from speedgpt.train.loop import train
+
+    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")), [
+        "--model.depth=3", "--model.moe_experts=4", "--model.moe_top_k=2", "--model.value_embeds=1",
+        "--train.steps=3", "--train.checkpoint_every=0", "--model.moe_bias_rate=0.01"])
+    res = train(cfg, run_dir=tmp_path / "run", quiet=True)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    loads = [r["moe_max_load"] for r in records if "moe_max_load" in r]
+    assert len(loads) == 3 and all(len(x) == 2 and x[0] >= 1.0 for x in loads)  # two MoE layers
+    biases = [b.mlp.expert_bias for b in res.model.blocks[1:]]
+    assert all(b.abs().sum() > 0 for b in biases)  # balanced after each step, outside the gradient
+    assert "blocks.1.mlp.expert_bias" in res.model.state_dict()  # checkpointed with the weights
+    paths = write_report([tmp_path / "run"], tmp_path / "run")
+    assert paths["png"].stat().st_size > 0
