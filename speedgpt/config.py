@@ -416,7 +416,22 @@ def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
 
 
 def validate(cfg: Config, world_size: int = 1) -> None:
-    m, d, t, s = cfg.model, cfg.data, cfg.train, cfg.schedule
+    """Raise ConfigError for the first inconsistent value, section by section."""
+    _check_model(cfg.model)
+    _check_data_and_batch(cfg, world_size)
+    _check_schedule(cfg.schedule)
+    _check_optim(cfg.optim)
+    _check_parallel(cfg.parallel)
+
+
+def _check_parallel(par: ParallelConfig) -> None:
+    if par.strategy not in ("ddp", "fsdp", "auto"):
+        raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
+    if par.memory_limit_gib < 0:
+        raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+
+
+def _check_model(m: ModelConfig) -> None:
     dim = m.resolved_dim()
     if m.depth < 1:
         raise ConfigError(f"model.depth={m.depth} must be at least 1")
@@ -450,6 +465,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"model.attn_free_layers={m.attn_free_layers} has layers outside 0..{m.depth - 1}")
     if m.attn_gate and m.attn_gate_dim > dim:
         raise ConfigError(f"model.attn_gate_dim={m.attn_gate_dim} exceeds model_dim={dim}")
+
+
+def _check_data_and_batch(cfg: Config, world_size: int) -> None:
+    d, t = cfg.data, cfg.train
     if d.seq_len < 2:
         raise ConfigError(f"data.seq_len={d.seq_len} must be at least 2")
     if t.batch_tokens % d.seq_len:
@@ -473,6 +492,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"data.packing='{d.packing}' must be greedy or bestfit")
     if d.val_seq_len and d.val_seq_len < 2:
         raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
+    if t.dtype not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
+
+
+def _check_schedule(s: ScheduleConfig) -> None:
     if s.window_block < 1:
         raise ConfigError(f"schedule.window_block={s.window_block} must be at least 1 (128 suits FlexAttention)")
     if s.kind == "wsd":
@@ -488,13 +512,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
     if s.window_start < 1 or s.window_end < s.window_start:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
-    if t.dtype not in ("auto", "bfloat16", "float32"):
-        raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
-    o, par = cfg.optim, cfg.parallel
-    if par.strategy not in ("ddp", "fsdp", "auto"):
-        raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
-    if par.memory_limit_gib < 0:
-        raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+
+
+def _check_optim(o: OptimConfig) -> None:
     if o.kind not in ("muon", "adamw"):
         raise ConfigError(f"optim.kind='{o.kind}' must be muon or adamw")
     if o.muon_ortho not in ("newton_schulz", "polar_express"):
