@@ -67,3 +67,18 @@ def test_train_fails_before_allocating(tmp_path):
     cfg = small("--parallel.memory_limit_gib=0.001", "--data.train_files=/nonexistent/*.bin")
     with pytest.raises(ConfigError, match="does not fit: ddp on 1 rank"):  # before the data is even looked at
         train(cfg, run_dir=tmp_path / "run", quiet=True)
+
+
+@pytest.mark.parametrize("name,strategies", [("dense-1b", ("fsdp", "ddp")), ("moe-d12", ("ddp", "fsdp"))])
+def test_preset_comments_state_the_estimate(name, strategies):
+    """The memory figures in the large presets' comments are what the estimator says today."""
+    from importlib import resources
+
+    text = " ".join((resources.files("speedgpt") / "presets" / f"{name}.toml").read_text().split())
+    cfg = load_preset(name)
+    counts = param_counts(cfg)
+    for strategy in strategies:
+        gib = [estimate_memory(cfg, strategy, w, counts=counts).total / GIB for w in (1, 2, 8)]
+        assert f"{strategy}: {gib[0]:.1f} GiB on 1 GPU, {gib[1]:.1f} on 2, {gib[2]:.1f} on 8" in text.replace("# ", "")
+    assert f"Activations are {estimate_memory(cfg, 'ddp', 1, counts=counts).activations / GIB:.1f} GiB" in \
+        text.replace("# ", "")
