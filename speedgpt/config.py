@@ -201,6 +201,9 @@ class TrainConfig:
     val_every: int = 125
     log_every: int = 10
     checkpoint_every: int = 0  # 0: only at the end
+    # full: rank 0 writes whole tensors (model.pt, optim.pt); dcp: every rank writes its shards with
+    # torch.distributed.checkpoint; dcp_async: dcp, written in the background while training goes on
+    checkpoint_format: str = "full"
     keep_checkpoints: int = 2
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
@@ -421,10 +424,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _check_data_and_batch(cfg, world_size)
     _check_schedule(cfg.schedule)
     _check_optim(cfg.optim)
-    _check_parallel(cfg.parallel)
+    _check_parallel(cfg.parallel, cfg.train)
 
 
-def _check_parallel(par: ParallelConfig) -> None:
+def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
+    if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
+        raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
     if par.strategy not in ("ddp", "fsdp", "auto"):
         raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
     if par.memory_limit_gib < 0:

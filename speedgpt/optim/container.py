@@ -46,12 +46,14 @@ class Optimizers:
         """The member's parameters in torch's state_dict order (group by group)."""
         return [p for group in opt.param_groups for p in group["params"]]
 
-    def state_dict(self) -> dict:
-        """{"adam": {name: state}, "muon": {name: state}}, full. A collective on several ranks."""
+    def state_dict(self, gather: bool = True) -> dict:
+        """{"adam": {name: state}, "muon": {name: state}}, full. A collective on several ranks.
+        gather=False leaves FSDP's DTensor shards as they are (for DCP, which saves shards)."""
         out = {}
         for key, opt in self.members().items():
             params = self._params(opt)
-            out[key] = {self.names[id(params[int(i)])]: _gathered(st) for i, st in opt.state_dict()["state"].items()}
+            out[key] = {self.names[id(params[int(i)])]: _gathered(st) if gather else st
+                        for i, st in opt.state_dict()["state"].items()}
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -101,5 +103,5 @@ def _sharded_like(state: dict, param: torch.Tensor) -> dict:
 
     if not is_sharded(param):
         return state
-    return {k: shard_like(v, param) if isinstance(v, torch.Tensor) and v.shape == param.shape else v
-            for k, v in state.items()}
+    return {k: shard_like(v, param) if isinstance(v, torch.Tensor) and not is_sharded(v) and v.shape == param.shape
+            else v for k, v in state.items()}

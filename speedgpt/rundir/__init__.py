@@ -4,7 +4,8 @@
       config.toml        the resolved config (`speedgpt train --config` of it reproduces the run)
       env.json           code version, packages, hardware (rundir/env.py)
       metrics.jsonl      one JSON record per line (rundir/metrics.py)
-      checkpoints/       step_NNNNNN/{model.pt, optim.pt, state.json} (rundir/checkpoint.py)
+      checkpoints/       step_NNNNNN/{model.pt, optim.pt, state.json} (rundir/checkpoint.py), or
+                         step_NNNNNN/{dcp/, state.json} (rundir/dcp.py: sharded, train.checkpoint_format=dcp)
       export/            model.safetensors + config.json (`speedgpt export`; rundir/export_dir.py)
       report.png, report.html
 

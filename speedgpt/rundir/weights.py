@@ -85,7 +85,7 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
         text = str(checkpoint)
         name = text if text.startswith(STEP_PREFIX) else f"{STEP_PREFIX}{int(text):06d}" if text.isdigit() else None
         ckpt = Path(text) if name is None else ckpt_root / name
-        if not (ckpt / "model.pt").is_file():
+        if not (ckpt / "model.pt").is_file() and not (ckpt / "dcp").is_dir():
             have = ", ".join(p.name.removeprefix(STEP_PREFIX).lstrip("0") or "0" for p in found)
             raise LoadError(f"run {root} has no checkpoint '{checkpoint}'; available steps: {have}")
     try:
@@ -131,6 +131,14 @@ def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.T
         for alias, canonical in aliases.items():
             state[alias] = state[canonical]
         return state
+    from .dcp import is_dcp_checkpoint, read_model_state
+
+    if is_dcp_checkpoint(source.weights):  # sharded by DCP: consolidated here, in one process
+        try:
+            return read_model_state(source.weights, device)
+        except Exception as e:
+            raise LoadError(f"checkpoint {source.weights}/dcp is unreadable ({type(e).__name__}: {str(e)[:120]}); "
+                            f"name another with --checkpoint STEP") from None
     try:
         state = torch.load(source.weights / "model.pt", map_location=device, weights_only=True)
     except FileNotFoundError:

@@ -251,6 +251,8 @@ class Trainer:
                 "rng_cpu": torch.get_rng_state().tolist()}
 
     def save(self) -> Path | None:
+        if self.cfg.train.checkpoint_format != "full":
+            return self.save_dcp()
         path = None
         optim_states = self.optimizers.state_dict()  # sharded: a collective, all ranks
         model_state = self.full_model_state()  # fsdp: a collective too
@@ -259,6 +261,24 @@ class Trainer:
                                                keep=self.cfg.train.keep_checkpoints)
         barrier()
         return path
+
+    def save_dcp(self) -> Path | None:
+        """Every rank writes its shards (rundir/dcp.py); with dcp_async in the background, published
+        at the next save or at the end of the run."""
+        from ..rundir import dcp
+
+        self.finish_checkpoint()
+        background = self.cfg.train.checkpoint_format == "dcp_async"
+        self.pending_checkpoint = dcp.save(self.rundir.checkpoints, self.step,
+                                           dcp.flat_state(self.model, self.optimizers), self.state(),
+                                           is_main=self.dist.is_main, keep=self.cfg.train.keep_checkpoints,
+                                           background=background)
+        return None if background else self.finish_checkpoint()
+
+    def finish_checkpoint(self) -> Path | None:
+        """Wait for a checkpoint being written in the background and publish it (every rank)."""
+        pending, self.pending_checkpoint = getattr(self, "pending_checkpoint", None), None
+        return pending.finish() if pending is not None else None
 
     def full_model_state(self) -> dict:
         """The model's weights, whole (the same checkpoint format for every strategy and world size).
@@ -278,10 +298,15 @@ class Trainer:
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True))
 
     def load_latest(self) -> None:
+        from ..rundir import dcp
+
         path = self.rundir.latest_checkpoint()
-        model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
-        self.load_model_state(model_state)
-        self.optimizers.load_state_dict(optim_states)
+        if dcp.is_dcp_checkpoint(path):  # written by any number of ranks, under any strategy
+            state = dcp.load_into(path, self.model, self.optimizers)
+        else:
+            model_state, optim_states, state = load_checkpoint(path, map_location=self.device)
+            self.load_model_state(model_state)
+            self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(state["loader"])
         torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["train_time_s"]
@@ -421,6 +446,7 @@ class Trainer:
                                      f"(e.g. --optim.muon_lr) or enable --optim.grad_clip=1.0")
 
     def finish(self, result: TrainResult) -> None:
+        self.finish_checkpoint()
         self.metrics.close()
         if self.strategy == "fsdp":  # sampling runs on rank 0 alone: it gets an unsharded copy
             state = self.full_model_state()
