@@ -14,6 +14,7 @@ import heapq
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -58,6 +59,9 @@ def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
 
 
 def _init_worker() -> None:
+    # Ctrl-C reaches the whole process group; the parent decides what an interrupt means and
+    # shuts the pool down cleanly, so a worker must not die mid-task (its result would never come).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     get_tokenizer()  # build the BPE table once per process, before the first task
 
 
@@ -83,7 +87,15 @@ def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
 
 @contextmanager
 def _ordered_results(chunks: Iterable, workers: int):
-    """Yield (meta, _encode_chunk(texts)) in input order, with at most a few chunks in flight."""
+    """Yield (meta, _encode_chunk(texts)) in input order, with at most 2 * workers chunks in flight.
+
+    Shutdown, also after an early stop (max_tokens) or an error in the consumer: stop submitting,
+    wait for the chunks already submitted, then close() and join() the pool. Never terminate()
+    with tasks in flight: Pool.terminate() drains the task pipe only while it holds data, so a
+    task whose (~1 MB, larger than the pipe) write starts just after that drain blocks the pool's
+    task-handler thread forever once the workers are killed, and terminate() waits on it forever.
+    Once every submitted task has returned, the task handler is idle and the shutdown cannot block.
+    """
     if workers <= 1:
         yield ((meta, _encode_chunk(texts)) for meta, texts in chunks)
         return
@@ -91,9 +103,9 @@ def _ordered_results(chunks: Iterable, workers: int):
     # prefetch thread) can deadlock the child on a lock held at fork time. Start-up costs
     # ~0.5 s per worker (plus re-importing the caller's main module), paid once per build.
     pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker)
+    pending: deque = deque()
 
     def gen():
-        pending: deque = deque()
         for meta, texts in chunks:
             pending.append((meta, pool.apply_async(_encode_chunk, (texts,))))
             if len(pending) >= 2 * workers:  # bounded: the input may be far larger than memory
@@ -106,7 +118,10 @@ def _ordered_results(chunks: Iterable, workers: int):
     try:
         yield gen()
     finally:
-        pool.terminate()  # also stops work that an early stop (max_tokens) left in flight
+        # At most 2 * workers chunks (a second or two of work) are still out: let them finish.
+        while pending:
+            pending.popleft()[1].wait()
+        pool.close()
         pool.join()
 
 
