@@ -700,12 +700,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
         "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
         "that differ from A's.")
-    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="run directories written by `speedgpt train`; with several, the first is the baseline A")
     p.add_argument("--out", type=Path, default=None,
                    help="output dir for report.png/html (default: the run dir for one run, "
                         "FIRST_RUN_DIR/compare for several)")
     p.add_argument("--target-loss", type=float, default=None, help="report time/tokens to reach this val loss")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="plot and page title (default: speedgpt report)")
     p.add_argument("--markdown", action="store_true",
                    help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md), and write no "
                         "files; needs 2+ runs")
