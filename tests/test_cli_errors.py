@@ -80,7 +80,11 @@ def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys, text_shards):
 
     monkeypatch.setattr(loop, "train", interrupted)
     argv = ["train", *TINY_OVERRIDES, f"--data.train_files={text_shards}", "--run-dir", str(tmp_path / "r")]
-    assert main(argv) == 130
+    try:
+        rc = main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped speedgpt.cli.main: the user sees a traceback")
+    assert rc == 130
     out, err = capsys.readouterr()
     assert err.strip() == "speedgpt train: interrupted" and "Traceback" not in out + err
     monkeypatch.setenv("SPEEDGPT_DEBUG", "1")  # the traceback is still there for whoever asks
