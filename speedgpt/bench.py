@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps (of each config)")
     args, overrides = p.parse_known_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: must be >= 1")
     preset = args.preset
     if not preset and not args.config:
         preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"

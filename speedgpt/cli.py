@@ -187,6 +187,9 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
     args = p.parse_args(argv)
+    for flag, value in (("--tokens", args.tokens), ("--limit", args.limit), ("--batch-rows", args.batch_rows)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
 
     from .config import ConfigError
     from .eval.run import EvalError, evaluate_run

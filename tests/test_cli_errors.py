@@ -207,3 +207,13 @@ def test_every_option_has_help():
     finally:
         argparse.ArgumentParser.parse_known_args = real
     assert not seen, f"options without help text: {seen}"
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["eval", "RUN", "--tokens", "0"], "--tokens"), (["eval", "RUN", "--limit", "0"], "--limit"),
+    (["bench", "--steps", "0"], "--steps"),
+])
+def test_counts_below_one_are_refused(argv, named, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path) if a == "RUN" else a for a in argv])
+    assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
