@@ -85,7 +85,7 @@ def test_readme_example_then_train(tmp_path, capsys, monkeypatch):
     assert main(["data", "tokenize", "docs/", "README.md", "--out", str(out), "--workers", "1"]) == 0
     printed = capsys.readouterr().out
     assert "{" not in printed and len(printed) < 600  # a summary, not the manifest
-    assert "documents" in printed and "train" in printed and "val 1 docs" in printed
+    assert "documents" in printed and "train" in printed and "val 1 doc /" in printed
     rc = main(["train", *TINY_OVERRIDES, "--train.steps=2", f"--data.train_files={out}",
                "--run-dir", str(tmp_path / "run")])
     assert rc == 0, capsys.readouterr().err

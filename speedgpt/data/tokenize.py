@@ -387,7 +387,9 @@ def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
     def split(name: str) -> str:
         part = manifest[name]
         n = len(part["shards"])
-        return f"{name} {part['documents']:,} docs / {part['tokens']:,} tokens in {n} shard{'s' * (n != 1)}"
+        docs = part["documents"]
+        return (f"{name} {docs:,} doc{'s' * (docs != 1)} / {part['tokens']:,} tokens in "
+                f"{n} shard{'s' * (n != 1)}")
 
     lines = [f"tokenized {manifest['documents']:,} documents, {manifest['tokens']:,} tokens -> {out_dir}",
              f"  {split('train')}; {split('val')}"]
