@@ -44,6 +44,7 @@ DESCRIPTIONS: dict[str, str] = {
     "data.seq_len": "tokens per training row",
     "data.val_tokens": "tokens scored at each validation (capped at what the val shards hold)",
     "data.val_seq_len": "tokens per validation row; 0: seq_len",
+    "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits)",
     # optim
     "optim.muon_lr": "Muon learning rate for the hidden matrices",
     "optim.muon_momentum": "Muon momentum after its warmup",
@@ -67,6 +68,7 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.adam_weight_decay": "Adam decoupled weight decay",
     "optim.grad_clip": "global gradient-norm clipping threshold; 0 disables",
     "optim.scale_lr_by_width": "scale Adam lrs by (768 / model_dim) ** 0.5 (depth-knob models)",
+    "optim.tuned_width": "width the lrs and Muon decay were tuned at; the budget rescales them to this model (0: off)",
     # schedule
     "schedule.kind": "lr schedule: constant_cooldown | warmup_cosine | wsd",
     "schedule.warmup_frac": "fraction of steps for linear lr warmup",
@@ -77,8 +79,10 @@ DESCRIPTIONS: dict[str, str] = {
     "schedule.window_block": "attention window granularity (FlexAttention block size)",
     "schedule.short_window_frac": "short ('S') layers' window as a fraction of the long one",
     # train
-    "train.steps": "optimizer steps",
-    "train.batch_tokens": "global tokens per optimizer step (the same on any number of GPUs)",
+    "train.steps": "optimizer steps (ignored when tokens_per_param or flops_budget sets the horizon)",
+    "train.batch_tokens": "global tokens per optimizer step (the same on any number of GPUs); 0: derived from the budget",
+    "train.tokens_per_param": "horizon as training tokens per scaling parameter; steps follow (0: off)",
+    "train.flops_budget": "horizon as training FLOPs; steps follow (0: off; at most one of the two budgets)",
     "train.micro_batch_size": "rows per micro-step per rank; 0: the largest that fits batch_tokens in one go",
     "train.val_every": "validate every this many steps (and at the end)",
     "train.log_every": "log the train loss every this many steps",

@@ -26,6 +26,7 @@ COMMANDS = {
     "report-ab": ["report", "PATH", "PATH"],
     "bench": ["bench", "--config", "PATH"],
     "config": ["config", "--config", "PATH"],
+    "sweep-analyze": ["sweep", "--out", "PATH", "--analyze"],
 }
 # Commands whose path is only an output: a missing or empty folder is fine there, a file is not.
 OUTPUT_ONLY = {
