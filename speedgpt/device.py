@@ -9,9 +9,11 @@ class DeviceError(ValueError):
     """A requested device does not exist here; the message names the fix."""
 
 
-def resolve_device(requested: str | torch.device = "auto", local_rank: int = 0) -> torch.device:
+def resolve_device(requested: str | torch.device = "auto", local_rank: int = 0, *,
+                   option: str = "--device") -> torch.device:
     """The torch device for a `train.device` / `--device` value: "auto" is this rank's GPU if CUDA is
-    visible, else the CPU; "cuda" without an index is this rank's GPU."""
+    visible, else the CPU; "cuda" without an index is this rank's GPU. `option` names the setting
+    in the error when the device does not exist here."""
     if isinstance(requested, torch.device):
         return requested
     if requested == "auto":
@@ -19,13 +21,16 @@ def resolve_device(requested: str | torch.device = "auto", local_rank: int = 0) 
     try:
         device = torch.device(requested)
     except RuntimeError:
-        raise DeviceError(f"device '{requested}' is not a torch device; use auto, cpu, cuda or cuda:N") from None
+        raise DeviceError(f"{option}={requested} is not a torch device; use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise DeviceError(f"device '{requested}' asked for but no CUDA device is visible; use cpu "
-                              f"(--train.device=cpu or --device cpu)")
+            build = " (this PyTorch is a CPU-only build)" if torch.version.cuda is None else ""
+            raise DeviceError(f"{option}={requested} but this machine has no usable CUDA device{build}; "
+                              f"use {option}=auto or cpu")
         if device.index is None:
             device = torch.device("cuda", local_rank)
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise DeviceError(f"{option}={requested} but MPS is not available here; use {option}=auto or cpu")
     return device
 
 

@@ -50,7 +50,7 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
         raise RuntimeError(f"RANK={rank} is outside [0, WORLD_SIZE={world_size}); launch with torchrun")
     from ..device import resolve_device
 
-    device = resolve_device(requested_device, local_rank)
+    device = resolve_device(requested_device, local_rank, option="--train.device")
     if device.type == "cuda":
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise RuntimeError(f"LOCAL_RANK={local_rank} needs cuda:{device.index} but only "

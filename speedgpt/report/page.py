@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..atomic import atomic_file, atomic_write
-from ..rundir import REPORT_HTML, REPORT_PNG
+from ..rundir import COMPARE_DIR, REPORT_HTML, REPORT_PNG
 from .compare import compare_runs, comparison_markdown, format_comparison, print_comparison
 from .plot import plot_runs
 from .runs import RunData, load_runs
@@ -83,20 +83,18 @@ def _render(runs: list[RunData], rows: list[dict], out_dir: Path, target_loss: f
 def report_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | None = None, *,
                 target_loss: float | None = None, title: str | None = None, markdown: bool = False) -> dict[str, Path]:
     """`speedgpt report`: write the report files (into `out`; default the run dir for one run,
-    ./speedgpt-report for several) and print the summary and A/B tables, or with `markdown` only
-    the A/B table as GitHub markdown on stdout (the "wrote" line then goes to stderr)."""
-    import sys
-
-    out = Path(out) if out is not None else (Path(run_dirs[0]) if len(run_dirs) == 1 else Path("speedgpt-report"))
+    FIRST_RUN_DIR/compare for several) and print the summary and A/B tables, or with `markdown`
+    only print the A/B table as GitHub markdown on stdout and write no files."""
+    # Several runs: the comparison goes next to the baseline's files, never into the working directory.
+    out = Path(out) if out is not None else (Path(run_dirs[0]) if len(run_dirs) == 1 else Path(run_dirs[0]) / COMPARE_DIR)
     runs = load_runs(run_dirs)
     rows = [summarize(run, target_loss) for run in runs]
     comparison = compare_runs(runs) if len(runs) > 1 else None
-    paths = _render(runs, rows, out, target_loss, title, comparison)
-    wrote = f"wrote {paths['png']} and {paths['html']}"
     if markdown:  # stdout holds just the table, ready to redirect into a file
         print(comparison_markdown(comparison), end="")
-        print(wrote, file=sys.stderr)
-        return paths
+        return {}
+    paths = _render(runs, rows, out, target_loss, title, comparison)
+    wrote = f"wrote {paths['png']} and {paths['html']}"
     print_summary(rows)
     if comparison is not None:
         print_comparison(comparison)

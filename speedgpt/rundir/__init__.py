@@ -8,6 +8,9 @@
                          step_NNNNNN/{dcp/, state.json} (rundir/dcp.py: sharded, train.checkpoint_format=dcp)
       export/            model.safetensors + config.json (`speedgpt export`; rundir/export_dir.py)
       report.png, report.html
+      compare/           `speedgpt report A B ...`'s files, in the baseline A's directory
+
+A new run never writes into an old run's directory unless told to (rundir/reuse.py).
 
 Training writes it; eval, sampling, export and reports read it through `RunDir`, so none of them
 needs the training code. Importing this module is cheap (no torch): reports use it too.
@@ -34,6 +37,7 @@ CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
 REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
+COMPARE_DIR = "compare"  # `speedgpt report` of several runs, in the first (baseline) run's directory
 
 
 class RunDir:
