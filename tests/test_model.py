@@ -169,3 +169,26 @@ def test_window_schedule_does_not_recompile():
     losses = [compiled(x, y, windows=torch.tensor(w, dtype=torch.int32)).item() for w in ((16, 16), (48, 32), (64, 16))]
     assert counters["stats"]["unique_graphs"] == 1
     assert losses[0] == pytest.approx(m(x, y, windows=(16, 16)).item(), abs=1e-5)
+
+
+def test_activation_checkpointing_gives_the_same_loss_and_gradients():
+    """parallel.activation_checkpointing recomputes each block in the backward: same numbers, and an
+    MoE layer counts its tokens once (not again in the recomputation)."""
+    from speedgpt.config import ModelConfig
+
+    cfg = ModelConfig(depth=3, model_dim=64, head_dim=16, value_embeds=1, vocab_size=256, moe_experts=4)
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    results = []
+    for ac in (False, True):
+        model = build_model(cfg, 32, runtime_for(cfg, "cpu").replace(activation_checkpointing=ac))
+        with torch.no_grad():
+            model.lm_head.weight.normal_(generator=torch.Generator().manual_seed(1))  # zero init: most grads zero
+        loss = model(x, x)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()},
+                        model.blocks[1].mlp.load.clone()))
+    (l0, g0, load0), (l1, g1, load1) = results
+    assert torch.equal(l0, l1)
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=0, msg=name)
+    assert load0.sum() == 2 * 32 * 2 and torch.equal(load0, load1)  # tokens x top_k, counted once

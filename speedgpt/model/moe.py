@@ -105,8 +105,12 @@ class MoE(nn.Module):
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token = order // self.top_k  # the row each sorted assignment came from
-        counts = torch.bincount(flat, minlength=self.experts)
-        if self.training and torch.is_grad_enabled():
+        # scatter_add, not bincount: a static output shape, so a compiled block has no graph break here
+        counts = torch.zeros(self.experts, dtype=torch.int64, device=flat.device).scatter_add_(
+            0, flat, torch.ones_like(flat))
+        # Count training forwards once: not again when activation checkpointing recomputes the block
+        # inside the backward (a graph task is then running).
+        if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
             self.load += counts
         x_sorted = x_ND[token]
         if self.grouped:
