@@ -107,3 +107,36 @@ def test_fsdp_two_ranks_match_unsharded_and_resume_into_ddp(tmp_path, monkeypatc
     (tmp_path / "G" / "metrics.jsonl").unlink(missing_ok=True)
     losses_g, _ = run_here(ddp, tmp_path / "G", resume=True)
     np.testing.assert_allclose(losses_g, losses_e[3:], rtol=2e-4)
+
+
+def test_one_rank_fsdp_with_checkpointing_and_normuon_steps_like_the_unsharded_model():
+    """On a one-process group: FSDP with activation checkpointing and no reshard after forward, and
+    ShardedMuon with NorMuon on (its gather-everywhere path) and off (its all-to-all path), take the
+    same three optimizer steps as the unsharded model with torch's AdamW and Muon."""
+    from speedgpt.optim.build import build_optimizers
+    from speedgpt.parallel.dist import ensure_process_group, teardown
+
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 64, (2, 32), generator=g)
+    ensure_process_group(cpu)
+    try:
+        for normuon in (False, True):
+            cfg = apply_overrides(run_cfg("unused"), ["--parallel.activation_checkpointing=true",
+                                                      "--parallel.reshard_after_forward=false",
+                                                      f"--optim.normuon={str(normuon).lower()}"])
+            sharded = build_fsdp_model(cfg, cpu, 1)
+            ref = model_from_config(cfg, cpu)
+            opts = build_optimizers(sharded, cfg.optim, cpu, 1, strategy="fsdp")
+            ref_opts = build_optimizers(ref, cfg.optim, cpu, 1)
+            for _ in range(3):  # zero-initialized head and projections: qkv moves from step 3
+                for model, o in ((sharded, opts), (ref, ref_opts)):
+                    model(x, x).backward()
+                    o.step()
+                    model.zero_grad(set_to_none=True)
+            got = full_state(sharded)
+            for k, v in ref.state_dict().items():
+                torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=f"{k} (normuon={normuon})")
+            assert not torch.equal(got["blocks.0.attn.qkv_w"], model_from_config(cfg, cpu).blocks[0].attn.qkv_w)
+    finally:
+        teardown()
