@@ -10,7 +10,6 @@ machine, and exact duplicates can never straddle the split.
 from __future__ import annotations
 
 import hashlib
-import heapq
 import json
 import multiprocessing as mp
 import os
@@ -26,7 +25,7 @@ import numpy as np
 
 from ..atomic import atomic_write
 from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths, python_source_files
-from .shards import write_shard
+from .split import Splitter
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
 
 MANIFEST = "manifest.json"
@@ -130,46 +129,6 @@ def _ordered_results(chunks: Iterable, workers: int):
         pool.join()
 
 
-class _ShardWriter:
-    """Appends whole documents to ``{split}_NNNNNN.bin`` shards of at most shard_tokens tokens
-    (a single document longer than that gets a shard of its own)."""
-
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int):
-        self.out_dir, self.split, self.shard_tokens = out_dir, split, shard_tokens
-        self.pending: list[np.ndarray] = []
-        self.n_pending = 0
-        self.shards: list[dict] = []
-        self.documents = 0
-        self.tokens = 0
-
-    def add(self, doc: np.ndarray) -> None:
-        if self.n_pending and self.n_pending + len(doc) > self.shard_tokens:
-            self.flush()
-        self.pending.append(doc)
-        self.n_pending += len(doc)
-        self.documents += 1
-        self.tokens += len(doc)
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        path = self.out_dir / f"{self.split}_{len(self.shards):06d}.bin"
-        n = write_shard(path, np.concatenate(self.pending))
-        self.shards.append({"file": path.name, "tokens": n, "sha256": _sha256(path)})
-        self.pending, self.n_pending = [], 0
-
-    def summary(self) -> dict:
-        return {"documents": self.documents, "tokens": self.tokens, "shards": self.shards}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class _Progress:
     """A rich progress line with tokens and tokens/s; a no-op when disabled."""
 
@@ -263,17 +222,8 @@ def tokenize_corpus(
         "tokenizer": "gpt2",
         "format_version": 1,
     }
-    train = _ShardWriter(out_dir, "train", shard_tokens)
-    val = _ShardWriter(out_dir, "val", shard_tokens)
-    per_source = [{"documents": 0, "tokens": 0, "train_documents": 0, "val_documents": 0} for _ in sources]
-    threshold = int(val_fraction * 2**64)
-    # val_docs: a max-heap (negated hashes) of the N smallest-hash documents seen so far; a
-    # document pushed out goes to train right then, which keeps the output deterministic.
-    val_heap: list[tuple[int, int, int, np.ndarray]] = []
-    # ensure_val: while val is still empty, the smallest-hash document so far waits here instead of
-    # going to train; it goes to train once val gets a document, or to val at the end if none did.
-    held: tuple[int, int, np.ndarray] | None = None
-    ensure_val = ensure_val and val_docs is None and val_fraction > 0
+    split = Splitter(out_dir, shard_tokens, len(sources), val_fraction, val_docs,
+                      ensure_val and val_docs is None and val_fraction > 0)
     total_tokens = 0
     n_docs = 0
     stopped_early = False
@@ -285,33 +235,7 @@ def tokenize_corpus(
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
                 for j, s in enumerate(source_idx):
                     doc = tokens[offsets[j] : offsets[j + 1]]
-                    stats = per_source[s]
-                    stats["documents"] += 1
-                    stats["tokens"] += len(doc)
-                    if val_docs is None:
-                        to_val = hashes[j] < threshold
-                    else:
-                        to_val = False
-                        item = (-hashes[j], n_docs, s, doc)
-                        if len(val_heap) < val_docs:
-                            heapq.heappush(val_heap, item)
-                        elif val_docs and hashes[j] < -val_heap[0][0]:
-                            _, _, s_out, doc_out = heapq.heapreplace(val_heap, item)
-                            _add(train, per_source[s_out], "train", doc_out)
-                        else:
-                            _add(train, stats, "train", doc)
-                    if val_docs is None:
-                        if to_val:
-                            _add(val, stats, "val", doc)
-                            if held is not None:  # val has a document now: the held one is train's
-                                _add(train, per_source[held[1]], "train", held[2])
-                                held = None
-                        elif ensure_val and not val.documents and (held is None or hashes[j] < held[0]):
-                            if held is not None:
-                                _add(train, per_source[held[1]], "train", held[2])
-                            held = (hashes[j], s, doc)
-                        else:
-                            _add(train, stats, "train", doc)
+                    split.add(s, doc, hashes[j], n_docs)
                     n_docs += 1
                     total_tokens += len(doc)
                     if max_tokens is not None and total_tokens >= max_tokens:
@@ -322,20 +246,15 @@ def tokenize_corpus(
                     break
     finally:
         bar.close()
-    problem = _nothing_usable(sources, n_docs, ensure_val)
+    problem = _nothing_usable(sources, n_docs, split.ensure_val)
     if problem:
         _clear_outputs(out_dir)  # no partial build left behind to be mistaken for data
         raise TokenizeError(problem)
-    if held is not None:  # no document fell below val_fraction: the smallest hash is val
-        _add(val, per_source[held[1]], "val", held[2])
-    if ensure_val and not train.documents:
+    if not split.finish():
         _clear_outputs(out_dir)
         raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
                             "use a smaller --val-fraction or add inputs")
-    for _, _, s, doc in sorted(val_heap, key=lambda item: item[1]):  # val in input order
-        _add(val, per_source[s], "val", doc)
-    train.flush()
-    val.flush()
+    train, val, per_source = split.train, split.val, split.per_source
     elapsed = time.perf_counter() - start
 
     manifest = {
@@ -404,11 +323,6 @@ def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
     if manifest.get("note"):
         lines.append(f"  note: {manifest['note']}")
     return "\n".join(lines)
-
-
-def _add(writer: _ShardWriter, stats: dict, split: str, doc: np.ndarray) -> None:
-    writer.add(doc)
-    stats[f"{split}_documents"] += 1
 
 
 def _write_json(path: Path, obj: dict) -> None:
