@@ -30,7 +30,8 @@ def test_estimate_by_hand():
     cfg = small()
     # 8 rows per step over 2 ranks: 4 rows of 32 tokens per micro-batch, fp32 (4 bytes) on CPU
     tokens = 4 * 32
-    per_token = (2 * (8 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB  # two layers, two embeddings, fp32 logits + grad
+    # per layer: attention 8 widths (input, norm, q k v before and after norm/rotary, output), MLP 1 width + 2 hidden
+    per_token = (2 * (9 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB  # two layers, two embeddings, fp32 logits + grad
     optimizer = (8 * (TOTAL - 2 * BLOCK) + 4 * 2 * BLOCK) / 2  # Adam 2 moments, Muon 1 buffer, sharded over 2
     ddp = estimate_memory(cfg, "ddp", 2, dtype_bytes=4)
     assert (ddp.params, ddp.grads, ddp.optimizer, ddp.activations) == (4 * TOTAL, 4 * TOTAL, optimizer,
@@ -41,7 +42,10 @@ def test_estimate_by_hand():
     assert fsdp.optimizer == optimizer and fsdp.activations == ddp.activations
     # activation checkpointing keeps each block's input, plus one block's activations while recomputed
     ac = estimate_memory(small("--parallel.activation_checkpointing=true"), "ddp", 2, dtype_bytes=4)
-    assert ac.activations == tokens * ((2 * DIM + (8 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB)
+    assert ac.activations == tokens * ((2 * DIM + (9 * DIM + 2 * HIDDEN) + 2 * DIM) * 4 + 2 * 4 * VOCAB)
+    # grouped-query attention: k and v of 2 heads instead of 4 keep 3 x 2 heads x 16 fewer values per layer
+    gqa = estimate_memory(small("--model.num_kv_heads=2"), "ddp", 2, dtype_bytes=4)
+    assert ddp.activations - gqa.activations == tokens * 2 * (3 * 2 * 16) * 4
     assert "ddp on 2 rank(s), micro-batch 4" in ddp.describe()
 
 

@@ -71,17 +71,21 @@ def param_counts(cfg: Config) -> ParamCounts:
 
 def activation_bytes(cfg: Config, micro_batch: int, dtype_bytes: int) -> float:
     """What one micro-batch's backward keeps, per device. Per token and layer, in the compute dtype:
-    the block input, the two norm outputs, q, k, v (after norm and rotary), the attention output
-    and its projection input (~8 widths for attention with heads x head_dim = width, plus k and v
-    again when they are fewer heads), and the MLP's input, hidden pre-activation and ReLU² output
-    (1 width + 2 hidden). With activation checkpointing only each block's input is kept, plus one
+    the block input and its norm, q, k, v before and after norm and rotary, and the attention output
+    (8 widths when heads x head_dim = width and every head has its own k and v; fewer with grouped-
+    query attention), and the MLP's normed input, hidden pre-activation and ReLU² output (1 width +
+    2 hidden). With activation checkpointing only each block's input is kept, plus one
     block's full set while it is recomputed. The head adds fp32 logits and their gradient
     (2 x 4 bytes x padded vocab per token) and the embeddings' outputs."""
     m = cfg.model
     tokens = micro_batch * cfg.data.seq_len
     dim = m.resolved_dim()
     hidden = int(m.mlp_ratio * dim)
-    per_layer = 8 * dim + 2 * hidden
+    q = m.resolved_heads() * m.head_dim
+    kv = m.resolved_kv_heads() * m.head_dim
+    # input and norm (2 dim), q k v before (q + 2 kv) and after norm and rotary (q + kv, and v), attention
+    # output (q): 8 widths when q = kv = dim; then the MLP's norm, pre-activation and ReLU².
+    per_layer = 2 * dim + 3 * q + 3 * kv + dim + 2 * hidden
     if cfg.parallel.activation_checkpointing:
         layers = m.depth * dim + per_layer
     else:
