@@ -209,6 +209,10 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
     compile: bool = False
+    # What train.compile compiles under ddp: "model" (one graph: all gradients arrive at the end of the
+    # backward) or "block" (each transformer block on its own: a block's gradient reduction starts while
+    # the backward computes the blocks below it). fsdp always compiles per block.
+    compile_scope: str = "model"
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.
     coordinate_descent_tuning: bool = False
@@ -428,6 +432,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
+    if t.compile_scope not in ("model", "block"):
+        raise ConfigError(f"train.compile_scope='{t.compile_scope}' must be model or block")
     if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
         raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
     if par.strategy not in ("ddp", "fsdp", "auto"):

@@ -61,6 +61,13 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
     return find_shards(out, "train"), find_shards(out, "val")
 
 
+def compile_blocks(model: GPT, **compile_kwargs) -> None:
+    """torch.compile each transformer block in place: each block's backward is then its own autograd
+    node, so gradient hooks (and the reductions they start) fire block by block during the backward."""
+    for block in model.blocks:
+        block.compile(dynamic=False, **compile_kwargs)
+
+
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool = False, quiet: bool = False):
         # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
@@ -148,8 +155,10 @@ class Trainer:
             note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
             if note:
                 self.log(note)
-        # fsdp compiles block by block (build_fsdp_model); ddp compiles the whole model
-        whole = cfg.train.compile and self.strategy == "ddp"
+        # fsdp compiles block by block (build_fsdp_model); ddp the whole model or (compile_scope=block) each block
+        whole = cfg.train.compile and self.strategy == "ddp" and cfg.train.compile_scope == "model"
+        if cfg.train.compile and self.strategy == "ddp" and cfg.train.compile_scope == "block":
+            compile_blocks(self.model)
         self.forward = torch.compile(self.model, dynamic=False) if whole else self.model
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
