@@ -22,8 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import CastedLinear
-
 
 def expert_hidden(dense_hidden: int, top_k: int, shared: int, multiple: int = 16) -> int:
     """Iso-FLOP expert width: the dense hidden width over the experts a token uses, rounded up to
