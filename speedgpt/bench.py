@@ -138,6 +138,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "compile_warmup_s": warm_s,
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
+        "strategy": trainer.strategy,
+        "memory_estimate_gib": trainer.memory_estimate.total / 2**30,  # to set against the measured peak
         "attn_backend": trainer.model.runtime.attn_backend,
         "fp8_head": trainer.model.runtime.fp8_head,
     }
@@ -191,7 +193,7 @@ def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[fl
 
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
-            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "loader_ms_per_step", "comm_wait_ms_per_step",
+            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "strategy", "loader_ms_per_step", "comm_wait_ms_per_step",
             "comm_exposed_frac", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:

@@ -188,6 +188,7 @@ class Trainer:
 
         dtype_bytes = resolve_dtype(self.cfg.train.dtype, self.device).itemsize
         self.strategy, est = choose_strategy(self.cfg, self.dist.world_size, self.device, dtype_bytes=dtype_bytes)
+        self.memory_estimate = est
         self.log(f"memory: {est.describe()}")
 
     def usable_val_tokens(self) -> int:
