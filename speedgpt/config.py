@@ -148,6 +148,9 @@ class ScheduleConfig:
     window_end: int = 1792
     window_block: int = 128
     short_window_frac: float = 0.5
+    # How the long window grows: "linear" (round(start + x (end - start)) blocks at progress x) or
+    # "record28" (record #28: ceil(x (end - block/2) / block) blocks, at least one; window_start unused).
+    window_rule: str = "linear"
 
 
 @dataclass
@@ -419,6 +422,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
     if s.window_start < 1 or s.window_end < s.window_start:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
+    if s.window_rule not in ("linear", "record28"):
+        raise ConfigError(f"schedule.window_rule='{s.window_rule}' must be linear or record28")
     if t.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
     o = cfg.optim

@@ -110,6 +110,8 @@ class Trainer:
         max_len = max(d.seq_len, d.val_seq_len or 0)
         self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
                                       attn_backend=backend, window_block=cfg.schedule.window_block)
+        # The windows of the finished model (sampling, FLOP counts); training and validation pass each
+        # step's own windows to the forward.
         self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
         # The loss is a mean over the step's tokens: that bounds the logit gradient (model/fp8.py).
         self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
@@ -177,6 +179,13 @@ class Trainer:
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
+        return self.windows_at(step)
+
+    def windows_at(self, step: int):
+        """The attention windows of `step` in the form the forward takes: the schedule's (long, short)
+        tokens; under compile a device tensor. Training step k and the validation after k steps both
+        use them, so validation scores the model with the windows it is trained at (as record #28)."""
+        cfg = self.cfg
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
         if not cfg.train.compile:
             return windows
@@ -204,17 +213,20 @@ class Trainer:
         return total
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self, step: int | None = None) -> float:
+        """Mean validation loss of the model after `step` training steps (default: the current one),
+        at that step's attention windows."""
         from ..data.loader import val_batches
 
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
+        windows = self.windows_at(self.step if step is None else step)
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
                                            max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
-            losses.append(self.forward(inputs, targets))
+            losses.append(self.forward(inputs, targets, windows=windows))
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:
