@@ -51,6 +51,12 @@ class ModelConfig:
     attn_backend: str = "auto"  # auto | sdpa | flex
     doc_masking: bool = True  # attend only within the document (documents start at BOS)
     fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
+    # The FP8 head's static weight scale is fp8_head_w_bound / 448: |W| up to the bound is representable.
+    # 24 is generous; record #28 uses w_s = 2^-9, i.e. a bound of 448 * 2^-9 = 0.875 (finer steps).
+    fp8_head_w_bound: float = 24.0
+    # The FP8 head only while training; evaluation and inference use the bf16 head (record #28's
+    # CastedLinear takes the FP8 path only when self.training, so its val losses are bf16-head losses).
+    fp8_head_train_only: bool = False
     bf16_embeds: bool = False
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
@@ -133,6 +139,13 @@ class OptimConfig:
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.0
     grad_clip: float = 0.0  # global-norm clipping; 0 disables
+    # Muon's per-matrix lr factor max(1, rows/cols)^0.5: "rows_over_cols" on this model's (out, in)
+    # layout; "record28" on record #28's layout, which stores the MLP input weight as (in, out): factor
+    # 1 there instead of 2 (every other matrix is the same in both).
+    muon_shape_factor: str = "rows_over_cols"
+    # Newton-Schulz lines as fused multiply-adds (addmm/baddbmm, one rounding each), as record #28 and
+    # torch.optim.Muon compute them; off: separate bf16 multiplies and adds.
+    muon_ns_fused: bool = False
     # Depth-knob learning-rate scaling: Adam lrs scale with (768 / model_dim) ** 0.5 when on.
     scale_lr_by_width: bool = False
 
@@ -438,6 +451,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
     if o.muon_weight_decay < 0:
         raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
+    if o.muon_shape_factor not in ("rows_over_cols", "record28"):
+        raise ConfigError(f"optim.muon_shape_factor='{o.muon_shape_factor}' must be rows_over_cols or record28")
+    if m.fp8_head_w_bound <= 0:
+        raise ConfigError(f"model.fp8_head_w_bound={m.fp8_head_w_bound} must be > 0 (record #28: 0.875)")
     if o.wd_schedule not in ("constant", "lr"):
         raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant or lr")
     if not o.muon_weight_decay:  # an A/B run with a switch that silently does nothing would mislead
