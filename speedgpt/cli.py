@@ -252,6 +252,12 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_ab(argv: list[str]) -> int:
+    from .ab import main as ab_main
+
+    return ab_main(argv)
+
+
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
@@ -259,6 +265,7 @@ COMMANDS = {
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "ab": (cmd_ab, "paired A/B over seeds: --preset P --a \"OVERRIDES\" --b \"OVERRIDES\" --seeds N [--target-loss L]"),
     "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
 }
 

@@ -174,6 +174,7 @@ class TrainConfig:
     val_every: int = 125
     log_every: int = 10
     checkpoint_every: int = 0  # 0: only at the end
+    save_final_checkpoint: bool = True  # false: no checkpoint at the end (A/B runs that only need their curves)
     keep_checkpoints: int = 2
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps

@@ -331,7 +331,7 @@ class Trainer:
                 t_eval = time.perf_counter()
                 self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or (last and t.save_final_checkpoint):
                 self.sync_device()
                 t_ckpt = time.perf_counter()
                 self.save()
