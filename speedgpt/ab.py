@@ -270,6 +270,9 @@ def execute(plan: Plan, devices: list[str], concurrent: int, *, print_fn=print, 
             run.run_dir.mkdir(parents=True, exist_ok=True)
             (run.run_dir / STATUS_FILE).unlink(missing_ok=True)
             env = dict(os.environ)
+            # The children import this same speedgpt, wherever `ab` was started from.
+            root = str(Path(__file__).resolve().parents[1])
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
             if device != "cpu":
                 env["CUDA_VISIBLE_DEVICES"] = device
             print_fn(f"ab: {run.arm.upper()} seed {run.seed} on {'GPU ' + device if device != 'cpu' else 'CPU'}: "
