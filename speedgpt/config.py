@@ -93,6 +93,11 @@ class DataConfig:
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
+    # How training rows are cut: "speedgpt" (crop a short cut document, split a long one after an inserted
+    # BOS; shards as one stream) or "record28" (record #28's find_batch_starts: a row is the seq_len + 1
+    # tokens from a BOS, the next row starts at the first BOS >= seq_len later, and a step starts at the
+    # next shard when fewer than 2 x its tokens + 1 are left in this one)
+    row_rule: str = "speedgpt"
 
     def cache_root(self) -> Path:
         """Where built corpora and downloaded eval data live (read at call time, never at import)."""
@@ -436,6 +441,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
     if s.window_start < 1 or s.window_end < s.window_start:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
+    if d.row_rule not in ("speedgpt", "record28"):
+        raise ConfigError(f"data.row_rule='{d.row_rule}' must be speedgpt or record28")
     if s.window_rule not in ("linear", "record28"):
         raise ConfigError(f"schedule.window_rule='{s.window_rule}' must be linear or record28")
     if t.dtype not in ("auto", "bfloat16", "float32"):

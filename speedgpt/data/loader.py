@@ -146,9 +146,10 @@ class _Row:
 class _Planner:
     """Decides row boundaries; a pure function of (epoch, position, row length)."""
 
-    def __init__(self, shards: _Shards, seed: int):
+    def __init__(self, shards: _Shards, seed: int, rule: str = "speedgpt"):
         self.shards = shards
         self.seed = seed
+        self.rule = rule
         self._streams: OrderedDict[int, _EpochStream] = OrderedDict()
 
     def stream(self, epoch: int) -> _EpochStream:
@@ -165,6 +166,8 @@ class _Planner:
 
     def next_row(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
         """(row, next epoch, next position, tokens cropped) for a row starting at (epoch, pos)."""
+        if self.rule == "record28":
+            return self._next_row_record28(epoch, pos, row_len)
         stream = self.stream(epoch)
         cropped = 0
         continued = pos < stream.total and not stream.is_bos(pos)
@@ -196,6 +199,37 @@ class _Planner:
         return _Row(epoch, pos, end, continued), epoch, nxt, cropped
 
 
+    def _next_row_record28(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
+        """Record #28's rows (its find_batch_starts): a row starts at the first BOS at or after `pos`
+        and is the next seq_len + 1 tokens, whatever documents they hold; the next row starts at the
+        first BOS at least seq_len tokens after this row's start. What lies between is skipped: the
+        tail of a document longer than a row, or of the document the row end cuts."""
+        stream = self.stream(epoch)
+        start = stream.next_bos(pos) if pos < stream.total else stream.total
+        cropped = start - pos
+        if start + row_len > stream.total:
+            cropped += max(stream.total - start, 0)
+            epoch += 1
+            stream = self.stream(epoch)
+            start = stream.next_bos(0)
+            cropped += start
+            if start + row_len > stream.total:
+                raise ValueError(f"the data ({stream.total:,} tokens) holds no row of seq_len+1={row_len} tokens "
+                                 f"starting at a BOS; use a smaller seq_len or more data")
+        nxt = stream.next_bos(start + row_len - 1)
+        return _Row(epoch, start, start + row_len, False), epoch, nxt, cropped + max(nxt - start - row_len, 0)
+
+    def record28_step_start(self, epoch: int, pos: int, window: int) -> int:
+        """Record #28's shard change, checked at each optimizer step's start: when the current shard has
+        no more than `window` + 1 tokens left after `pos`, the step starts at the next shard."""
+        stream = self.stream(epoch)
+        if pos >= stream.total:
+            return pos
+        k = stream._locate(pos)
+        shard_end = int(stream.starts[k + 1])
+        return shard_end if pos - int(stream.starts[k]) + window + 1 >= shard_end - int(stream.starts[k]) else pos
+
+
 class TokenLoader:
     """Infinite BOS-aligned training batches from token shards (see module docstring).
 
@@ -218,6 +252,8 @@ class TokenLoader:
         bos_id: int = BOS_ID,
         prefetch: bool = True,
         seed: int = 0,
+        row_rule: str = "speedgpt",
+        grad_accum: int = 1,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -229,7 +265,11 @@ class TokenLoader:
         self.bos_id = bos_id
         self.seed = seed
         self._shards = _Shards(self.files, bos_id)
-        self._planner = _Planner(self._shards, seed)
+        if row_rule not in ("speedgpt", "record28"):
+            raise ValueError(f"row_rule={row_rule!r} must be speedgpt or record28")
+        self._planner = _Planner(self._shards, seed, row_rule)
+        # record28: every grad_accum-th batch starts an optimizer step, where the record may change shard
+        self.row_rule, self.grad_accum, self._micro = row_rule, grad_accum, 0
         if self._shards.total < seq_len + 1:
             raise ValueError(
                 f"the data ({self._shards.total:,} tokens in {len(self._shards.files)} shards) is shorter than one "
@@ -283,6 +323,11 @@ class TokenLoader:
         batch_size = self.batch_size if batch_size is None else batch_size
         seq_len = self.seq_len if seq_len is None else seq_len
         _check_shape(batch_size, seq_len)
+        if self.row_rule == "record28":
+            if self._micro % self.grad_accum == 0:  # the record's window: 2 x the step's tokens on all ranks
+                window = 2 * self.grad_accum * self.world_size * batch_size * seq_len
+                self._pos = self._planner.record28_step_start(self._epoch, self._pos, window)
+            self._micro += 1
         key = (self._epoch, self._pos, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
@@ -331,6 +376,7 @@ class TokenLoader:
             self._pending[1].cancel()
             self._pending = None
         self._epoch, self._pos = int(state["epoch"]), int(state["position"])
+        self._micro = 0  # states are taken between optimizer steps
 
     def close(self) -> None:
         """Stop the prefetch thread (also safe to skip: it exits with the process)."""

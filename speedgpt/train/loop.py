@@ -99,7 +99,7 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed)
+                                  seed=cfg.train.seed, row_rule=d.row_rule, grad_accum=self.grad_accum)
         backend = choose_backend(cfg.model.attn_backend, self.device)
         block = cfg.schedule.window_block
         for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
