@@ -92,10 +92,11 @@ def logs(out: Path) -> dict[str, float]:
 @pytest.mark.usefixtures("one_thread")
 def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys):
     out = tmp_path / "ab"
-    tiny = [o for o in TINY_OVERRIDES if not o.startswith(("--train.steps", "--train.val_every", "--train.log_every"))]
+    tiny = [o for o in TINY_OVERRIDES if not o.startswith(("--train.steps", "--train.val_every", "--train.log_every",
+                                                           "--data.val_tokens"))] + ["--data.val_tokens=512"]
     argv = ["--preset", "tiny-cpu", *tiny, f"--data.train_files={text_shards}", "--steps", "2",
             "--train.val_every=1", "--train.log_every=1", "--a", "--optim.muon_lr=0.02", "--b", "", "--seeds", "2",
-            "--target-loss", "10.5", "--devices", "cpu", "--out", str(out)]
+            "--target-loss", "10.5", "--devices", "cpu", "--no-checkpoint", "--out", str(out)]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     for arm in ("a", "b"):
@@ -103,6 +104,7 @@ def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys)
         assert set(finals["per_seed"]) == {"1337", "1338"} and finals["n"] == 2 and finals["std"] is not None
         run = summary["arms"][arm]["runs"][0]
         assert [c["step"] for c in run["curve"]] == [0, 1, 2] and run["steps"] == 2 and run["tokens"] == 1024
+        assert run["time_to_target_s"] is None or run["time_to_target_s"] <= run["train_time_s"]
     p = summary["paired"]["final_loss"]
     assert p["n"] == 2 and len(p["ci95"]) == 2 and 0 <= p["p_b_better"] <= 1
     assert p["mean_diff"] == pytest.approx(summary["arms"]["b"]["final_loss"]["mean"]
@@ -116,14 +118,11 @@ def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys)
     assert main(argv) == 0  # everything finished: nothing is trained again
     assert logs(out) == first and "ab: A seed" not in capsys.readouterr().out
 
-    # B seed 1338 interrupted before its final validation (no checkpoint yet): only it is rerun.
+    assert not (out / "a-seed1337" / "checkpoints").exists()  # --no-checkpoint
+    # B seed 1338 interrupted before its final validation (no checkpoint): only it is rerun, from scratch.
     victim = out / "b-seed1338"
     lines = (victim / "metrics.jsonl").read_text().splitlines()
     (victim / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
-    for ckpt in (victim / "checkpoints").iterdir():
-        for f in ckpt.iterdir():
-            f.unlink()
-        ckpt.rmdir()
     assert main(argv) == 0
     again = logs(out)
     assert again["b-seed1338"] != first["b-seed1338"]
@@ -133,7 +132,7 @@ def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys)
 
     # Loss-only runs sharing a device: times come from steps to target x the given step times.
     common = [*tiny, f"--data.train_files={text_shards}", "--train.val_every=1", "--train.log_every=1",
-              "--train.steps=2"]
+              "--train.steps=2", "--train.save_final_checkpoint=false"]
     plan = make_plan(preset="tiny-cpu", common=common, a="--optim.muon_lr=0.02", b="", seeds=2, out=out)
     shared = summarize(plan, "10.5", concurrent=2, step_ms={"a": 100.0, "b": 50.0})
     assert shared["times_are_speed_figures"] is False
@@ -177,3 +176,16 @@ def test_failed_runs_are_reported_with_their_seed(tmp_path, capsys, monkeypatch)
     FakeProcess.launched = []
     assert main(argv) == 1
     assert len(FakeProcess.launched) == 3 and not any(c[-1].endswith("b-seed1338") for c in FakeProcess.launched)
+
+
+def test_a_half_run_with_a_checkpoint_is_resumed_not_restarted(tmp_path):
+    from speedgpt.ab import train_command
+    from speedgpt.config import load_preset, save_toml
+    from speedgpt.train.checkpoint import save_checkpoint
+
+    run = plan_for(tmp_path).runs[0]
+    assert train_command(run)[4:6] == ["--preset", "tiny-cpu"]  # nothing there: a fresh run
+    run.run_dir.mkdir(parents=True)
+    save_toml(load_preset("tiny-cpu"), run.run_dir / "config.toml")
+    save_checkpoint(run.run_dir / "checkpoints", 50, {}, [], {"tokens": 0, "train_time_s": 1.0}, keep=0)
+    assert train_command(run)[4:] == ["--resume", str(run.run_dir)]
