@@ -57,6 +57,9 @@ class ModelConfig:
     # The FP8 head only while training; evaluation and inference use the bf16 head (record #28's
     # CastedLinear takes the FP8 path only when self.training, so its val losses are bf16-head losses).
     fp8_head_train_only: bool = False
+    # The unfused FP8 head's weight gradient as an FP8 matmul (e4m3 input x e5m2 gradient, fp32 out), as
+    # record #28 computes it; off: a bf16 matmul (no transposed copy of the logit gradient; more precise)
+    fp8_head_fp8_wgrad: bool = False
     bf16_embeds: bool = False
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).

@@ -110,7 +110,7 @@ def test_fp8_head_train_only_evaluates_with_the_bf16_head(monkeypatch):
     assert model.fp8_w_bound == 0.875
     calls = []
 
-    def fake_fp8_linear(x, w, x_scale, w_scale, grad_scale):
+    def fake_fp8_linear(x, w, x_scale, w_scale, grad_scale, fp8_wgrad=False):
         calls.append(w_scale)
         return x @ w.T
 
@@ -137,6 +137,7 @@ def test_speedrun_r28_is_record_28():
     assert o.muon_shape_factor == "record28" and o.muon_ns_fused and o.muon_ortho == "newton_schulz"
     assert not (o.normuon or o.cautious_wd or o.muon_weight_decay or m.fp8_mlp or m.fp8_attn or m.fused_ce)
     assert m.fp8_head and m.fp8_head_train_only and m.fp8_head_w_bound == 448 * 2 ** -9
+    assert m.fp8_head_fp8_wgrad
     assert m.attn_scale == 0.12 and m.attn_free_layers == [7] and m.window_pattern == "LSSSLSSLSSSL"
     assert m.attn_gate and m.attn_gate_dim == 768 // 64 and m.bf16_embeds and m.padded_vocab() == 50304
     assert s.window_rule == "record28" and (s.cooldown_frac, s.final_lr_frac) == (0.45, 0.1)
@@ -160,3 +161,29 @@ def test_base_config_keeps_every_switch_off():
     from speedgpt.config import DataConfig
     assert DataConfig().row_rule == "speedgpt"
     assert not ModelConfig().fp8_head_train_only and ModelConfig().fp8_head_w_bound == 24.0
+    assert not ModelConfig().fp8_head_fp8_wgrad
+
+
+def test_fp8_head_weight_gradient_as_the_records_fp8_matmul():
+    from speedgpt.model.fp8 import E4M3_MAX, fp8_linear
+
+    g = torch.Generator().manual_seed(0)
+    N, D, V = 64, 32, 48
+    x = torch.nn.functional.rms_norm(torch.randn(N, D, generator=g), (D,)).bfloat16()
+    w = torch.randn(V, D, generator=g) * 0.05
+    gout = (torch.randn(N, V, generator=g) / N).bfloat16()
+    xs, ws, gs = D ** 0.5 / E4M3_MAX, 0.875 / E4M3_MAX, 1 / (N * E4M3_MAX)
+    grads = {}
+    for on in (False, True):
+        wp = w.clone().requires_grad_()
+        fp8_linear(x, wp, xs, ws, gs, on).backward(gout)
+        grads[on] = wp.grad
+    # by hand: the record's x.div(x_s).to(e4m3) and grad.div(grad_s).to(e5m2) (divided in bf16, as there),
+    # multiplied exactly in fp32, scaled back
+    x8 = (x / xs).to(torch.float8_e4m3fn).float()
+    g8 = (gout / gs).to(torch.float8_e5m2).float()
+    by_hand = (g8.T @ x8) * (xs * gs)
+    assert grads[True].dtype == torch.float32 and grads[True].shape == (V, D)
+    assert torch.allclose(grads[True], by_hand, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(grads[False], (gout.T @ x).float())  # off: the bf16 matmul, as before
+    assert not torch.allclose(grads[True], grads[False], rtol=1e-3, atol=0)

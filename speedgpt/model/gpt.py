@@ -168,7 +168,8 @@ class GPT(nn.Module):
                                           reduction)
         if self.fp8_head and (self.training or not cfg.fp8_head_train_only):
             logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
-                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1)
+                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale,
+                                cfg.fp8_head_fp8_wgrad).view(B, T, -1)
         else:
             logits = self.lm_head(x)
         if self.fused_ce and targets_BT is not None:
