@@ -13,6 +13,10 @@ How rows are made (docs/data.md has the full story and measured numbers):
   that sequence; rank ``r`` gets rows ``[r*B, (r+1)*B)``. All ranks plan the same rows
   (cheap: a few binary searches per row) and copy only their own.
 
+``row_rule="record28"`` cuts rows as modded-nanogpt record #28 does instead (``_Planner.
+_next_row_record28``): no inserted BOS, long documents lose their tail, and a step moves on to the
+next shard when the current one has fewer than twice its tokens left.
+
 The whole position in the data is one ``(epoch, position)`` pair, identical on all
 ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
 batch size, sequence length or world size after the resume.
@@ -197,7 +201,6 @@ class _Planner:
                     nxt = doc_end  # crop the tail of the last document, next row starts at a BOS
                     cropped += doc_end - end
         return _Row(epoch, pos, end, continued), epoch, nxt, cropped
-
 
     def _next_row_record28(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
         """Record #28's rows (its find_batch_starts): a row starts at the first BOS at or after `pos`
