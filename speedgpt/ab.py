@@ -589,6 +589,13 @@ def main(argv: list[str]) -> int:
     except AbError as e:
         print(f"speedgpt ab: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\nspeedgpt ab: interrupted; run the same command again to resume (finished runs are kept)",
+              file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"speedgpt ab: error: {e}", file=sys.stderr)
+        return 2
     summary["command"] = "speedgpt ab " + shlex.join(argv)
     summary["devices"] = devices
     print(format_table(summary))
