@@ -1,4 +1,4 @@
-"""data.row_rule = "record28": training rows cut as record #28's distributed_data_generator cuts them
+"""data.packing = "record28": training rows cut as record #28's distributed_data_generator cuts them
 (align_to_bos=True), checked against a transcription of that generator on small shards."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def test_rows_match_the_records_generator(tmp_path, world_size, grad_accum):
     for rank in range(world_size):
         ref = record_rows(shards, seq, grad_accum, world_size, rank)
         loader = TokenLoader(sorted(tmp_path.glob("train_*.bin")), seq_len=seq, batch_size=1, rank=rank,
-                             world_size=world_size, prefetch=False, row_rule="record28", grad_accum=grad_accum)
+                             world_size=world_size, prefetch=False, packing="record28", grad_accum=grad_accum)
         n = 0
         for expected in ref:
             x, y = loader.next_batch()
@@ -78,9 +78,9 @@ def test_default_rule_is_unchanged(tmp_path):
     make_shards(tmp_path)
     files = sorted(tmp_path.glob("train_*.bin"))
     a = TokenLoader(files, seq_len=16, batch_size=2, prefetch=False)
-    b = TokenLoader(files, seq_len=16, batch_size=2, prefetch=False, row_rule="speedgpt", grad_accum=4)
+    b = TokenLoader(files, seq_len=16, batch_size=2, prefetch=False, packing="greedy", grad_accum=4)
     for _ in range(30):
         (xa, ya), (xb, yb) = a.next_batch(), b.next_batch()
         assert np.array_equal(xa, xb) and np.array_equal(ya, yb)
-    r = TokenLoader(files, seq_len=16, batch_size=2, prefetch=False, row_rule="record28")
+    r = TokenLoader(files, seq_len=16, batch_size=2, prefetch=False, packing="record28")
     assert not all(np.array_equal(a.next_batch()[0], r.next_batch()[0]) for _ in range(10))

@@ -143,7 +143,7 @@ def test_speedrun_r28_is_record_28():
     assert s.window_rule == "record28" and (s.cooldown_frac, s.final_lr_frac) == (0.45, 0.1)
     assert (cfg.data.seq_len, cfg.data.val_seq_len, cfg.data.val_tokens) == (48 * 1024, 4 * 64 * 1024, 10485760)
     assert (cfg.train.steps, cfg.train.batch_tokens, cfg.train.val_every) == (1695, 8 * 48 * 1024, 125)
-    assert cfg.data.row_rule == "record28"
+    assert cfg.data.packing == "record28"
     assert cfg.train.persistent_reductions_upto == 0  # speed tuning of later work: not part of the record
 
 
@@ -152,14 +152,14 @@ def test_speedrun_124m_has_the_fidelity_switches_on():
     assert (cfg.optim.embed_lr, cfg.optim.value_embed_lr) == (0.6, 0.6)
     assert cfg.optim.muon_shape_factor == "record28" and cfg.optim.muon_ns_fused
     assert cfg.schedule.window_rule == "record28" and cfg.model.fp8_head_train_only
-    assert cfg.data.row_rule == "record28" and cfg.model.fp8_head_w_bound == 0.875
+    assert cfg.data.packing == "record28" and cfg.model.fp8_head_w_bound == 0.875
 
 
 def test_base_config_keeps_every_switch_off():
     assert OptimConfig().muon_shape_factor == "rows_over_cols" and not OptimConfig().muon_ns_fused
     assert ScheduleConfig().window_rule == "linear"
     from speedgpt.config import DataConfig
-    assert DataConfig().row_rule == "speedgpt"
+    assert DataConfig().packing == "greedy"
     assert not ModelConfig().fp8_head_train_only and ModelConfig().fp8_head_w_bound == 24.0
     assert not ModelConfig().fp8_head_fp8_wgrad
 

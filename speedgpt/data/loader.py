@@ -13,13 +13,15 @@ How rows are made (docs/data.md has the full story and measured numbers):
   that sequence; rank ``r`` gets rows ``[r*B, (r+1)*B)``. All ranks plan the same rows
   (cheap: a few binary searches per row) and copy only their own.
 
-``row_rule="record28"`` cuts rows as modded-nanogpt record #28 does instead (``_Planner.
-_next_row_record28``): no inserted BOS, long documents lose their tail, and a step moves on to the
-next shard when the current one has fewer than twice its tokens left.
-
 The whole position in the data is one ``(epoch, position)`` pair, identical on all
 ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
 batch size, sequence length or world size after the resume.
+
+``packing="bestfit"`` fills rows from a buffer of documents instead (data/bestfit.py); its
+state adds the buffer. ``packing="record28"`` cuts rows as modded-nanogpt record #28 does
+(``_Planner.next_row_record28``): no inserted BOS, long documents lose their tail, and a step
+moves on to the next shard when the current one has fewer than twice its tokens left. Both count the tokens they put into rows and the tokens they crop
+(``cropped_share``), and both keep the counts in the state.
 """
 
 from __future__ import annotations
@@ -35,10 +37,20 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .bestfit import DEFAULT_BUFFER_DOCS, BestFitPacker, BestFitState
 from .shards import find_shards, load_shard, read_header
 from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
+PACKINGS = ("greedy", "bestfit", "record28")
+
+
+@dataclass(frozen=True)
+class _GreedyState:
+    epoch: int
+    pos: int
+    row_tokens: int = 0  # tokens put into rows so far
+    cropped: int = 0  # tokens skipped so far (document tails, an epoch's last partial row)
 
 
 def _resolve(files: list[Path] | list[str] | str | Path, split: str) -> list[Path]:
@@ -150,10 +162,9 @@ class _Row:
 class _Planner:
     """Decides row boundaries; a pure function of (epoch, position, row length)."""
 
-    def __init__(self, shards: _Shards, seed: int, rule: str = "speedgpt"):
+    def __init__(self, shards: _Shards, seed: int):
         self.shards = shards
         self.seed = seed
-        self.rule = rule
         self._streams: OrderedDict[int, _EpochStream] = OrderedDict()
 
     def stream(self, epoch: int) -> _EpochStream:
@@ -170,8 +181,6 @@ class _Planner:
 
     def next_row(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
         """(row, next epoch, next position, tokens cropped) for a row starting at (epoch, pos)."""
-        if self.rule == "record28":
-            return self._next_row_record28(epoch, pos, row_len)
         stream = self.stream(epoch)
         cropped = 0
         continued = pos < stream.total and not stream.is_bos(pos)
@@ -202,7 +211,8 @@ class _Planner:
                     cropped += doc_end - end
         return _Row(epoch, pos, end, continued), epoch, nxt, cropped
 
-    def _next_row_record28(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
+
+    def next_row_record28(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
         """Record #28's rows (its find_batch_starts): a row starts at the first BOS at or after `pos`
         and is the next seq_len + 1 tokens, whatever documents they hold; the next row starts at the
         first BOS at least seq_len tokens after this row's start. What lies between is skipped: the
@@ -229,8 +239,8 @@ class _Planner:
         if pos >= stream.total:
             return pos
         k = stream._locate(pos)
-        shard_end = int(stream.starts[k + 1])
-        return shard_end if pos - int(stream.starts[k]) + window + 1 >= shard_end - int(stream.starts[k]) else pos
+        lo, hi = int(stream.starts[k]), int(stream.starts[k + 1])
+        return hi if pos - lo + window + 1 >= hi - lo else pos
 
 
 class TokenLoader:
@@ -255,11 +265,14 @@ class TokenLoader:
         bos_id: int = BOS_ID,
         prefetch: bool = True,
         seed: int = 0,
-        row_rule: str = "speedgpt",
+        packing: str = "greedy",
+        buffer_docs: int = DEFAULT_BUFFER_DOCS,
         grad_accum: int = 1,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if packing not in PACKINGS:
+            raise ValueError(f"packing={packing!r} must be one of {', '.join(PACKINGS)}")
         _check_shape(batch_size, seq_len)
         self.files = _resolve(files, "train")
         self.seq_len, self.batch_size = seq_len, batch_size
@@ -268,11 +281,11 @@ class TokenLoader:
         self.bos_id = bos_id
         self.seed = seed
         self._shards = _Shards(self.files, bos_id)
-        if row_rule not in ("speedgpt", "record28"):
-            raise ValueError(f"row_rule={row_rule!r} must be speedgpt or record28")
-        self._planner = _Planner(self._shards, seed, row_rule)
+        self._planner = _Planner(self._shards, seed)
+        self.packing = packing
+        self._bestfit = BestFitPacker(self._planner, buffer_docs) if packing == "bestfit" else None
         # record28: every grad_accum-th batch starts an optimizer step, where the record may change shard
-        self.row_rule, self.grad_accum, self._micro = row_rule, grad_accum, 0
+        self.grad_accum, self._micro = grad_accum, 0
         if self._shards.total < seq_len + 1:
             raise ValueError(
                 f"the data ({self._shards.total:,} tokens in {len(self._shards.files)} shards) is shorter than one "
@@ -280,16 +293,26 @@ class TokenLoader:
             )
         # Pinned host memory only helps (and only works) when copying to a CUDA device.
         self._pin = self.device.type == "cuda"
-        self._epoch, self._pos = 0, 0  # position after the last batch handed out
+        self._state = self._initial_state()  # position after the last batch handed out
         self._lock = threading.Lock()  # one batch build at a time (caller thread or prefetcher)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="TokenLoader") if prefetch else None
         self._pending: tuple[tuple, Future] | None = None
         self.on_epoch: Callable[[int], None] | None = self._default_epoch_notice
 
+    def _initial_state(self):
+        return BestFitState(0, 0, ()) if self._bestfit else _GreedyState(0, 0)
+
     @property
     def epoch(self) -> int:
-        """Completed passes over the data (counts up when a batch from the next pass is handed out)."""
-        return self._epoch
+        """Completed passes over the data (counts up when a batch from the next pass is handed out;
+        with best-fit packing, when the buffer starts reading the next pass)."""
+        return self._state.epoch
+
+    @property
+    def cropped_share(self) -> float:
+        """Of the data tokens consumed so far, the share cropped (never put into a row)."""
+        st = self._state
+        return st.cropped / (st.cropped + st.row_tokens) if st.row_tokens else 0.0
 
     def _default_epoch_notice(self, epoch: int) -> None:
         if self.rank == 0:
@@ -299,24 +322,37 @@ class TokenLoader:
                 stacklevel=3,
             )
 
-    def _build(self, epoch: int, pos: int, batch_size: int, seq_len: int):
+    def _plan(self, state, n_rows: int, row_len: int):
+        """(rows, each a list of pieces (epoch, start, end, continued), and the state after them)."""
+        if self._bestfit is not None:
+            return self._bestfit.plan(state, n_rows, row_len)
+        epoch, pos, cropped = state.epoch, state.pos, state.cropped
+        rows = []
+        next_row = self._planner.next_row_record28 if self.packing == "record28" else self._planner.next_row
+        for _ in range(n_rows):
+            row, epoch, pos, crop = next_row(epoch, pos, row_len)
+            rows.append([(row.epoch, row.start, row.end, row.continued)])
+            cropped += crop
+        return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
+
+    def _build(self, state, batch_size: int, seq_len: int):
         row_len = seq_len + 1
         with self._lock:
-            rows: list[_Row] = []
-            for _ in range(self.world_size * batch_size):
-                row, epoch, pos, _ = self._planner.next_row(epoch, pos, row_len)
-                rows.append(row)
+            rows, state = self._plan(state, self.world_size * batch_size, row_len)
             buf = np.empty((batch_size, row_len), dtype=np.uint16)
-            for i, row in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
-                stream = self._planner.stream(row.epoch)
-                if row.continued:
-                    buf[i, 0] = self.bos_id
-                stream.copy(row.start, row.end, buf[i, int(row.continued) :])
+            for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
+                at = 0
+                for epoch, start, end, continued in pieces:
+                    if continued:
+                        buf[i, at] = self.bos_id
+                        at += 1
+                    self._planner.stream(epoch).copy(start, end, buf[i, at : at + end - start])
+                    at += end - start
         inputs = torch.empty((batch_size, seq_len), dtype=torch.int32, pin_memory=self._pin)
         targets = torch.empty((batch_size, seq_len), dtype=torch.int64, pin_memory=self._pin)
         np.copyto(inputs.numpy(), buf[:, :-1], casting="unsafe")
         np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
-        return inputs, targets, epoch, pos
+        return inputs, targets, state
 
     def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
@@ -326,26 +362,28 @@ class TokenLoader:
         batch_size = self.batch_size if batch_size is None else batch_size
         seq_len = self.seq_len if seq_len is None else seq_len
         _check_shape(batch_size, seq_len)
-        if self.row_rule == "record28":
+        if self.packing == "record28":
             if self._micro % self.grad_accum == 0:  # the record's window: 2 x the step's tokens on all ranks
+                st = self._state
                 window = 2 * self.grad_accum * self.world_size * batch_size * seq_len
-                self._pos = self._planner.record28_step_start(self._epoch, self._pos, window)
+                pos = self._planner.record28_step_start(st.epoch, st.pos, window)
+                self._state = _GreedyState(st.epoch, pos, st.row_tokens, st.cropped + pos - st.pos)
             self._micro += 1
-        key = (self._epoch, self._pos, batch_size, seq_len)
+        key = (self._state, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
-            inputs, targets, epoch, pos = pending[1].result()
+            inputs, targets, state = pending[1].result()
         else:
             if pending is not None:
                 pending[1].cancel()  # built for another shape or position: discard it
-            inputs, targets, epoch, pos = self._build(*key)
-        previous_epoch = self._epoch
-        self._epoch, self._pos = epoch, pos  # the state counts batches handed out, not prefetched
+            inputs, targets, state = self._build(*key)
+        previous_epoch = self._state.epoch
+        self._state = state  # the state counts batches handed out, not prefetched
         if self._executor is not None:
             # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
-            self._pending = ((epoch, pos, batch_size, seq_len), self._executor.submit(self._build, epoch, pos, batch_size, seq_len))
-        if epoch > previous_epoch and self.on_epoch is not None:
-            self.on_epoch(epoch)
+            self._pending = ((state, batch_size, seq_len), self._executor.submit(self._build, state, batch_size, seq_len))
+        if state.epoch > previous_epoch and self.on_epoch is not None:
+            self.on_epoch(state.epoch)
         if self.device.type != "cpu":
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -353,14 +391,21 @@ class TokenLoader:
 
     def state_dict(self) -> dict:
         """The position after the last batch handed out: plain, JSON-able, the same on every rank."""
-        return {
+        st = self._state
+        out = {
             "format": _STATE_FORMAT,
-            "epoch": self._epoch,
-            "position": self._pos,
+            "epoch": st.epoch,
+            "position": st.pos,
             "seed": self.seed,
             "files": [f.name for f in self._shards.files],
             "total_tokens": self._shards.total,
+            "packing": self.packing,
+            "row_tokens": st.row_tokens,
+            "cropped": st.cropped,
         }
+        if isinstance(st, BestFitState):
+            out["buffer"] = st.to_dict()["buffer"]
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where ``state`` was taken; the data must be the same shards."""
@@ -375,11 +420,19 @@ class TokenLoader:
             )
         if state["seed"] != self.seed:
             raise ValueError(f"loader state has seed {state['seed']}, this loader seed {self.seed}; use the same seed")
+        packing = state.get("packing", "greedy")  # states from before packing was a choice are greedy
+        if packing != self.packing:
+            raise ValueError(f"loader state was saved with data.packing={packing!r}, this loader packs "
+                             f"{self.packing!r}; resume with --data.packing={packing}")
         if self._pending is not None:
             self._pending[1].cancel()
             self._pending = None
-        self._epoch, self._pos = int(state["epoch"]), int(state["position"])
         self._micro = 0  # states are taken between optimizer steps
+        counts = dict(row_tokens=int(state.get("row_tokens", 0)), cropped=int(state.get("cropped", 0)))
+        if packing == "bestfit":
+            self._state = BestFitState.from_dict({**state, **counts})
+        else:
+            self._state = _GreedyState(int(state["epoch"]), int(state["position"]), **counts)
 
     def close(self) -> None:
         """Stop the prefetch thread (also safe to skip: it exits with the process)."""
@@ -394,19 +447,31 @@ def _check_shape(batch_size: int, seq_len: int) -> None:
         raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must both be >= 1")
 
 
-def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID) -> dict:
+def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID, packing: str = "greedy",
+                  buffer_docs: int = DEFAULT_BUFFER_DOCS) -> dict:
     """What one epoch of TokenLoader rows of ``seq_len`` does to the data (for docs/data.md).
 
-    Returns rows, total tokens, tokens cropped (skipped tails of documents cut by a row
+    Greedy: rows, total tokens, tokens cropped (skipped tails of documents cut by a row
     end, plus the epoch's last partial row), inserted BOS tokens (rows that continue a
-    long document) and the cropped fraction.
+    long document) and the cropped fraction. Both packings: ``cropped_share``, the loader's
+    running figure (cropped / (cropped + row tokens)) over the rows that consume one epoch's worth
+    of tokens (best-fit reads ahead by its buffer, so "until the data's end" would stop early).
     """
     planner = _Planner(_Shards(_resolve(files, "train"), bos_id), seed=0)
+    if packing == "bestfit":
+        packer, state, rows = BestFitPacker(planner, buffer_docs), BestFitState(0, 0, ()), 0
+        while state.cropped + state.row_tokens < planner.shards.total:
+            _, state = packer.plan(state, 1, seq_len + 1)
+            rows += 1
+        return {"seq_len": seq_len, "packing": packing, "rows": rows, "total_tokens": planner.shards.total,
+                "cropped_tokens": state.cropped, "cropped_share": state.cropped / (state.cropped + state.row_tokens)}
     epoch, pos, rows, cropped, inserted = 0, 0, 0, 0, 0
     total = planner.shards.total
+    # record28: its rows, without the per-step shard change (that depends on the batch, not the data)
+    next_row = planner.next_row_record28 if packing == "record28" else planner.next_row
     while True:
         before = pos
-        row, epoch, pos, crop = planner.next_row(epoch, pos, seq_len + 1)
+        row, epoch, pos, crop = next_row(epoch, pos, seq_len + 1)
         if row.epoch > 0:
             cropped += max(total - before, 0)  # the epoch's last, partial row
             break
@@ -415,11 +480,13 @@ def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID
         inserted += row.continued
     return {
         "seq_len": seq_len,
+        "packing": packing,
         "rows": rows,
         "total_tokens": total,
         "cropped_tokens": cropped,
         "inserted_bos": inserted,
         "cropped_fraction": cropped / total,
+        "cropped_share": cropped / (cropped + rows * (seq_len + 1)),
     }
 
 

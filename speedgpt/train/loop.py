@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from ..budget import resolve_budget
 from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
 from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
@@ -65,10 +66,15 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
 
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool = False, quiet: bool = False):
+        # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
+        # the resolved config is the one saved in the run dir and printed below.
+        cfg, budget_lines = resolve_budget(cfg)
         self.cfg = cfg
         self.dist = init_distributed(cfg.train.device)
         validate(cfg, self.dist.world_size)
         self.quiet = quiet or not self.dist.is_main
+        for line in budget_lines:
+            self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.resume = resume
         self.device = self.dist.device
@@ -99,7 +105,8 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed, row_rule=d.row_rule, grad_accum=self.grad_accum)
+                                  seed=cfg.train.seed, packing=d.packing,
+                                  grad_accum=self.grad_accum)
         backend = choose_backend(cfg.model.attn_backend, self.device)
         block = cfg.schedule.window_block
         for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
@@ -175,7 +182,7 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * mult
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
-        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
+        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult, step / cfg.train.steps)
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
@@ -370,7 +377,8 @@ class Trainer:
         tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
                   "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
-                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
+                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
+                  "cropped_share": round(self.loader.cropped_share, 5)}  # of the data read, share never trained
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
             record["comm_wait_ms"] = round(wait_ms, 3)
