@@ -122,12 +122,21 @@ class Trainer:
         self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
         # The loss is a mean over the step's tokens: that bounds the logit gradient (model/fp8.py).
         self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
+        # A switch that cannot take effect says what runs instead: the model's own dtype.
+        where = self.device.type if self.device.type != "cuda" else "this GPU"
+        dtype = str(self.dtype).removeprefix("torch.")
         if cfg.model.fp8_head and not self.model.fp8_head:
-            self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
+            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
+                     f"the head runs in {dtype} like the rest of the model")
         if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
-            self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
+            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
+                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
         if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
-            self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
+            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
+                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
+        if cfg.model.fused_ce and not self.model.fused_ce:
+            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
+                     f"in float32")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:
