@@ -30,6 +30,9 @@ DESCRIPTIONS: dict[str, str] = {
     "model.attn_backend": "auto | sdpa (dense masks) | flex (block-sparse FlexAttention)",
     "model.doc_masking": "attend only within a document (documents start at BOS)",
     "model.fp8_head": "lm_head in FP8 (CUDA capability >= 8.9); elsewhere it runs in the model's dtype",
+    "model.fp8_head_w_bound": "FP8 head weight scale = bound / 448 (|W| up to it representable); record #28: 0.875",
+    "model.fp8_head_train_only": "FP8 head only in training; evaluation uses the bf16 head (record #28)",
+    "model.fp8_head_fp8_wgrad": "unfused FP8 head: weight gradient as an FP8 matmul, fp32 out (record #28); off: bf16",
     "model.bf16_embeds": "keep the embeddings in bfloat16",
     "model.fused_ce": "softcapped cross-entropy as a Triton kernel (CUDA + Triton); elsewhere the PyTorch loss",
     "model.fp8_mlp": "MLP matmuls in FP8 with dynamic scales (CUDA capability >= 8.9); elsewhere the model's dtype",
@@ -44,7 +47,8 @@ DESCRIPTIONS: dict[str, str] = {
     "data.seq_len": "tokens per training row",
     "data.val_tokens": "tokens scored at each validation (capped at what the val shards hold)",
     "data.val_seq_len": "tokens per validation row; 0: seq_len",
-    "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits)",
+    "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits) "
+                    "| record28 (record #28's rows and shard changes)",
     # optim
     "optim.muon_lr": "Muon learning rate for the hidden matrices",
     "optim.muon_momentum": "Muon momentum after its warmup",
@@ -68,6 +72,8 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.adam_weight_decay": "Adam decoupled weight decay",
     "optim.grad_clip": "global gradient-norm clipping threshold; 0 disables",
     "optim.scale_lr_by_width": "scale Adam lrs by (768 / model_dim) ** 0.5 (depth-knob models)",
+    "optim.muon_shape_factor": "Muon lr factor max(1, rows/cols)^0.5 on: rows_over_cols (this layout) | record28 (its layout)",
+    "optim.muon_ns_fused": "Newton-Schulz lines as fused multiply-adds (addmm/baddbmm), as record #28",
     "optim.tuned_width": "width the lrs and Muon decay were tuned at; the budget rescales them to this model (0: off)",
     # schedule
     "schedule.kind": "lr schedule: constant_cooldown (with warmup_frac: WSD) | warmup_cosine",
@@ -78,6 +84,7 @@ DESCRIPTIONS: dict[str, str] = {
     "schedule.window_end": "sliding attention window at the last step, in tokens (grown linearly)",
     "schedule.window_block": "attention window granularity (FlexAttention block size)",
     "schedule.short_window_frac": "short ('S') layers' window as a fraction of the long one",
+    "schedule.window_rule": "long-window growth: linear (round) | record28 (ceil(x (end - block/2) / block) blocks)",
     # train
     "train.steps": "optimizer steps (ignored when tokens_per_param or flops_budget sets the horizon)",
     "train.batch_tokens": "global tokens per optimizer step (the same on any number of GPUs); 0: derived from the budget",
@@ -87,6 +94,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.val_every": "validate every this many steps (and at the end)",
     "train.log_every": "log the train loss every this many steps",
     "train.checkpoint_every": "checkpoint every this many steps; 0: only at the end",
+    "train.save_final_checkpoint": "write a checkpoint at the end (false: A/B runs that only need their curves)",
     "train.keep_checkpoints": "checkpoints kept on disk (older ones are deleted)",
     "train.seed": "seed of the model init and the data order",
     "train.device": "auto | cpu | cuda | cuda:N | mps",
