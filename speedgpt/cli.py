@@ -346,6 +346,12 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_ab(argv: list[str]) -> int:
+    from .ab import main as ab_main
+
+    return ab_main(argv)
+
+
 def cmd_config(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speedgpt config",
                                 description="Print every config key with its resolved value and what it does. "
@@ -391,6 +397,7 @@ COMMANDS = {
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "ab": (cmd_ab, "paired A/B over seeds: --preset P --a \"OVERRIDES\" --b \"OVERRIDES\" --seeds N [--target-loss L]"),
     "sweep": (cmd_sweep, "depths x budgets, then the compute-optimal frontier: --out DIR --depths 4,6 --flops 1e15,3e15"),
     "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
     "config": (cmd_config, "every config key with its value and a description: [--preset P] [--config FILE]"),

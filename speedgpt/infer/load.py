@@ -29,8 +29,9 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
         dev = resolve_device(device)
     except DeviceError as e:
         raise LoadError(str(e)) from None
-    # Its default windows are the schedule's final ones: those the finished model was trained with.
-    model = model_from_config(cfg, dev, dtype=dtype)
+    # The windows of the checkpoint's step: a mid-run checkpoint is scored (and samples) as training
+    # validated it at that step; a finished run's step is the last, whose windows are the final ones.
+    model = model_from_config(cfg, dev, dtype=dtype, step=source.step)
     state = strip_wrapper_prefixes(load_state(source, dev))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

@@ -30,10 +30,11 @@ def build_model(cfg: ModelConfig, max_seq_len: int, runtime: ModelRuntime | str 
 
 
 def model_from_config(cfg: Config, device: str | torch.device, *, world_size: int = 1,
-                      dtype: torch.dtype | None = None) -> GPT:
+                      dtype: torch.dtype | None = None, step: int | None = None) -> GPT:
     """The model a run's config describes, on `device`, initialized from the run's seed. `dtype`
-    overrides the config's compute dtype (evaluating a bf16 run in fp32, say)."""
-    runtime = resolve_runtime(cfg, device, world_size=world_size)
+    overrides the config's compute dtype (evaluating a bf16 run in fp32, say); `step`: forward's
+    default windows are those of that training step (default: the last)."""
+    runtime = resolve_runtime(cfg, device, world_size=world_size, step=step)
     if dtype is not None:
         runtime = runtime.replace(dtype=dtype)
     return build_model(cfg.model, max_seq_len(cfg), runtime, seed=cfg.train.seed)

@@ -23,9 +23,6 @@ from .moe import MoE
 from .rotary import Rotary
 from .runtime import ModelRuntime
 
-# Bound on the FP8 head's weights: w_scale = FP8_W_BOUND / 448 keeps |W| <= 24 representable (model/fp8_head.py).
-FP8_W_BOUND = 24.0
-
 
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, *, fp8_scaling: str = "", fused_act: bool = False):
@@ -175,6 +172,12 @@ class GPT(nn.Module):
             "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()] + routers,
         }
 
+    def record28_transposed(self) -> list[nn.Parameter]:
+        """Hidden matrices that record #28 stores transposed relative to this model's (out, in) layout:
+        the MLP input weights (its c_fc is (dim, hidden), used as x @ c_fc). Its Muon shape factor is
+        computed on that layout (optim.muon_shape_factor = "record28")."""
+        return [b.mlp.fc.weight for b in self.blocks if isinstance(b.mlp, MLP)]  # (MoE experts: not in record #28)
+
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 reduction: str = "mean", windows=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
@@ -209,12 +212,14 @@ class GPT(nn.Module):
         return self.loss(x, targets_BT, reduction)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        """The lm_head's logits before the softcap, in FP8 where the runtime says so."""
-        if not self.runtime.fp8_head:
+        """The lm_head's logits before the softcap, in FP8 where the runtime says so (with
+        model.fp8_head_train_only, only in training mode)."""
+        rt, cfg = self.runtime, self.cfg
+        if not (rt.fp8_head and (self.training or not cfg.fp8_head_train_only)):
             return self.lm_head(x_BTD)
         B, T, D = x_BTD.shape
         return fp8_linear(x_BTD.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
-                          FP8_W_BOUND / E4M3_MAX, self.runtime.fp8_grad_scale).view(B, T, -1)
+                          rt.fp8_w_bound / E4M3_MAX, rt.fp8_grad_scale, cfg.fp8_head_fp8_wgrad).view(B, T, -1)
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.cfg.logit_softcap
@@ -226,7 +231,7 @@ class GPT(nn.Module):
         if self.loss_path == "fp8_fused" and reduction in ("mean", "sum") and torch.is_grad_enabled():
             # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8_head.py)
             return fp8_head_cross_entropy(x_BTD.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
-                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, FP8_W_BOUND / E4M3_MAX,
+                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.runtime.fp8_w_bound / E4M3_MAX,
                                           reduction)
         logits = self.head(x_BTD)
         if self.loss_path != "torch":

@@ -59,6 +59,7 @@ class ModelRuntime:
     window_block: int = 128  # windows are whole blocks of this many tokens (flex's block size)
     windows: tuple[int, int] | None = None  # (long, short) when forward is given none; None: no window
     fp8_head: bool = False  # lm_head matmuls in FP8 (model/fp8_head.py)
+    fp8_w_bound: float = 24.0  # the FP8 head's weight scale is fp8_w_bound / 448 (model.fp8_head_w_bound)
     fused_ce: bool = False  # softcapped loss in Triton (model/kernels/softcap_ce.py)
     fp8_mlp: str = ""  # "" or the scaling of the MLP's FP8 matmuls (rowwise | tensorwise)
     fp8_mlp_fused_act: bool = False  # rowwise fp8_mlp: ReLU² and its casts in one kernel each way
@@ -88,7 +89,7 @@ def runtime_for(model_cfg: ModelConfig, device: str | torch.device, *, dtype: st
     return ModelRuntime(
         device=device, dtype=dtype, attn_backend=choose_backend(model_cfg.attn_backend, device),
         window_block=window_block, windows=windows,
-        fp8_head=model_cfg.fp8_head and fp8,
+        fp8_head=model_cfg.fp8_head and fp8, fp8_w_bound=model_cfg.fp8_head_w_bound,
         fused_ce=model_cfg.fused_ce and fused_ce_supported(device),
         fp8_mlp=model_cfg.fp8_scaling if model_cfg.fp8_mlp and fp8 else "",
         fp8_mlp_fused_act=model_cfg.fp8_mlp_fused_act,
@@ -98,14 +99,18 @@ def runtime_for(model_cfg: ModelConfig, device: str | torch.device, *, dtype: st
     )
 
 
-def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int = 1) -> ModelRuntime:
+def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int = 1,
+                    step: int | None = None) -> ModelRuntime:
     """The runtime a run's config gives on `device`: its dtype rule, its schedule's window block and
-    final windows (what the finished model was trained with, and what forward uses by default), and
-    the FP8 head's gradient scale for a rank's share of the step's tokens."""
+    the windows of training step `step` (default: the last, whose windows the finished model was
+    trained with) as forward's default, and the FP8 head's gradient scale for a rank's share of the
+    step's tokens."""
     from ..optim.schedules import attention_windows
 
+    total = cfg.train.steps
+    step = total if step is None else min(step, total)
     rt = runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
-                     windows=attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps),
+                     windows=attention_windows(cfg.schedule, step, total),
                      grad_tokens=cfg.train.batch_tokens / world_size)
     return rt.replace(activation_checkpointing=cfg.parallel.activation_checkpointing)
 

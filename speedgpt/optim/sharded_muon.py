@@ -39,7 +39,8 @@ class ShardedMuon(Muon):
             dirs = [self.momentum_direction(p, p.grad, group) for p in params]  # on the shards
             if group["normuon"] or not all(is_sharded(p) for p in params):
                 for p, d in zip(params, dirs):
-                    update = self.normalize(p, orthogonalize(full_tensor(d), group["ortho"], group["ns_steps"]), group)
+                    whole = orthogonalize(full_tensor(d), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
+                    update = self.normalize(p, whole, group)
                     self.apply_update(p, shard_like(update.to(p.dtype), p) if is_sharded(p) else update, group)
                 continue
             for start in range(0, len(params), self._world(params)):
@@ -71,7 +72,8 @@ class ShardedMuon(Muon):
         if mine:
             p = params[rank]
             whole = recv.view(p.shape)
-            result = orthogonalize(whole, group["ortho"], group["ns_steps"]).to(dtype).reshape(-1)
+            result = orthogonalize(whole, group["ortho"], group["ns_steps"], group.get("ns_fused", False))
+            result = result.to(dtype).reshape(-1)
         else:
             result = torch.empty(0, dtype=dtype, device=device)
         # 3) rank j sends every rank its slice of the result; each rank gets its slice of every matrix

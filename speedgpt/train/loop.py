@@ -106,7 +106,10 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed, packing=d.packing)
+                                  seed=cfg.train.seed, packing=d.packing,
+                                  grad_accum=self.grad_accum)
+        # The windows of the finished model are its default (sampling, FLOP counts); training and
+        # validation pass each step's own windows to the forward.
         if self.strategy == "fsdp":
             from ..parallel.dist import ensure_process_group
             from ..parallel.fsdp import build_fsdp_model
@@ -220,6 +223,13 @@ class Trainer:
         for group in self.optimizers.muon.param_groups if self.optimizers.muon is not None else []:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
+        return self.windows_at(step)
+
+    def windows_at(self, step: int):
+        """The attention windows of `step` in the form the forward takes: the schedule's (long, short)
+        tokens; under compile a device tensor. Training step k and the validation after k steps both
+        use them, so validation scores the model with the windows it is trained at (as record #28)."""
+        cfg = self.cfg
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
         if not cfg.train.compile:
             return windows
@@ -246,17 +256,20 @@ class Trainer:
         return total
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self, step: int | None = None) -> float:
+        """Mean validation loss of the model after `step` training steps (default: the current one),
+        at that step's attention windows."""
         from ..data.loader import val_batches
 
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
+        windows = self.windows_at(self.step if step is None else step)
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
                                            max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
-            losses.append(self.forward(inputs, targets))
+            losses.append(self.forward(inputs, targets, windows=windows))
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:
@@ -401,7 +414,7 @@ class Trainer:
                 t_eval = time.perf_counter()
                 self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or (last and t.save_final_checkpoint):
                 self.sync_device()
                 t_ckpt = time.perf_counter()
                 self.save()
