@@ -1,7 +1,7 @@
 """Fully sharded data parallelism on PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
-`build_fsdp_model` builds the model on the meta device (no memory), optionally wraps each block
-for activation checkpointing (the runtime's flag, applied in GPT.forward) and compiles each block,
+`build_fsdp_model` builds the model on the meta device (no memory; activation checkpointing is the
+runtime's flag, applied per block in GPT.forward), compiles each block when train.compile is on,
 shards every transformer block, each embedding, then the root (head and scalars), allocates only
 this rank's shards (`to_empty`) and initializes them parameter by parameter from the model's
 `init_plan`: each parameter is drawn whole, in the unsharded model's order and from its seed, and
