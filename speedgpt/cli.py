@@ -19,6 +19,8 @@ examples:
   speedgpt train --preset speedrun-124m --train.steps=300
   speedgpt train --config runs/x/config.toml       # reproduce a run
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
+  speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
+  (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
 """
 
 
@@ -29,6 +31,9 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--config", help="a config.toml, e.g. one saved in a run directory")
     p.add_argument("--resume", metavar="RUN_DIR", help="resume RUN_DIR from its latest checkpoint")
     p.add_argument("--run-dir", help="where to write the run (default runs/<name>-<time>)")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
+                        "schedulers that re-run the same command; implied for workers torchrun restarted)")
     p.add_argument("--list-presets", action="store_true")
     args, overrides = p.parse_known_args(argv)
 
@@ -49,6 +54,8 @@ def cmd_train(argv: list[str]) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
     run_dir = args.run_dir
     config_file = args.config
+    if args.auto_resume and not run_dir:
+        p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
     if args.resume:
         run_dir = args.resume
         config_file = config_file or str(Path(args.resume) / "config.toml")
@@ -66,12 +73,22 @@ def cmd_train(argv: list[str]) -> int:
     from .train.loop import train
 
     from .train.checkpoint import CheckpointError
+    from .train.guard import NonFiniteError
+    from .train.preempt import TrainingStopped
 
     try:
-        train(cfg, run_dir=run_dir, resume=bool(args.resume))
+        train(cfg, run_dir=run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return e.exit_code
+    except NonFiniteError as e:
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt train: error: {e}", file=sys.stderr)
+        return 3
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         # Bad data or checkpoints: one line that says what to do. SPEEDGPT_DEBUG=1 shows the traceback.
         if os.environ.get("SPEEDGPT_DEBUG"):

@@ -87,6 +87,9 @@ class DataConfig:
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
+    # A shard found corrupt or truncated during training: "stop" the run (error naming file and
+    # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
+    on_bad_shard: str = "stop"
 
     def cache_root(self) -> Path:
         """Where built corpora and downloaded eval data live (read at call time, never at import)."""
@@ -157,8 +160,17 @@ class TrainConfig:
     micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
     val_every: int = 125
     log_every: int = 10
-    checkpoint_every: int = 0  # 0: only at the end
-    keep_checkpoints: int = 2
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only by time (below) and at the end
+    # Minutes of wall-clock time between checkpoints (0: off): bounds what a crash can lose. A
+    # SIGTERM/SIGINT saves at the next step boundary anyway (docs/reliability.md).
+    checkpoint_every_min: float = 10.0
+    keep_checkpoints: int = 2  # keep the newest K checkpoints (0: keep all)
+    keep_checkpoint_every: int = 0  # also keep every checkpoint whose step is a multiple of M for good (0: none)
+    # A non-finite loss or gradient: "abort" (naming step, rank, last good checkpoint), "skip" the
+    # step's update, or "rollback" to the newest checkpoint with lrs x rollback_lr_factor.
+    on_nonfinite: str = "abort"
+    rollback_lr_factor: float = 0.5
+    max_rollbacks: int = 3
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
@@ -405,6 +417,15 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for key in ("val_every", "checkpoint_every", "warmup_steps"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
+    if d.on_bad_shard not in ("stop", "skip"):
+        raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
+    if t.on_nonfinite not in ("abort", "skip", "rollback"):
+        raise ConfigError(f"train.on_nonfinite='{t.on_nonfinite}' must be one of abort, skip, rollback")
+    if not 0.0 < t.rollback_lr_factor <= 1.0:
+        raise ConfigError(f"train.rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1], e.g. 0.5")
+    for key in ("checkpoint_every_min", "keep_checkpoints", "keep_checkpoint_every", "max_rollbacks"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
     if d.val_seq_len and d.val_seq_len < 2:
         raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
     if s.window_block < 1:

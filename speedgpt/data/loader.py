@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from .shards import find_shards, load_shard, read_header
+from .shards import ShardError, claimed_tokens, find_shards, load_shard, read_header
 from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
@@ -46,12 +46,25 @@ def _resolve(files: list[Path] | list[str] | str | Path, split: str) -> list[Pat
     return files
 
 
+class _BadShardHit(Exception):
+    """Loading shard `index` failed while planning `epoch`'s stream (internal to TokenLoader)."""
+
+    def __init__(self, index: int, epoch: int, error: ShardError):
+        super().__init__(str(error))
+        self.index, self.epoch, self.error = index, epoch, error
+
+
 class _Shards:
     """Sizes of all shards plus an LRU cache of loaded shards and their BOS positions."""
 
-    def __init__(self, files: list[Path], bos_id: int, capacity: int = 3):
+    def __init__(self, files: list[Path], bos_id: int, capacity: int = 3, *, lenient: bool = False,
+                 vocab_size: int | None = None):
         self.bos_id = bos_id
-        sizes = [read_header(f) for f in files]  # validates every file up front
+        self.vocab_size = vocab_size
+        # Every file is validated up front; `lenient` (data.on_bad_shard=skip) takes the size a
+        # header claims instead, so a shard that broke mid-run keeps its place in the layout a
+        # resumed run recomputes, and is skipped where it is met.
+        sizes = [claimed_tokens(f) if lenient else read_header(f) for f in files]
         # Empty shards hold nothing; dropping them keeps "shard i has a token" true below.
         kept = [(f, n) for f, n in zip(files, sizes) if n > 0]
         if not kept:
@@ -70,7 +83,7 @@ class _Shards:
             if hit is not None:
                 self._cache.move_to_end(i)
                 return hit
-        tokens = load_shard(self.files[i]).numpy()
+        tokens = load_shard(self.files[i], vocab_size=self.vocab_size).numpy()
         # One vectorised pass per shard load; every row boundary afterwards is a binary search.
         bos = np.flatnonzero(tokens == self.bos_id)
         with self._lock:
@@ -83,9 +96,10 @@ class _Shards:
 class _EpochStream:
     """The shards of one epoch, in that epoch's order, seen as one token stream."""
 
-    def __init__(self, shards: _Shards, order: np.ndarray):
+    def __init__(self, shards: _Shards, order: np.ndarray, epoch: int = 0):
         self.shards = shards
         self.order = order
+        self.epoch = epoch
         self.starts = np.concatenate([[0], np.cumsum(shards.sizes[order])])
         self.total = int(self.starts[-1])
 
@@ -93,7 +107,10 @@ class _EpochStream:
         return int(np.searchsorted(self.starts, g, side="right")) - 1
 
     def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.shards.get(int(self.order[k]))
+        try:
+            return self.shards.get(int(self.order[k]))
+        except ShardError as e:
+            raise _BadShardHit(int(self.order[k]), self.epoch, e) from None
 
     def is_bos(self, g: int) -> bool:
         k = self._locate(g)
@@ -150,6 +167,11 @@ class _Planner:
         self.shards = shards
         self.seed = seed
         self._streams: OrderedDict[int, _EpochStream] = OrderedDict()
+        self.excluded: dict[int, int] = {}  # bad shard index -> first epoch whose stream leaves it out
+
+    def exclude(self, index: int, from_epoch: int) -> None:
+        self.excluded[index] = from_epoch
+        self._streams.clear()
 
     def stream(self, epoch: int) -> _EpochStream:
         s = self._streams.get(epoch)
@@ -158,7 +180,11 @@ class _Planner:
             # Epoch 0 keeps the given order (the speedrun reads its shards in order); later
             # passes reshuffle shard order so repeated data is not seen in the same sequence.
             order = np.arange(n) if epoch == 0 else np.random.default_rng([self.seed, epoch]).permutation(n)
-            s = self._streams[epoch] = _EpochStream(self.shards, order)
+            if self.excluded:
+                order = np.array([i for i in order if self.excluded.get(int(i), epoch + 1) > epoch], dtype=np.int64)
+                if not len(order):
+                    raise ShardError(f"every training shard is bad ({len(self.excluded)} skipped); re-create the data")
+            s = self._streams[epoch] = _EpochStream(self.shards, order, epoch)
             while len(self._streams) > 2:
                 self._streams.popitem(last=False)
         return s
@@ -218,6 +244,8 @@ class TokenLoader:
         bos_id: int = BOS_ID,
         prefetch: bool = True,
         seed: int = 0,
+        on_bad_shard: str = "stop",
+        vocab_size: int | None = None,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -228,7 +256,10 @@ class TokenLoader:
         self.device = torch.device(device)
         self.bos_id = bos_id
         self.seed = seed
-        self._shards = _Shards(self.files, bos_id)
+        if on_bad_shard not in ("stop", "skip"):
+            raise ValueError(f"on_bad_shard={on_bad_shard!r} must be 'stop' or 'skip'")
+        self.on_bad_shard = on_bad_shard
+        self._shards = _Shards(self.files, bos_id, lenient=on_bad_shard == "skip", vocab_size=vocab_size)
         self._planner = _Planner(self._shards, seed)
         if self._shards.total < seq_len + 1:
             raise ValueError(
@@ -242,6 +273,9 @@ class TokenLoader:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="TokenLoader") if prefetch else None
         self._pending: tuple[tuple, Future] | None = None
         self.on_epoch: Callable[[int], None] | None = self._default_epoch_notice
+        # Bad shards skipped in the batches handed out so far: name -> first epoch without it. Part
+        # of the state, so a resumed run plans the same rows.
+        self.skipped_shards: dict[str, int] = {}
 
     @property
     def epoch(self) -> int:
@@ -258,22 +292,53 @@ class TokenLoader:
 
     def _build(self, epoch: int, pos: int, batch_size: int, seq_len: int):
         row_len = seq_len + 1
+        skipped: dict[str, int] = {}
         with self._lock:
-            rows: list[_Row] = []
-            for _ in range(self.world_size * batch_size):
-                row, epoch, pos, _ = self._planner.next_row(epoch, pos, row_len)
-                rows.append(row)
-            buf = np.empty((batch_size, row_len), dtype=np.uint16)
-            for i, row in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
-                stream = self._planner.stream(row.epoch)
-                if row.continued:
-                    buf[i, 0] = self.bos_id
-                stream.copy(row.start, row.end, buf[i, int(row.continued) :])
+            while True:
+                try:
+                    buf, end_epoch, end_pos = self._plan_and_copy(epoch, pos, batch_size, row_len)
+                    break
+                except _BadShardHit as hit:
+                    epoch, pos = self._skip_shard(hit, epoch, pos, skipped)
         inputs = torch.empty((batch_size, seq_len), dtype=torch.int32, pin_memory=self._pin)
         targets = torch.empty((batch_size, seq_len), dtype=torch.int64, pin_memory=self._pin)
         np.copyto(inputs.numpy(), buf[:, :-1], casting="unsafe")
         np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
-        return inputs, targets, epoch, pos
+        return inputs, targets, end_epoch, end_pos, skipped
+
+    def _plan_and_copy(self, epoch: int, pos: int, batch_size: int, row_len: int):
+        rows: list[_Row] = []
+        for _ in range(self.world_size * batch_size):
+            row, epoch, pos, _ = self._planner.next_row(epoch, pos, row_len)
+            rows.append(row)
+        buf = np.empty((batch_size, row_len), dtype=np.uint16)
+        for i, row in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
+            stream = self._planner.stream(row.epoch)
+            if row.continued:
+                buf[i, 0] = self.bos_id
+            stream.copy(row.start, row.end, buf[i, int(row.continued) :])
+        return buf, epoch, pos
+
+    def _skip_shard(self, hit: _BadShardHit, epoch: int, pos: int, skipped: dict[str, int]) -> tuple[int, int]:
+        """Report a bad shard, or leave it out of its epoch and every later one and return where the
+        batch now starts: positions before it are unchanged, inside it move to what followed it,
+        after it shift down by its size (the same mapping a resumed run's layout gives)."""
+        path = self._shards.files[hit.index]
+        where = f"at byte {hit.error.offset}" if hit.error.offset is not None else "(offset unknown)"
+        if self.on_bad_shard != "skip":
+            raise ShardError(f"bad training shard {path} {where}, met during training: {hit.error}; or set "
+                             f"--data.on_bad_shard=skip to skip it and go on", offset=hit.error.offset) from None
+        old = self._planner.stream(hit.epoch)
+        k = int(np.flatnonzero(old.order == hit.index)[0])
+        start, end = int(old.starts[k]), int(old.starts[k + 1])
+        self._planner.exclude(hit.index, hit.epoch)
+        if hit.epoch == epoch and pos >= start:
+            pos = start if pos < end else pos - (end - start)
+        skipped[path.name] = hit.epoch
+        if self.rank == 0:
+            warnings.warn(f"TokenLoader: skipping bad shard {path} {where} (epoch {hit.epoch + 1} on; "
+                          f"data.on_bad_shard=skip): {hit.error}", stacklevel=2)
+        return epoch, pos
 
     def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
@@ -286,13 +351,14 @@ class TokenLoader:
         key = (self._epoch, self._pos, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
-            inputs, targets, epoch, pos = pending[1].result()
+            inputs, targets, epoch, pos, skipped = pending[1].result()
         else:
             if pending is not None:
                 pending[1].cancel()  # built for another shape or position: discard it
-            inputs, targets, epoch, pos = self._build(*key)
+            inputs, targets, epoch, pos, skipped = self._build(*key)
         previous_epoch = self._epoch
         self._epoch, self._pos = epoch, pos  # the state counts batches handed out, not prefetched
+        self.skipped_shards.update(skipped)
         if self._executor is not None:
             # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
             self._pending = ((epoch, pos, batch_size, seq_len), self._executor.submit(self._build, epoch, pos, batch_size, seq_len))
@@ -312,6 +378,7 @@ class TokenLoader:
             "seed": self.seed,
             "files": [f.name for f in self._shards.files],
             "total_tokens": self._shards.total,
+            "skipped_shards": dict(self.skipped_shards),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -331,6 +398,12 @@ class TokenLoader:
             self._pending[1].cancel()
             self._pending = None
         self._epoch, self._pos = int(state["epoch"]), int(state["position"])
+        self.skipped_shards = dict(state.get("skipped_shards", {}))
+        self._planner.excluded.clear()
+        index = {f.name: i for i, f in enumerate(self._shards.files)}
+        for name, epoch in self.skipped_shards.items():
+            self._planner.exclude(index[name], int(epoch))
+        self._planner._streams.clear()
 
     def close(self) -> None:
         """Stop the prefetch thread (also safe to skip: it exits with the process)."""

@@ -141,6 +141,12 @@ def load_state(source: Source, device: torch.device) -> dict[str, torch.Tensor]:
         for alias, canonical in aliases.items():
             state[alias] = state[canonical]
         return state
+    from ..train.checkpoint import CheckpointError, verify_files
+
+    try:  # the checksum recorded at save: a corrupted file is an error, not wrong weights
+        verify_files(source.weights, json.loads((source.weights / "state.json").read_text()), ("model.pt",))
+    except CheckpointError as e:
+        raise LoadError(f"{e}; or name another with --checkpoint STEP") from None
     try:
         state = torch.load(source.weights / "model.pt", map_location=device, weights_only=True)
     except FileNotFoundError:
