@@ -512,10 +512,12 @@ def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, d
         yield inputs, targets
 
 
-def check_capacity(files: list[Path] | str, *, seq_len: int, batch_size: int, world_size: int, grad_accum: int) -> None:
-    """Raise a one-line ValueError when the data cannot fill one optimizer step without repeating."""
+def check_capacity(files: list[Path] | str, *, seq_len: int, batch_size: int, world_size: int, grad_accum: int,
+                   lenient: bool = False) -> None:
+    """Raise a one-line ValueError when the data cannot fill one optimizer step without repeating.
+    `lenient` (data.on_bad_shard=skip): count the sizes headers claim, leaving bad files to the loader."""
     files = _resolve(files, "train")
-    total = sum(read_header(f) for f in files)
+    total = sum(claimed_tokens(f) if lenient else read_header(f) for f in files)
     need = world_size * grad_accum * batch_size * (seq_len + 1)
     if total < need:
         raise ValueError(

@@ -7,7 +7,9 @@ during step 3), `save_error@4` (writing the checkpoint of step 4 fails with an O
 full disk), `exit@6:1` (rank 1 dies with exit status 1 at the start of step 6, as a crashed
 worker). Steps are 0-based optimizer steps (the step being computed); RANK defaults to 0. A
 fault fires at most once per process, so a rollback or a restarted worker does not meet it again
-unless the variable says so. Unset (the normal case), every check is a dict lookup.
+unless the variable says so, and only in the first attempt of a torchrun group
+(TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted worker runs clean. Unset (the normal
+case), every check is one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ def _plan() -> set[tuple[str, int, int]]:
 def fires(kind: str, step: int, rank: int = 0) -> bool:
     """Whether the fault `kind` is planned for `step` on `rank` and has not fired yet (it fires now)."""
     plan = _plan()
-    if not plan:
+    if not plan or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         return False
     key = (kind, step, rank)
     if key in plan and key not in _fired:
         _fired.add(key)
         return True
     return False
+
+
+def reset() -> None:
+    """Forget which faults fired (tests run several faulty runs in one process)."""
+    _fired.clear()

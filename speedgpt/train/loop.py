@@ -115,7 +115,8 @@ class Trainer:
         barrier()
         self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
         check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
-                       world_size=self.dist.world_size, grad_accum=self.grad_accum)
+                       world_size=self.dist.world_size, grad_accum=self.grad_accum,
+                       lenient=d.on_bad_shard == "skip")
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
@@ -354,8 +355,10 @@ class Trainer:
         first_step = self.step  # result.train_losses[i] is step first_step + i
         stop = False
         while self.step < t.steps and not stop:
+            self.stop_request.step = self.step
             loss = self.train_step(self.step)
             self.step += 1
+            self.stop_request.step = self.step  # a signal from here on arrives before the next step
             self.tokens += tokens_per_step
             self.train_time = time.perf_counter() - t_start
             result.train_losses.append(loss)
@@ -380,7 +383,8 @@ class Trainer:
                 self.metrics.log({"event": "stopped", "step": self.step, "tokens": self.tokens,
                                   "time_s": self.train_time, "signal": self.stop_request.signum})
                 self.metrics.close()
-                raise TrainingStopped(self.stop_request.signum, self.step, path, self.run_dir)
+                raise TrainingStopped(self.stop_request.signum, self.step, path, self.run_dir,
+                                      self.stop_request.signal_step)
             if log_step:
                 self.sync_device()
                 self.train_time = time.perf_counter() - t_start

@@ -22,12 +22,16 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 class TrainingStopped(Exception):
     """Training stopped on a signal after writing a checkpoint; `exit_code` is 128 + the signal number."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None, run_dir: Path):
+    def __init__(self, signum: int, step: int, checkpoint: Path | None, run_dir: Path, signal_step: int = -1):
         self.signum, self.step, self.checkpoint, self.run_dir = signum, step, checkpoint, run_dir
+        self.signal_step = signal_step
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
         where = f"checkpoint {checkpoint} written" if checkpoint else "no checkpoint could be written"
-        super().__init__(f"stopped by {name} at step {step}; {where}; resume with: "
+        # Steps completed between the signal and the checkpoint: 1 when it arrived mid-step, 0 between steps.
+        self.steps_after_signal = step - signal_step if signal_step >= 0 else None
+        arrived = f" ({self.steps_after_signal} step(s) after the signal)" if signal_step >= 0 else ""
+        super().__init__(f"stopped by {name} at step {step}{arrived}; {where}; resume with: "
                          f"speedgpt train --resume {run_dir}")
 
 
@@ -37,6 +41,8 @@ class StopRequest:
 
     def __init__(self, announce: bool = True):
         self.signum = 0
+        self.step = 0  # steps completed, kept current by the trainer (a host int: no sync)
+        self.signal_step = -1  # steps completed when the first signal arrived
         self.announce = announce
         self._previous: dict[int, object] = {}
 
@@ -57,6 +63,7 @@ class StopRequest:
             print(f"{name} again: exiting now; the newest complete checkpoint is kept", file=sys.stderr, flush=True)
             os._exit(128 + signum)
         self.signum = signum
+        self.signal_step = self.step
         if self.announce:
             print(f"{name} received: finishing this step, then writing a checkpoint (send it again to exit at once)",
                   file=sys.stderr, flush=True)
