@@ -173,12 +173,12 @@ class Suite:
         return a is not None and b is not None and a.keys() == b.keys() and all(
             torch.equal(a[k], b[k]) for k in a)
 
-    def reference(self, name: str = "plain", data: Path | None = None, torchrun: bool = False):
+    def reference(self, name: str = "plain", data: Path | None = None, torchrun: bool = False, extra=()):
         """(final state, seconds from ready line to end, total seconds) of an uninterrupted run."""
         if name not in self._refs:
             d = self._dir(f"ref-{name}")
             t0 = time.monotonic()
-            p = self.start(self._args(d, data), torchrun=torchrun)
+            p = self.start(self._args(d, data, extra), torchrun=torchrun)
             out, t_ready = "", None
             for line in p.stdout:
                 out += line
@@ -195,7 +195,7 @@ class Suite:
     def kill9(self, trials: int, tally: Tally, data: Path | None = None, ref: str = "plain", extra=()) -> Tally:
         from .checkpoint import TMP_PREFIX, list_checkpoints
 
-        want, train_s, _ = self.reference(ref, data)
+        want, train_s, _ = self.reference(ref, data, extra=extra)
         for _ in range(trials):
             d = self._dir("kill9")
             rc, _, sent, _ = self.run_until(self._args(d, data, extra), self.rng.uniform(0, train_s), signal.SIGKILL)
