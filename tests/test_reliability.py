@@ -4,6 +4,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 import sys
 
 import numpy as np
@@ -223,3 +224,26 @@ class _maybe_warns:
 
     def __exit__(self, *exc):
         return self._cm.__exit__(*exc)
+
+
+def _stop_worker(rank, world, cfg_dict, run_dir, out):
+    from speedgpt.config import config_from_plain
+
+    os.environ["SPEEDGPT_INJECT"] = "sigterm@2:1"  # only rank 1 is signalled, during step 3
+    faults.reset()
+    try:
+        train(config_from_plain(cfg_dict), run_dir=run_dir, quiet=True)
+    except TrainingStopped as e:
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps({"step": e.step, "signal": e.signum}))
+
+
+def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+    from test_parallel_train import make_shards, run_cfg
+
+    from speedgpt.parallel.dist import spawn_local
+
+    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")), ["--train.checkpoint_every=0"])
+    spawn_local(_stop_worker, 2, cfg.to_dict(), str(tmp_path / "run"), str(tmp_path))
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert got == [{"step": 3, "signal": signal.SIGTERM}] * 2
+    assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_000003"]
