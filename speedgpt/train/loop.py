@@ -326,6 +326,7 @@ class Trainer:
         for opt, sd in zip(self.optimizers, optim_states):
             opt.load_state_dict(sd)
         self.loader.load_state_dict(loader_state)
+        self.guard.reset()  # what the warmup steps saw is not the run's
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
