@@ -82,7 +82,8 @@ def cmd_train(argv: list[str]) -> int:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
-        print(f"speedgpt train: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
+            print(f"speedgpt train: {e}", file=sys.stderr)
         return e.exit_code
     except NonFiniteError as e:
         if os.environ.get("SPEEDGPT_DEBUG"):
