@@ -144,9 +144,10 @@ def load_state(source: Source, device: torch.device) -> dict[str, torch.Tensor]:
     from ..train.checkpoint import CheckpointError, verify_files
 
     try:  # the checksum recorded at save: a corrupted file is an error, not wrong weights
-        verify_files(source.weights, json.loads((source.weights / "state.json").read_text()), ("model.pt",))
+        verify_files(source.weights, json.loads((source.weights / "state.json").read_text()), ("model.pt",),
+                     fix="name another with --checkpoint STEP")
     except CheckpointError as e:
-        raise LoadError(f"{e}; or name another with --checkpoint STEP") from None
+        raise LoadError(str(e)) from None
     try:
         state = torch.load(source.weights / "model.pt", map_location=device, weights_only=True)
     except FileNotFoundError:

@@ -123,24 +123,24 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES) -> None:
+def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES, fix: str = "") -> None:
     """Check tensor files of checkpoint `path` against the size and SHA-256 in its state.json.
-    Checkpoints written before checksums existed have no record and are not checked."""
+    Checkpoints written before checksums existed have no record and are not checked. `fix` ends
+    the message (default: delete the checkpoint to resume from the previous one)."""
+    fix = fix or f"delete {path} to resume from the previous checkpoint"
     for name, rec in state.get("files", {}).items():
         if name not in names:
             continue
         f = path / name
         if not f.is_file():
-            raise CheckpointError(f"checkpoint file {f} is missing; delete {path} to resume from the previous "
-                                  f"checkpoint")
+            raise CheckpointError(f"checkpoint file {f} is missing; {fix}")
         size = f.stat().st_size
         if size != rec["bytes"]:
             raise CheckpointError(f"checkpoint file {f} is {'truncated' if size < rec['bytes'] else 'too long'}: "
-                                  f"{size:,} bytes, {rec['bytes']:,} were written; delete {path} to resume from "
-                                  f"the previous checkpoint")
+                                  f"{size:,} bytes, {rec['bytes']:,} were written; {fix}")
         if _sha256_file(f) != rec["sha256"]:
             raise CheckpointError(f"checkpoint file {f} is corrupt: its SHA-256 differs from the one recorded at "
-                                  f"save; delete {path} to resume from the previous checkpoint")
+                                  f"save; {fix}")
 
 
 def _first_line(e: Exception) -> str:
