@@ -201,8 +201,7 @@ class Suite:
             rc, _, sent, _ = self.run_until(self._args(d, data, extra), self.rng.uniform(0, train_s), signal.SIGKILL)
             newest = list_checkpoints(d / "checkpoints")
             newest_step = int(newest[-1].name[5:]) if newest else 0
-            half = any(p.name.startswith(TMP_PREFIX) for p in (d / "checkpoints").glob("*")) if newest or \
-                (d / "checkpoints").is_dir() else False
+            half = any(p.name.startswith(TMP_PREFIX) for p in (d / "checkpoints").glob("*"))
             rc2, out = self.run(self._args(d, data, extra))
             m = re.search(r"resumed from \S+ at step (\d+)", out)
             resumed = int(m.group(1)) if m else 0
