@@ -101,6 +101,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     # log_every=1 arms the gradient-sync timers (multi-rank) on every step.
     cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0", "--train.log_every=1"])
     trainer = Trainer(cfg, run_dir=Path(tempfile.mkdtemp(prefix="speedgpt-bench-")), quiet=True)
+    cfg = trainer.cfg  # with a budget's derived steps and batch
     t0 = time.perf_counter()
     trainer.setup()
     setup_s = time.perf_counter() - t0

@@ -146,6 +146,12 @@ def cmd_report(argv: list[str]) -> int:
     return report_main(argv) or 0
 
 
+def cmd_sweep(argv: list[str]) -> int:
+    from .sweep import main as sweep_main
+
+    return sweep_main(argv)
+
+
 def cmd_bench(argv: list[str]) -> int:
     from .bench import main as bench_main
 
@@ -157,13 +163,15 @@ examples:
   speedgpt eval runs/x                             # the run's own val split, as many tokens as it validated on
   speedgpt eval runs/x --data data/fineweb10B --tokens 1048576
   speedgpt eval runs/x --hellaswag download --limit 1000
+  speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
+  speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
   speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
 """
 
 
 def cmd_eval(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speedgpt eval", epilog=EVAL_EPILOG,
-                                description="Validation loss, bits per byte and optionally HellaSwag accuracy of a "
+                                description="Validation loss, bits per byte and optionally HellaSwag accuracy and CORE of a "
                                             "trained model; appended to the run's metrics.jsonl as an eval record.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
@@ -172,11 +180,18 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
     p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
     p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
+    p.add_argument("--core", action="store_true", help="also score CORE (DCLM's 22 in-context tasks)")
+    p.add_argument("--core-bundle", metavar="PATH_OR_download", default="download",
+                   help="the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or 'download' "
+                        "(default: fetched once into the cache)")
+    p.add_argument("--core-limit", type=int, help="score only N examples per CORE task (quick, approximate)")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--batch-rows", type=int, help="rows per forward (default: fits in about 32K tokens)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
     args = p.parse_args(argv)
+    if args.core_limit is not None and (args.core_limit < 1 or not args.core):
+        p.error("--core-limit N needs --core and N >= 1")
 
     from .config import ConfigError
     from .eval.run import EvalError, evaluate_run
@@ -185,7 +200,7 @@ def cmd_eval(argv: list[str]) -> int:
     try:
         evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
                      limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,
-                     log=not args.no_log)
+                     log=not args.no_log, core=args.core_bundle if args.core else None, core_limit=args.core_limit)
     except (LoadError, EvalError, ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"speedgpt eval: {e}", file=sys.stderr)
         return 2
@@ -277,6 +292,7 @@ COMMANDS = {
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "sweep": (cmd_sweep, "depths x budgets, then the compute-optimal frontier: --out DIR --depths 4,6 --flops 1e15,3e15"),
     "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
 }
 

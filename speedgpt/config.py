@@ -87,6 +87,10 @@ class DataConfig:
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
+    # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order,
+    # cropping the document a row end cuts; "bestfit": the largest buffered document that fits whole,
+    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped).
+    packing: str = "greedy"
     # A shard found corrupt or truncated during training: "stop" the run (error naming file and
     # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
     on_bad_shard: str = "stop"
@@ -125,7 +129,8 @@ class OptimConfig:
     cautious_wd: bool = False
     # Muon's weight decay over training: "constant", or "lr": multiplied by the lr schedule's
     # multiplier, so it shrinks in the cooldown with the lr (the 2025-11-10 record's finding; its
-    # decay per step is then lr * wd * multiplier, quadratic in the schedule).
+    # decay per step is then lr * wd * multiplier, quadratic in the schedule), or "linear": falling
+    # linearly from muon_weight_decay at step 0 to zero at the last step (nanochat's depth ladder).
     wd_schedule: str = "constant"
     embed_lr: float = 0.3
     value_embed_lr: float = 0.3
@@ -138,6 +143,10 @@ class OptimConfig:
     grad_clip: float = 0.0  # global-norm clipping; 0 disables
     # Depth-knob learning-rate scaling: Adam lrs scale with (768 / model_dim) ** 0.5 when on.
     scale_lr_by_width: bool = False
+    # The width the lrs and Muon weight decay were tuned at (0: off). The budget resolution (budget.py)
+    # scales Adam lrs by (tuned_width / width) ** 0.5 and muon_weight_decay by (tuned_width / width) ** 2,
+    # writes the scaled values into the run's config and sets this back to 0.
+    tuned_width: int = 0
 
 
 @dataclass
@@ -155,8 +164,12 @@ class ScheduleConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000
-    batch_tokens: int = 524_288  # global tokens per optimizer step
+    steps: int = 1000  # ignored when tokens_per_param or flops_budget sets the horizon
+    batch_tokens: int = 524_288  # global tokens per optimizer step; 0: derived from the horizon (budget.py)
+    # The horizon as a budget (0: off; at most one of the two): training tokens = tokens_per_param x scaling
+    # parameters (transformer matrices + lm_head), or flops_budget / training FLOPs per token; steps follow.
+    tokens_per_param: float = 0.0
+    flops_budget: float = 0.0
     micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
     val_every: int = 125
     log_every: int = 10
@@ -409,7 +422,11 @@ def validate(cfg: Config, world_size: int = 1) -> None:
                           f"use a multiple such as {max(1, t.batch_tokens // d.seq_len) * d.seq_len}")
     if t.micro_batch_size < 0:
         raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} must be >= 0 (0: all of a rank's rows at once)")
-    micro_batch_rows(cfg, world_size)
+    if t.batch_tokens < 0 or (t.batch_tokens == 0 and not (t.tokens_per_param or t.flops_budget)):
+        raise ConfigError(f"train.batch_tokens={t.batch_tokens} must be > 0, or 0 (derived) with "
+                          f"train.tokens_per_param or train.flops_budget set")
+    if t.batch_tokens:  # a derived batch (0) is checked once budget.resolve_budget has set it
+        micro_batch_rows(cfg, world_size)
     if t.steps < 1:
         raise ConfigError(f"train.steps={t.steps} must be at least 1")
     if t.log_every < 1:
@@ -417,8 +434,12 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for key in ("val_every", "checkpoint_every", "warmup_steps"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
+    if d.packing not in ("greedy", "bestfit"):
+        raise ConfigError(f"data.packing='{d.packing}' must be greedy or bestfit")
     if d.on_bad_shard not in ("stop", "skip"):
         raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
+    if d.on_bad_shard == "skip" and d.packing != "greedy":
+        raise ConfigError("data.on_bad_shard=skip works with data.packing=greedy only; use one or the other")
     if t.on_nonfinite not in ("abort", "skip", "rollback"):
         raise ConfigError(f"train.on_nonfinite='{t.on_nonfinite}' must be one of abort, skip, rollback")
     if not 0.0 < t.rollback_lr_factor <= 1.0:
@@ -454,8 +475,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
     if o.muon_weight_decay < 0:
         raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
-    if o.wd_schedule not in ("constant", "lr"):
-        raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant or lr")
+    if o.wd_schedule not in ("constant", "lr", "linear"):
+        raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant, lr or linear")
     if not o.muon_weight_decay:  # an A/B run with a switch that silently does nothing would mislead
         for key, on in (("cautious_wd", o.cautious_wd), ("wd_schedule", o.wd_schedule != "constant")):
             if on:

@@ -407,7 +407,7 @@ def test_training_with_every_switch_resumes_exactly(tmp_path):
     (["--optim.muon_ns_steps=0"], "optim.muon_ns_steps=0 must be at least 1"),
     (["--optim.normuon_beta2=1.0"], r"optim.normuon_beta2=1.0 must lie in \(0, 1\)"),
     (["--optim.normuon_beta2=0"], r"optim.normuon_beta2=0.0 must lie in \(0, 1\)"),
-    (["--optim.wd_schedule=cosine"], "optim.wd_schedule='cosine' must be constant or lr"),
+    (["--optim.wd_schedule=cosine"], "optim.wd_schedule='cosine' must be constant, lr or linear"),
     (["--optim.cautious_wd=true"], "optim.cautious_wd=True does nothing with optim.muon_weight_decay=0"),
     (["--optim.wd_schedule=lr"], "optim.wd_schedule='lr' does nothing with optim.muon_weight_decay=0"),
     (["--optim.muon_weight_decay=-0.1"], "optim.muon_weight_decay=-0.1 must be >= 0"),

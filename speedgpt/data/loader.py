@@ -16,10 +16,15 @@ How rows are made (docs/data.md has the full story and measured numbers):
 The whole position in the data is one ``(epoch, position)`` pair, identical on all
 ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
 batch size, sequence length or world size after the resume.
+
+``packing="bestfit"`` fills rows from a buffer of documents instead (data/bestfit.py); its
+state adds the buffer. Both count the tokens they put into rows and the tokens they crop
+(``cropped_share``), and both keep the counts in the state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections import OrderedDict
@@ -31,10 +36,20 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .bestfit import DEFAULT_BUFFER_DOCS, BestFitPacker, BestFitState
 from .shards import ShardError, claimed_tokens, find_shards, load_shard, read_header
 from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
+PACKINGS = ("greedy", "bestfit")
+
+
+@dataclass(frozen=True)
+class _GreedyState:
+    epoch: int
+    pos: int
+    row_tokens: int = 0  # tokens put into rows so far
+    cropped: int = 0  # tokens skipped so far (document tails, an epoch's last partial row)
 
 
 def _resolve(files: list[Path] | list[str] | str | Path, split: str) -> list[Path]:
@@ -244,11 +259,15 @@ class TokenLoader:
         bos_id: int = BOS_ID,
         prefetch: bool = True,
         seed: int = 0,
+        packing: str = "greedy",
+        buffer_docs: int = DEFAULT_BUFFER_DOCS,
         on_bad_shard: str = "stop",
         vocab_size: int | None = None,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
+        if packing not in PACKINGS:
+            raise ValueError(f"packing={packing!r} must be one of {', '.join(PACKINGS)}")
         _check_shape(batch_size, seq_len)
         self.files = _resolve(files, "train")
         self.seq_len, self.batch_size = seq_len, batch_size
@@ -258,9 +277,13 @@ class TokenLoader:
         self.seed = seed
         if on_bad_shard not in ("stop", "skip"):
             raise ValueError(f"on_bad_shard={on_bad_shard!r} must be 'stop' or 'skip'")
+        if on_bad_shard == "skip" and packing == "bestfit":  # its buffered documents would need remapping too
+            raise ValueError("on_bad_shard='skip' works with packing='greedy' only")
         self.on_bad_shard = on_bad_shard
         self._shards = _Shards(self.files, bos_id, lenient=on_bad_shard == "skip", vocab_size=vocab_size)
         self._planner = _Planner(self._shards, seed)
+        self.packing = packing
+        self._bestfit = BestFitPacker(self._planner, buffer_docs) if packing == "bestfit" else None
         if self._shards.total < seq_len + 1:
             raise ValueError(
                 f"the data ({self._shards.total:,} tokens in {len(self._shards.files)} shards) is shorter than one "
@@ -268,7 +291,7 @@ class TokenLoader:
             )
         # Pinned host memory only helps (and only works) when copying to a CUDA device.
         self._pin = self.device.type == "cuda"
-        self._epoch, self._pos = 0, 0  # position after the last batch handed out
+        self._state = self._initial_state()  # position after the last batch handed out
         self._lock = threading.Lock()  # one batch build at a time (caller thread or prefetcher)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="TokenLoader") if prefetch else None
         self._pending: tuple[tuple, Future] | None = None
@@ -277,10 +300,20 @@ class TokenLoader:
         # of the state, so a resumed run plans the same rows.
         self.skipped_shards: dict[str, int] = {}
 
+    def _initial_state(self):
+        return BestFitState(0, 0, ()) if self._bestfit else _GreedyState(0, 0)
+
     @property
     def epoch(self) -> int:
-        """Completed passes over the data (counts up when a batch from the next pass is handed out)."""
-        return self._epoch
+        """Completed passes over the data (counts up when a batch from the next pass is handed out;
+        with best-fit packing, when the buffer starts reading the next pass)."""
+        return self._state.epoch
+
+    @property
+    def cropped_share(self) -> float:
+        """Of the data tokens consumed so far, the share cropped (never put into a row)."""
+        st = self._state
+        return st.cropped / (st.cropped + st.row_tokens) if st.row_tokens else 0.0
 
     def _default_epoch_notice(self, epoch: int) -> None:
         if self.rank == 0:
@@ -290,36 +323,48 @@ class TokenLoader:
                 stacklevel=3,
             )
 
-    def _build(self, epoch: int, pos: int, batch_size: int, seq_len: int):
+    def _plan(self, state, n_rows: int, row_len: int):
+        """(rows, each a list of pieces (epoch, start, end, continued), and the state after them)."""
+        if self._bestfit is not None:
+            return self._bestfit.plan(state, n_rows, row_len)
+        epoch, pos, cropped = state.epoch, state.pos, state.cropped
+        rows = []
+        for _ in range(n_rows):
+            row, epoch, pos, crop = self._planner.next_row(epoch, pos, row_len)
+            rows.append([(row.epoch, row.start, row.end, row.continued)])
+            cropped += crop
+        return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
+
+    def _build(self, state, batch_size: int, seq_len: int):
         row_len = seq_len + 1
         skipped: dict[str, int] = {}
         with self._lock:
             while True:
                 try:
-                    buf, end_epoch, end_pos = self._plan_and_copy(epoch, pos, batch_size, row_len)
+                    buf, end_state = self._plan_and_copy(state, batch_size, row_len)
                     break
                 except _BadShardHit as hit:
-                    epoch, pos = self._skip_shard(hit, epoch, pos, skipped)
+                    state = self._skip_shard(hit, state, skipped)
         inputs = torch.empty((batch_size, seq_len), dtype=torch.int32, pin_memory=self._pin)
         targets = torch.empty((batch_size, seq_len), dtype=torch.int64, pin_memory=self._pin)
         np.copyto(inputs.numpy(), buf[:, :-1], casting="unsafe")
         np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
-        return inputs, targets, end_epoch, end_pos, skipped
+        return inputs, targets, end_state, skipped
 
-    def _plan_and_copy(self, epoch: int, pos: int, batch_size: int, row_len: int):
-        rows: list[_Row] = []
-        for _ in range(self.world_size * batch_size):
-            row, epoch, pos, _ = self._planner.next_row(epoch, pos, row_len)
-            rows.append(row)
+    def _plan_and_copy(self, state, batch_size: int, row_len: int):
+        rows, state = self._plan(state, self.world_size * batch_size, row_len)
         buf = np.empty((batch_size, row_len), dtype=np.uint16)
-        for i, row in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
-            stream = self._planner.stream(row.epoch)
-            if row.continued:
-                buf[i, 0] = self.bos_id
-            stream.copy(row.start, row.end, buf[i, int(row.continued) :])
-        return buf, epoch, pos
+        for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
+            at = 0
+            for epoch, start, end, continued in pieces:
+                if continued:
+                    buf[i, at] = self.bos_id
+                    at += 1
+                self._planner.stream(epoch).copy(start, end, buf[i, at : at + end - start])
+                at += end - start
+        return buf, state
 
-    def _skip_shard(self, hit: _BadShardHit, epoch: int, pos: int, skipped: dict[str, int]) -> tuple[int, int]:
+    def _skip_shard(self, hit: _BadShardHit, state, skipped: dict[str, int]):
         """Report a bad shard, or leave it out of its epoch and every later one and return where the
         batch now starts: positions before it are unchanged, inside it move to what followed it,
         after it shift down by its size (the same mapping a resumed run's layout gives)."""
@@ -332,13 +377,14 @@ class TokenLoader:
         k = int(np.flatnonzero(old.order == hit.index)[0])
         start, end = int(old.starts[k]), int(old.starts[k + 1])
         self._planner.exclude(hit.index, hit.epoch)
-        if hit.epoch == epoch and pos >= start:
+        pos = state.pos
+        if hit.epoch == state.epoch and pos >= start:
             pos = start if pos < end else pos - (end - start)
         skipped[path.name] = hit.epoch
         if self.rank == 0:
             warnings.warn(f"TokenLoader: skipping bad shard {path} {where} (epoch {hit.epoch + 1} on; "
                           f"data.on_bad_shard=skip): {hit.error}", stacklevel=2)
-        return epoch, pos
+        return dataclasses.replace(state, pos=pos)
 
     def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
@@ -348,22 +394,22 @@ class TokenLoader:
         batch_size = self.batch_size if batch_size is None else batch_size
         seq_len = self.seq_len if seq_len is None else seq_len
         _check_shape(batch_size, seq_len)
-        key = (self._epoch, self._pos, batch_size, seq_len)
+        key = (self._state, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
-            inputs, targets, epoch, pos, skipped = pending[1].result()
+            inputs, targets, state, skipped = pending[1].result()
         else:
             if pending is not None:
                 pending[1].cancel()  # built for another shape or position: discard it
-            inputs, targets, epoch, pos, skipped = self._build(*key)
-        previous_epoch = self._epoch
-        self._epoch, self._pos = epoch, pos  # the state counts batches handed out, not prefetched
+            inputs, targets, state, skipped = self._build(*key)
+        previous_epoch = self._state.epoch
+        self._state = state  # the state counts batches handed out, not prefetched
         self.skipped_shards.update(skipped)
         if self._executor is not None:
             # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
-            self._pending = ((epoch, pos, batch_size, seq_len), self._executor.submit(self._build, epoch, pos, batch_size, seq_len))
-        if epoch > previous_epoch and self.on_epoch is not None:
-            self.on_epoch(epoch)
+            self._pending = ((state, batch_size, seq_len), self._executor.submit(self._build, state, batch_size, seq_len))
+        if state.epoch > previous_epoch and self.on_epoch is not None:
+            self.on_epoch(state.epoch)
         if self.device.type != "cpu":
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
@@ -371,15 +417,22 @@ class TokenLoader:
 
     def state_dict(self) -> dict:
         """The position after the last batch handed out: plain, JSON-able, the same on every rank."""
-        return {
+        st = self._state
+        out = {
             "format": _STATE_FORMAT,
-            "epoch": self._epoch,
-            "position": self._pos,
+            "epoch": st.epoch,
+            "position": st.pos,
             "seed": self.seed,
             "files": [f.name for f in self._shards.files],
             "total_tokens": self._shards.total,
+            "packing": self.packing,
+            "row_tokens": st.row_tokens,
+            "cropped": st.cropped,
             "skipped_shards": dict(self.skipped_shards),
         }
+        if isinstance(st, BestFitState):
+            out["buffer"] = st.to_dict()["buffer"]
+        return out
 
     def load_state_dict(self, state: dict) -> None:
         """Continue exactly where ``state`` was taken; the data must be the same shards."""
@@ -394,10 +447,18 @@ class TokenLoader:
             )
         if state["seed"] != self.seed:
             raise ValueError(f"loader state has seed {state['seed']}, this loader seed {self.seed}; use the same seed")
+        packing = state.get("packing", "greedy")  # states from before packing was a choice are greedy
+        if packing != self.packing:
+            raise ValueError(f"loader state was saved with data.packing={packing!r}, this loader packs "
+                             f"{self.packing!r}; resume with --data.packing={packing}")
         if self._pending is not None:
             self._pending[1].cancel()
             self._pending = None
-        self._epoch, self._pos = int(state["epoch"]), int(state["position"])
+        counts = dict(row_tokens=int(state.get("row_tokens", 0)), cropped=int(state.get("cropped", 0)))
+        if packing == "bestfit":
+            self._state = BestFitState.from_dict({**state, **counts})
+        else:
+            self._state = _GreedyState(int(state["epoch"]), int(state["position"]), **counts)
         self.skipped_shards = dict(state.get("skipped_shards", {}))
         self._planner.excluded.clear()
         index = {f.name: i for i, f in enumerate(self._shards.files)}
@@ -418,14 +479,24 @@ def _check_shape(batch_size: int, seq_len: int) -> None:
         raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must both be >= 1")
 
 
-def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID) -> dict:
+def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID, packing: str = "greedy",
+                  buffer_docs: int = DEFAULT_BUFFER_DOCS) -> dict:
     """What one epoch of TokenLoader rows of ``seq_len`` does to the data (for docs/data.md).
 
-    Returns rows, total tokens, tokens cropped (skipped tails of documents cut by a row
+    Greedy: rows, total tokens, tokens cropped (skipped tails of documents cut by a row
     end, plus the epoch's last partial row), inserted BOS tokens (rows that continue a
-    long document) and the cropped fraction.
+    long document) and the cropped fraction. Both packings: ``cropped_share``, the loader's
+    running figure (cropped / (cropped + row tokens)) over the rows that consume one epoch's worth
+    of tokens (best-fit reads ahead by its buffer, so "until the data's end" would stop early).
     """
     planner = _Planner(_Shards(_resolve(files, "train"), bos_id), seed=0)
+    if packing == "bestfit":
+        packer, state, rows = BestFitPacker(planner, buffer_docs), BestFitState(0, 0, ()), 0
+        while state.cropped + state.row_tokens < planner.shards.total:
+            _, state = packer.plan(state, 1, seq_len + 1)
+            rows += 1
+        return {"seq_len": seq_len, "packing": packing, "rows": rows, "total_tokens": planner.shards.total,
+                "cropped_tokens": state.cropped, "cropped_share": state.cropped / (state.cropped + state.row_tokens)}
     epoch, pos, rows, cropped, inserted = 0, 0, 0, 0, 0
     total = planner.shards.total
     while True:
@@ -439,11 +510,13 @@ def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID
         inserted += row.continued
     return {
         "seq_len": seq_len,
+        "packing": packing,
         "rows": rows,
         "total_tokens": total,
         "cropped_tokens": cropped,
         "inserted_bos": inserted,
         "cropped_fraction": cropped / total,
+        "cropped_share": cropped / (cropped + rows * (seq_len + 1)),
     }
 
 

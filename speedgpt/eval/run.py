@@ -58,9 +58,10 @@ def plan_batches(available: int, want: int, seq_len: int, max_rows: int) -> tupl
 def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "val", tokens: int | None = None,
                  hellaswag: str | None = None, limit: int | None = None, device: str = "auto",
                  checkpoint: str | int | None = None, batch_rows: int | None = None, log: bool = True,
-                 print_fn=print) -> dict:
+                 core: str | None = None, core_limit: int | None = None, print_fn=print) -> dict:
     """Evaluate a run (or export) directory; returns the eval record. For a run directory the record
-    is appended to its metrics.jsonl (unless `log=False`)."""
+    is appended to its metrics.jsonl (unless `log=False`). `core`: a CORE bundle directory, or
+    "download" (fetched once into the cache; also used when it is already there)."""
     from ..config import micro_batch_rows
     from ..data.loader import val_batches
     from ..data.shards import read_header
@@ -95,6 +96,8 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
               "time_s": src.train_time_s or 0.0, "event": "eval", "val_loss": res["loss"], "val_bpb": res["bpb"]}
     if hellaswag:
         record.update(_hellaswag(model, cfg, hellaswag, limit, tok, dev, BOS_ID, print_fn))
+    if core:
+        record.update(_core(model, cfg, core, core_limit, tok, dev, BOS_ID, print_fn))
     record.update({"eval_tokens": res["tokens"], "eval_data": str(data or files[0].parent), "eval_split": split,
                    "checkpoint": src.weights.name if src.kind == "run" else str(src.root),
                    "eval_s": round(time.perf_counter() - t0, 3)})
@@ -132,6 +135,20 @@ def _hellaswag(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> d
     return {"hellaswag_acc": hs["acc_norm"], "hellaswag_acc_sum": hs["acc"], "hellaswag_n": hs["n"]}
 
 
+def _core(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> dict:
+    from .core import download_bundle, evaluate_core, load_bundle
+
+    path = download_bundle(cfg.data.cache_root() / "core") if where == "download" else Path(where)
+    tasks = load_bundle(path, limit)
+    t0 = time.perf_counter()
+    # FlexAttention works on whole blocks: pad each batch's rows to a multiple of the block.
+    multiple = model.window_block if model.attn_backend == "flex" else 1
+    out = evaluate_core(model, tasks, tok.encode_ordinary, bos=bos, device=dev, max_len=model.rotary.max_seq_len,
+                        batch_tokens=EVAL_BATCH_TOKENS, multiple=multiple, print_fn=print_fn)
+    return {"core": out["core"], "core_tasks": len(out["tasks"]), "core_complete": out["complete"],
+            "core_examples": sum(r["n"] for r in out["tasks"].values()), "core_s": round(time.perf_counter() - t0, 3)}
+
+
 def format_table(record: dict) -> str:
     rows = [("checkpoint", str(record.get("checkpoint", ""))), ("step", f"{record['step']:,}"),
             ("tokens trained", f"{record['tokens']:,}"),
@@ -141,5 +158,8 @@ def format_table(record: dict) -> str:
     if "hellaswag_acc" in record:
         rows.append(("hellaswag acc_norm", f"{record['hellaswag_acc']:.4f} (n={record['hellaswag_n']})"))
         rows.append(("hellaswag acc", f"{record['hellaswag_acc_sum']:.4f}"))
+    if "core" in record:
+        rows.append(("CORE" if record["core_complete"] else f"CORE-like ({record['core_tasks']} tasks)",
+                     f"{record['core']:.4f} ({record['core_examples']:,} examples, {record['core_s']:.1f}s)"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k:<{width}}  {v}" for k, v in rows)

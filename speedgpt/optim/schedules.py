@@ -36,10 +36,11 @@ def lr_multiplier(cfg: ScheduleConfig, step: int, total: int) -> float:
     return constant_cooldown(step, total, cfg.cooldown_frac, cfg.final_lr_frac, cfg.warmup_frac)
 
 
-def muon_weight_decay(base: float, schedule: str, lr_mult: float) -> float:
-    """Muon's decoupled weight decay for a step whose lr multiplier is `lr_mult`: `base` throughout
-    ("constant"), or `base * lr_mult` ("lr"). The decay applied is lr * this, so with "lr" it falls
-    with the square of the schedule.
+def muon_weight_decay(base: float, schedule: str, lr_mult: float, progress: float = 0.0) -> float:
+    """Muon's decoupled weight decay for a step whose lr multiplier is `lr_mult`, at `progress` =
+    step / total: `base` throughout ("constant"), `base * lr_mult` ("lr"), or `base * (1 - progress)`
+    ("linear": zero at the end, nanochat's depth-ladder schedule). The decay applied is lr * this, so
+    with "lr" it falls with the square of the schedule.
 
     The speedrun record that put (cautious) decay on a schedule (2025-11-10; kept since) uses
     effective_wd = scheduled_lr * weight_decay, wd = 1.2 at a peak lr of 0.03: 0.036 at the start.
@@ -51,7 +52,9 @@ def muon_weight_decay(base: float, schedule: str, lr_mult: float) -> float:
         return base * lr_mult
     if schedule == "constant":
         return base
-    raise ValueError(f"unknown weight-decay schedule '{schedule}'; use constant or lr")
+    if schedule == "linear":
+        return base * (1.0 - progress)
+    raise ValueError(f"unknown weight-decay schedule '{schedule}'; use constant, lr or linear")
 
 
 def muon_momentum(step: int, start: float, end: float, warmup_steps: int) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..budget import resolve_budget
 from ..config import Config, ConfigError, micro_batch_rows, save_toml, validate
 from ..model.attention import choose_backend
 from ..model.gpt import GPT, build_model
@@ -81,10 +82,15 @@ def should_resume(resume: bool | str, run_dir: Path) -> bool:
 
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False):
+        # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
+        # the resolved config is the one saved in the run dir and printed below.
+        cfg, budget_lines = resolve_budget(cfg)
         self.cfg = cfg
         self.dist = init_distributed(cfg.train.device)
         validate(cfg, self.dist.world_size)
         self.quiet = quiet or not self.dist.is_main
+        for line in budget_lines:
+            self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.resume = should_resume(resume, self.run_dir)
         self.guard = NumericsGuard(cfg.train.on_nonfinite, self.dist.device, self.dist.rank, self.dist.world_size)
@@ -120,7 +126,7 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed, on_bad_shard=d.on_bad_shard,
+                                  seed=cfg.train.seed, packing=d.packing, on_bad_shard=d.on_bad_shard,
                                   vocab_size=cfg.model.vocab_size)
         # Stop and save decisions travel on a CPU (gloo) group: combining them every step costs no
         # device sync, and all ranks stop or save at the same step.
@@ -201,7 +207,7 @@ class Trainer:
                 group["lr"] = group["initial_lr"] * mult
         o = cfg.optim
         momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
-        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult)
+        weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult, step / cfg.train.steps)
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
@@ -495,7 +501,8 @@ class Trainer:
         extra = ""
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
                   "train_loss": loss, "lr": self.optimizers[1].param_groups[0]["lr"],
-                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2)}
+                  "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
+                  "cropped_share": round(self.loader.cropped_share, 5)}  # of the data read, share never trained
         skipped = int(self.guard.skipped.item()) if self.guard.mode == "skip" else 0
         if skipped:
             record["skipped_steps"] = skipped

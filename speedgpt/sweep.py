@@ -1,0 +1,341 @@
+"""`speedgpt sweep`: train a grid of depths x budgets, then find the compute-optimal frontier.
+
+    speedgpt sweep --out sweeps/s1 --depths 4,6,8 --flops 1e15,3e15,1e16 [--preset P] [--key=value ...]
+    speedgpt sweep --out sweeps/s2 --depths 4,6,8 --tokens-per-param 4,10,20
+
+Each grid point is one `speedgpt train` subprocess with its own run directory under the sweep
+directory (`d{depth}-{budget}`), so a crash, an out-of-memory or a Ctrl-C loses at most one run:
+calling the same command again skips finished runs, resumes a run that has a checkpoint and
+starts the others afresh. Then the analysis (also on its own: `--analyze`) reads every run's final
+validation loss and training FLOPs and writes into the sweep directory:
+
+* ``sweep.md``: one row per run, and the frontier: per budget the best depth, the parameter count
+  at the minimum of a parabola fitted to loss over log(params) (Chinchilla's "approach 2"), and
+  the fitted power laws N_opt = k C^a and L = k' C^b (scipy.stats.linregress in log-log space);
+* ``frontier.png`` (loss against FLOPs, one line per depth, the frontier and its fit) and
+  ``optimal_params.png`` (N_opt against FLOPs with its fit);
+* ``results.json`` with the same numbers.
+
+The runner is a small one of its own (one subprocess at a time, its output in the run's
+train.log); runs use every GPU the machine gives one process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+class SweepError(ValueError):
+    """Bad sweep arguments or no finished run to analyze; the message says what to do."""
+
+
+@dataclass
+class Point:
+    depth: int
+    budget: float  # tokens per parameter, or FLOPs
+    name: str
+
+
+@dataclass
+class RunResult:
+    name: str
+    kind: str  # "flops_budget" or "tokens_per_param"
+    depth: int
+    budget: float
+    params: int  # scaling parameters (budget.scaling_params)
+    batch_tokens: int
+    steps: int
+    tokens: int
+    flops: float
+    val_loss: float
+    time_s: float
+
+
+def _fmt_budget(kind: str, value: float) -> str:
+    if kind == "tokens_per_param":
+        return f"r{value:g}"
+    mantissa, _, exponent = f"{value:.3g}".partition("e")
+    return f"c{mantissa}e{int(exponent)}" if exponent else f"c{mantissa}"  # 8e+09 -> c8e9
+
+
+def grid(depths: list[int], budgets: list[float], kind: str) -> list[Point]:
+    return [Point(d, b, f"d{d}-{_fmt_budget(kind, b)}") for b in budgets for d in depths]
+
+
+def run_overrides(point: Point, kind: str) -> list[str]:
+    """The per-run keys: the depth (width and heads derived from it) and the budget."""
+    other = "flops_budget" if kind == "tokens_per_param" else "tokens_per_param"
+    return [f"--model.depth={point.depth}", "--model.model_dim=0", "--model.num_heads=0",
+            f"--train.{kind}={point.budget!r}", f"--train.{other}=0"]
+
+
+def finished(run_dir: Path) -> bool:
+    """A run is done when its metrics hold a validation record at its last step."""
+    from .config import load_toml
+    from .train.metrics import read_metrics
+
+    if not (run_dir / "config.toml").is_file() or not (run_dir / "metrics.jsonl").is_file():
+        return False
+    steps = load_toml(run_dir / "config.toml").train.steps
+    return any("val_loss" in r and r.get("step") == steps and r.get("event") != "eval"
+               for r in read_metrics(run_dir))
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    return any((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").is_dir() else False
+
+
+def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[str], echo=print) -> bool:
+    """Train one grid point in a subprocess (skipped when finished); True when it finished."""
+    run_dir = out / point.name
+    if finished(run_dir):
+        echo(f"sweep: {point.name}: finished earlier, skipped")
+        return True
+    cmd = [sys.executable, "-m", "speedgpt", "train"]
+    if _has_checkpoint(run_dir):
+        cmd += ["--resume", str(run_dir)]
+        echo(f"sweep: {point.name}: resuming from its checkpoint")
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)  # a run that died before its first checkpoint
+        run_dir.mkdir(parents=True)
+        cmd += ["--preset", preset, *overrides, *run_overrides(point, kind), "--run.report=false", f"--run.name={point.name}",
+                "--run-dir", str(run_dir)]
+        echo(f"sweep: {point.name}: training")
+    with open(run_dir / "train.log", "a") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+    if rc != 0:
+        tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
+        echo(f"sweep: {point.name}: failed (exit {rc}): {tail[0] if tail else ''} (log: {run_dir / 'train.log'})")
+        return False
+    return True
+
+
+def collect(out: Path) -> list[RunResult]:
+    """The finished runs of a sweep directory."""
+    from .budget import describe, training_flops_per_token
+    from .config import load_toml
+    from .train.metrics import read_metrics
+
+    results = []
+    for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
+        if not finished(run_dir):
+            continue
+        cfg = load_toml(run_dir / "config.toml")
+        b = describe(cfg)
+        last = [r for r in read_metrics(run_dir) if "val_loss" in r and r.get("event") != "eval"][-1]
+        kind = "flops_budget" if cfg.train.flops_budget else "tokens_per_param"
+        budget = cfg.train.tokens_per_param or cfg.train.flops_budget
+        results.append(RunResult(run_dir.name, kind, cfg.model.depth, budget, b.scaling_params, b.batch_tokens,
+                                 cfg.train.steps, int(last["tokens"]),
+                                 last["tokens"] * training_flops_per_token(cfg), float(last["val_loss"]),
+                                 float(last.get("time_s", 0.0))))
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# The frontier.
+
+def power_law(x: list[float], y: list[float]) -> dict | None:
+    """y = k x^a fitted by least squares in log-log space; None with fewer than two distinct x."""
+    from scipy import stats
+
+    if len(set(x)) < 2:
+        return None
+    fit = stats.linregress([math.log(v) for v in x], [math.log(v) for v in y])
+    return {"k": math.exp(fit.intercept), "a": fit.slope, "r2": fit.rvalue ** 2}
+
+
+def optimal_params(points: list[RunResult]) -> float:
+    """The parameter count of least loss among runs of one budget: the vertex of a parabola in
+    log(params) when at least three depths bracket it, else the best run's count."""
+    import numpy as np
+
+    best = min(points, key=lambda r: r.val_loss)
+    if len(points) < 3:
+        return float(best.params)
+    x = np.log([r.params for r in points])
+    a, b, _ = np.polyfit(x, [r.val_loss for r in points], 2)
+    if a <= 0:
+        return float(best.params)  # no minimum inside: the frontier lies beyond the grid
+    vertex = -b / (2 * a)
+    return float(math.exp(min(max(vertex, x.min()), x.max())))
+
+
+def frontier(results: list[RunResult]) -> dict:
+    """Per budget: FLOPs, best run, N_opt; the power laws over budgets. FLOP-budget grids group runs by
+    budget; tokens-per-param grids (each run its own FLOPs) use the lower envelope of loss over FLOPs."""
+    by_budget: dict[float, list[RunResult]] = {}
+    for r in results:
+        by_budget.setdefault(r.budget, []).append(r)
+    rows = []
+    if all(r.kind == "flops_budget" for r in results):  # every depth of a budget spends (about) the same
+        for budget, runs in sorted(by_budget.items()):
+            best = min(runs, key=lambda r: r.val_loss)
+            rows.append({"flops": budget, "best": best.name, "loss": best.val_loss,
+                         "params_opt": optimal_params(runs), "depths": len(runs)})
+    else:
+        envelope = float("inf")
+        for r in sorted(results, key=lambda r: r.flops):
+            if r.val_loss < envelope:
+                envelope = r.val_loss
+                rows.append({"flops": r.flops, "best": r.name, "loss": r.val_loss, "params_opt": float(r.params),
+                             "depths": 1})
+    return {"rows": rows,
+            "params_fit": power_law([r["flops"] for r in rows], [r["params_opt"] for r in rows]),
+            "loss_fit": power_law([r["flops"] for r in rows], [r["loss"] for r in rows])}
+
+
+def _fit_text(fit: dict | None, what: str) -> str:
+    if fit is None:
+        return f"{what}: not fitted (needs at least two budgets)"
+    return f"{what} = {fit['k']:.4g} x C^{fit['a']:.4f} (r² {fit['r2']:.3f})"
+
+
+def write_markdown(out: Path, results: list[RunResult], front: dict) -> Path:
+    lines = ["# Sweep", "", "| run | depth | budget | scaling params | batch | steps | tokens | FLOPs | val loss | time |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(results, key=lambda r: (r.budget, r.depth)):
+        lines.append(f"| {r.name} | {r.depth} | {r.budget:g} | {r.params:,} | {r.batch_tokens:,} | {r.steps:,} | "
+                     f"{r.tokens:,} | {r.flops:.3g} | {r.val_loss:.4f} | {r.time_s:.0f} s |")
+    lines += ["", "## Frontier", "", "| FLOPs | best run | val loss | N_opt (scaling params) |", "|---|---|---|---|"]
+    for row in front["rows"]:
+        lines.append(f"| {row['flops']:.3g} | {row['best']} | {row['loss']:.4f} | {row['params_opt']:,.0f} |")
+    lines += ["", "- " + _fit_text(front["params_fit"], "N_opt"), "- " + _fit_text(front["loss_fit"], "val loss"), ""]
+    path = out / "sweep.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def write_plots(out: Path, results: list[RunResult], front: dict) -> list[Path]:
+    import matplotlib
+    import numpy as np
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for depth in sorted({r.depth for r in results}):
+        runs = sorted((r for r in results if r.depth == depth), key=lambda r: r.flops)
+        ax.plot([r.flops for r in runs], [r.val_loss for r in runs], "o-", label=f"d{depth}")
+    xs = [row["flops"] for row in front["rows"]]
+    smooth = np.geomspace(min(xs), max(xs), 50)
+    ax.plot(xs, [row["loss"] for row in front["rows"]], "k--", lw=1, label="frontier")
+    fit = front["loss_fit"]
+    if fit:
+        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
+    ax.set(xscale="log", xlabel="training FLOPs", ylabel="final val loss", title="loss against compute")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "frontier.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(xs, [row["params_opt"] for row in front["rows"]], "o", label="N_opt")
+    fit = front["params_fit"]
+    if fit:
+        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
+    ax.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="scaling parameters",
+           title="compute-optimal model size")
+    ax.legend()
+    fig.tight_layout()
+    paths.append(out / "optimal_params.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def analyze(out: Path, echo=print) -> dict:
+    results = collect(out)
+    if not results:
+        raise SweepError(f"no finished run in {out}; run the sweep first (speedgpt sweep --out {out} ...)")
+    front = frontier(results)
+    md = write_markdown(out, results, front)
+    pngs = write_plots(out, results, front)
+    data = {"runs": [asdict(r) for r in results], "frontier": front}
+    (out / "results.json").write_text(json.dumps(data, indent=1))
+    echo(md.read_text())
+    echo(f"sweep: wrote {md}, {', '.join(str(p) for p in pngs)}, {out / 'results.json'}")
+    return data
+
+
+def _numbers(text: str, flag: str, cast) -> list:
+    try:
+        values = [cast(float(v)) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise SweepError(f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 4,6,8") from None
+    if not values or any(v <= 0 for v in values):
+        raise SweepError(f"{flag} {text!r}: give positive numbers, e.g. {flag} 4,6,8")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt sweep", description=__doc__.split("\n\n")[0],
+                                epilog="other arguments are config overrides for every run, e.g. --data.seq_len=512")
+    p.add_argument("--out", required=True, help="the sweep directory (runs, table and plots go there)")
+    p.add_argument("--depths", help="comma-separated depths, e.g. 4,6,8")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--tokens-per-param", help="comma-separated training tokens per scaling parameter")
+    budget.add_argument("--flops", help="comma-separated training FLOP budgets, e.g. 1e15,3e15")
+    p.add_argument("--preset", help="preset of every run (default: the train command's default)")
+    p.add_argument("--dry-run", action="store_true", help="print each run's derived size, batch, steps and FLOPs")
+    p.add_argument("--analyze", action="store_true", help="only analyze the finished runs in --out")
+    args, overrides = p.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")
+    out = Path(args.out)
+    from .config import ConfigError
+
+    try:
+        if args.analyze:
+            analyze(out)
+            return 0
+        if not args.depths or not (args.tokens_per_param or args.flops):
+            p.error("give --depths and one of --tokens-per-param or --flops (or --analyze)")
+        depths = _numbers(args.depths, "--depths", int)
+        kind = "tokens_per_param" if args.tokens_per_param else "flops_budget"
+        budgets = _numbers(args.tokens_per_param or args.flops, "--" + ("tokens-per-param" if args.tokens_per_param
+                                                                          else "flops"), float)
+        points = grid(depths, budgets, kind)
+        preset = args.preset or _default_preset()
+        plan(points, kind, preset, overrides)  # every run's config resolves before any starts
+        if args.dry_run:
+            return 0
+        out.mkdir(parents=True, exist_ok=True)
+        failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides)]
+        analyze(out)
+    except (SweepError, ConfigError) as e:
+        print(f"speedgpt sweep: {e}", file=sys.stderr)
+        return 2
+    if failed:
+        print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; their train.log says why; "
+              f"run the same command again to retry them", file=sys.stderr)
+        return 1
+    return 0
+
+
+def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> None:
+    """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
+    from .budget import describe, resolve_budget
+    from .config import resolve, validate
+
+    for pt in points:
+        cfg, _ = resolve_budget(resolve(preset, None, [*overrides, *run_overrides(pt, kind)]))
+        validate(cfg)
+        b = describe(cfg)
+        echo(f"sweep: {pt.name}: {b.scaling_params:,} scaling params, batch {b.batch_tokens:,}, {b.steps:,} steps, "
+             f"{b.tokens:,} tokens, {b.flops:.3g} FLOPs")
+
+
+def _default_preset() -> str:
+    import torch
+
+    return "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"

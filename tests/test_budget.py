@@ -1,0 +1,128 @@
+"""A budget, not a step count: derived horizon, batch and width-scaled hyperparameters (budget.py)."""
+
+import math
+
+import pytest
+
+from speedgpt.budget import (ANCHOR_BATCH_TOKENS, describe, ladder_model, optimal_batch_tokens, resolve_budget,
+                             scaling_params)
+from speedgpt.config import ConfigError, ModelConfig, apply_overrides, load_preset, load_toml, save_toml, validate
+
+# nanochat's published depth ladder (its 32768-token vocabulary, 12 tokens per scaling parameter).
+PUBLISHED = {8: 2**18, 10: 2**19, 12: 2**19, 14: 2**19, 16: 2**19, 18: 2**20, 20: 2**20, 22: 2**20, 24: 2**20,
+             26: 2**20, 32: 2**21, 36: 2**21, 40: 2**21, 44: 2**21, 50: 2**21}
+
+
+def ladder_cfg(depth: int, vocab: int = 50257, extra=()):
+    return apply_overrides(load_preset("speedrun-124m"), [
+        f"--model.depth={depth}", "--model.model_dim=0", "--model.attn_free_layers=[]", "--model.attn_gate=false",
+        f"--model.vocab_size={vocab}", "--data.seq_len=2048", "--train.tokens_per_param=12",
+        "--train.batch_tokens=0", *extra])
+
+
+def test_scaling_params_are_matrices_plus_head():
+    m = ModelConfig(depth=12, model_dim=768, vocab_size=50257)
+    # 12 layers x (qkv 3 + out 1 + mlp 8) x 768^2, plus the 50304 x 768 head; no embeddings, no scalars
+    assert scaling_params(m) == 12 * 12 * 768**2 + 50304 * 768
+
+
+@pytest.mark.parametrize("depth", sorted(PUBLISHED))
+def test_derived_batch_reproduces_the_published_table(depth):
+    cfg, _ = resolve_budget(ladder_cfg(depth, vocab=32768))
+    assert cfg.train.batch_tokens == PUBLISHED[depth]
+    n = scaling_params(cfg.model)
+    assert cfg.train.steps == round(12 * n / cfg.train.batch_tokens)
+    validate(cfg)
+
+
+def test_gpt2_vocabulary_moves_two_rungs():
+    """Re-anchored on this architecture's own d12 with GPT-2's 50304-row head, the head is a larger
+    share of small models' parameters: d8 lands on 2^19 (log2 18.51) and d32 on 2^20 (log2 20.45)."""
+    got = {d: resolve_budget(ladder_cfg(d))[0].train.batch_tokens for d in (6, 8, 12, 20, 26, 32, 36)}
+    assert got == {6: 2**18, 8: 2**19, 12: 2**19, 20: 2**20, 26: 2**20, 32: 2**20, 36: 2**21}
+
+
+def test_anchor_is_d12_at_its_compute_optimal_horizon():
+    m = ladder_model(ModelConfig(), 12)
+    assert optimal_batch_tokens(12 * scaling_params(m), m) == ANCHOR_BATCH_TOKENS
+    # doubling the horizon grows the optimal batch by 2^0.383 (rounding: still 2^19); x8 -> 2^1.15 -> 2^20
+    assert optimal_batch_tokens(24 * scaling_params(m), m) == 2**19
+    assert optimal_batch_tokens(96 * scaling_params(m), m) == 2**20
+
+
+def test_flops_budget_derives_steps():
+    base = ladder_cfg(12)
+    per_token = describe(resolve_budget(base)[0]).flops / describe(resolve_budget(base)[0]).tokens
+    cfg, lines = resolve_budget(apply_overrides(base, ["--train.tokens_per_param=0", "--train.flops_budget=1e18",
+                                                       "--train.batch_tokens=262144"]))
+    assert cfg.train.batch_tokens == 262144
+    assert cfg.train.steps == round(1e18 / per_token / 262144)
+    assert any("FLOPs" in line for line in lines)
+
+
+def test_resolution_is_saved_and_idempotent(tmp_path):
+    cfg, lines = resolve_budget(ladder_cfg(20, extra=["--optim.tuned_width=768", "--optim.muon_weight_decay=0.2",
+                                                      "--optim.wd_schedule=linear"]))
+    assert cfg.train.batch_tokens == 2**20 and cfg.optim.tuned_width == 0
+    assert cfg.optim.muon_weight_decay == pytest.approx(0.2 * (768 / 1280) ** 2)
+    assert cfg.optim.embed_lr == pytest.approx(0.3 * (768 / 1280) ** 0.5)
+    assert len(lines) == 3
+    save_toml(cfg, tmp_path / "config.toml")
+    again, more = resolve_budget(load_toml(tmp_path / "config.toml"))
+    assert again.to_dict() == cfg.to_dict()
+    assert not any("width" in line for line in more)
+
+
+def test_defaults_resolve_to_themselves():
+    for name in ("tiny-cpu", "speedrun-124m"):
+        cfg = load_preset(name)
+        assert resolve_budget(cfg) == (cfg, [])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--train.batch_tokens=0"], "train.batch_tokens=0 derives the batch"),
+    (["--train.tokens_per_param=10", "--train.flops_budget=1e15"], "both set the horizon"),
+    (["--train.tokens_per_param=-1"], "train.tokens_per_param=-1.0 must be >= 0"),
+    (["--optim.tuned_width=768", "--optim.scale_lr_by_width=true"], "both scale the Adam lrs"),
+    (["--train.tokens_per_param=12", "--train.batch_tokens=0", "--data.seq_len=96"],
+     "derived batch of 131,072 tokens is not a whole number of rows of data.seq_len=96"),
+])
+def test_budget_errors_name_the_fix(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_budget(apply_overrides(load_preset("tiny-cpu"), overrides))
+
+
+def test_linear_weight_decay_reaches_zero():
+    from speedgpt.optim.schedules import muon_weight_decay
+
+    assert muon_weight_decay(0.2, "linear", 0.5, 0.0) == 0.2
+    assert muon_weight_decay(0.2, "linear", 0.5, 0.75) == pytest.approx(0.05)
+    assert muon_weight_decay(0.2, "linear", 1.0, 1.0) == 0.0
+
+
+def test_trainer_prints_and_saves_the_resolved_budget(tmp_path, capsys, tiny_cfg):
+    from speedgpt.train.loop import Trainer
+
+    cfg = apply_overrides(tiny_cfg, ["--train.tokens_per_param=0.05"])
+    trainer = Trainer(cfg, run_dir=tmp_path / "run")
+    n = scaling_params(cfg.model)
+    assert trainer.cfg.train.steps == round(0.05 * n / 512) != cfg.train.steps
+    trainer.setup()
+    saved = load_toml(tmp_path / "run" / "config.toml")
+    assert saved.train.steps == trainer.cfg.train.steps and saved.train.tokens_per_param == 0.05
+    assert "budget:" in capsys.readouterr().out
+    assert math.isfinite(n)
+
+
+@pytest.mark.parametrize("name, width, batch, steps", [("d12", 768, 2**19, 2828), ("d20", 1280, 2**20, 5237),
+                                                       ("d26", 1664, 2**20, 10844)])
+def test_ladder_presets_resolve_to_their_comments(name, width, batch, steps):
+    from importlib import resources
+
+    cfg, _ = resolve_budget(load_preset(name))
+    validate(cfg, 8)
+    n = scaling_params(cfg.model)
+    assert (cfg.model.resolved_dim(), cfg.train.batch_tokens, cfg.train.steps) == (width, batch, steps)
+    text = (resources.files("speedgpt") / "presets" / f"{name}.toml").read_text()
+    assert f"resolved: {n:,} scaling params, batch {batch:,} tokens, {steps:,} steps" in text
+    assert cfg.optim.muon_weight_decay == pytest.approx(0.036 * (768 / width) ** 2)

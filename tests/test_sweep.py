@@ -1,0 +1,86 @@
+"""`speedgpt sweep`: the frontier analysis on constructed numbers, and a tiny grid end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from speedgpt.sweep import RunResult, frontier, optimal_params, power_law
+
+
+def run(name, depth, budget, params, loss, kind="flops_budget"):
+    return RunResult(name, kind, depth, budget, params, 512, 10, 5120, budget, loss, 1.0)
+
+
+def test_power_law_recovers_its_exponent():
+    xs = [1e12, 1e13, 1e14, 1e15]
+    fit = power_law(xs, [3.0 * x ** 0.5 for x in xs])
+    assert fit["a"] == pytest.approx(0.5) and fit["k"] == pytest.approx(3.0) and fit["r2"] == pytest.approx(1.0)
+    assert power_law([1e12, 1e12], [1.0, 2.0]) is None
+
+
+def test_frontier_finds_the_parabola_vertex_per_budget():
+    # Per budget C, loss = 3 + (ln N - ln N*(C))^2 / 10 with N*(C) = 0.01 x C^0.5: the vertex of the
+    # parabola through three depths is N* exactly, and N* over budgets fits C^0.5.
+    results = []
+    for c in (1e14, 1e15, 1e16):
+        n_opt = 0.01 * c ** 0.5
+        for depth, n in ((2, n_opt / 3), (4, n_opt * 1.5), (6, n_opt * 5)):
+            results.append(run(f"d{depth}-c{c:g}", depth, c, int(n), 3 + (math.log(int(n)) - math.log(n_opt)) ** 2 / 10))
+    front = frontier(results)
+    assert [row["best"] for row in front["rows"]] == ["d4-c1e+14", "d4-c1e+15", "d4-c1e+16"]
+    for row in front["rows"]:
+        assert row["params_opt"] == pytest.approx(0.01 * row["flops"] ** 0.5, rel=1e-3)
+    assert front["params_fit"]["a"] == pytest.approx(0.5, abs=1e-3)
+    # two depths cannot place a vertex: the better run's size is taken
+    assert optimal_params(results[:2]) == results[1].params
+
+
+def test_tokens_per_param_frontier_is_the_lower_envelope():
+    results = [run("a", 2, 10, 100, 5.0, "tokens_per_param"), run("b", 4, 10, 200, 4.0, "tokens_per_param"),
+               run("c", 2, 20, 100, 4.5, "tokens_per_param")]
+    results[0].flops, results[1].flops, results[2].flops = 1e12, 4e12, 2e12
+    rows = frontier(results)["rows"]
+    assert [r["best"] for r in rows] == ["a", "c", "b"]
+
+
+def test_sweep_end_to_end_and_resumable(tmp_path, text_shards, capsys):
+    from speedgpt.sweep import main
+
+    skip = ("--model.depth", "--model.model_dim", "--train.steps", "--train.val_every")
+    overrides = [o for o in TINY_OVERRIDES if not o.startswith(skip)] + [
+        f"--data.train_files={text_shards}", "--model.aspect_ratio=32", "--train.val_every=0"]
+    out = tmp_path / "sweep"
+    overrides += ["--train.batch_tokens=128", "--data.val_tokens=512"]  # the 50K-row head dominates a step
+    args = ["--out", str(out), "--depths", "2,3", "--flops", "8e9,1.6e10", "--preset", "tiny-cpu", *overrides]
+    assert main(args) == 0
+    names = sorted(p.name for p in out.iterdir() if p.is_dir())
+    assert names == ["d2-c1.6e10", "d2-c8e9", "d3-c1.6e10", "d3-c8e9"]
+    data = json.loads((out / "results.json").read_text())
+    assert len(data["runs"]) == 4 and all(math.isfinite(r["val_loss"]) for r in data["runs"])
+    for r in data["runs"]:  # each run spent its budget, within one step
+        assert abs(r["flops"] - r["budget"]) <= r["flops"] / r["steps"]
+    assert len(data["frontier"]["rows"]) == 2 and data["frontier"]["params_fit"] is not None
+    md = (out / "sweep.md").read_text()
+    assert md.count("| d2-") + md.count("| d3-") == 4 + 2 and "N_opt =" in md
+    assert (out / "frontier.png").stat().st_size > 0 and (out / "optimal_params.png").stat().st_size > 0
+    before = {n: (out / n / "metrics.jsonl").read_text() for n in names}
+    capsys.readouterr()
+    assert main(args) == 0  # everything finished: nothing is trained again
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 4
+    assert before == {n: (out / n / "metrics.jsonl").read_text() for n in names}
+
+
+def test_sweep_errors_name_the_fix(tmp_path, capsys):
+    from speedgpt.sweep import main
+
+    assert main(["--out", str(tmp_path), "--analyze"]) == 2
+    assert "no finished run" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--depths", "2,x", "--flops", "1e12"]) == 2
+    assert "--depths '2,x': give comma-separated numbers" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu",
+                 "--model.value_embeds=3"]) == 2
+    assert "model.value_embeds=3 needs depth >= 6" in capsys.readouterr().err
