@@ -78,6 +78,11 @@ def cmd_train(argv: list[str]) -> int:
 
     try:
         train(cfg, run_dir=run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+        # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
+        # turn its exit status into a failure (a scheduler would then retry a finished run).
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
