@@ -204,14 +204,17 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="speedgpt bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default=None)
-    p.add_argument("--config", default=None)
+    p.add_argument("--preset", default=None,
+                   help="preset to measure (default: tiny-cpu without a GPU, speedrun-124m with one)")
+    p.add_argument("--config", default=None, help="a config.toml to measure instead, e.g. a run's")
     p.add_argument("--steps", type=int, default=20, help="timed steps (after warmup)")
     p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")
     p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps (of each config)")
     args, overrides = p.parse_known_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps {args.steps}: must be >= 1")
     preset = args.preset
     if not preset and not args.config:
         preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"

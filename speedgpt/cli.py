@@ -13,7 +13,7 @@ from pathlib import Path
 
 TRAIN_EPILOG = """\
 overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.muon_lr=0.03
-           --train.steps=500 --data.train_files=data/mycorpus  (see a run's config.toml for all keys)
+           --train.steps=500 --data.train_files=data/mycorpus  (`speedgpt config` lists every key)
 examples:
   speedgpt train                                   # default: tiny-cpu on CPU, speedrun-124m on a GPU
   speedgpt train --preset speedrun-124m --train.steps=300
@@ -21,6 +21,7 @@ examples:
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
   (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
+A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite).
 """
 
 
@@ -34,7 +35,9 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--auto-resume", action="store_true",
                    help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
                         "schedulers that re-run the same command; implied for workers torchrun restarted)")
-    p.add_argument("--list-presets", action="store_true")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
+    p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     args, overrides = p.parse_known_args(argv)
 
     from .config import ConfigError, preset_names, resolve
@@ -69,6 +72,25 @@ def cmd_train(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
+    problem = _device_problem(cfg.train.device, "--train.device")
+    if problem:
+        print(f"speedgpt train: {problem}", file=sys.stderr)
+        return 2
+    new_dir = run_dir or cfg.run.dir  # empty: a fresh runs/<name>-<time>
+    if new_dir and not args.resume and int(os.environ.get("RANK", "0")) == 0:  # one rank decides (torchrun)
+        from .train.run_dir import RunDirInUse, prepare_new_run_dir
+
+        from .train.checkpoint import list_checkpoints
+
+        # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
+        # train(); one without (killed before its first checkpoint) is started afresh.
+        auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        try:
+            if not (auto and list_checkpoints(Path(new_dir) / "checkpoints")):
+                prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
+        except RunDirInUse as e:
+            print(f"speedgpt train: {e}", file=sys.stderr)
+            return 2
 
     from .train.loop import train
 
@@ -109,39 +131,51 @@ def cmd_data(argv: list[str]) -> int:
     sub = p.add_subparsers(dest="what", required=True)
     t = sub.add_parser("tokenize", help="text files, directories, globs, JSONL or Parquet -> train/val shards")
     t.add_argument("inputs", nargs="+", help="files, directories or globs (.txt/.py/..., .jsonl[.gz], .parquet)")
-    t.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    t.add_argument("--out", required=True, help="output directory for shards and manifest.json (old shards there are replaced)")
     t.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
-    t.add_argument("--val-fraction", type=float, default=0.01)
-    t.add_argument("--shard-tokens", type=int, default=100_000_000)
-    t.add_argument("--workers", type=int, default=None)
-    t.add_argument("--max-tokens", type=int, default=None)
+    t.add_argument("--val-fraction", type=float, default=0.01,
+                   help="share of documents for the val split, chosen by a hash of each text; at least one "
+                        "document goes to val unless 0 (default 0.01)")
+    t.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most (default 100M)")
+    t.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
+    t.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens (default: all input)")
     lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
-    lp.add_argument("--out", required=True)
-    lp.add_argument("--max-tokens", type=int, default=0, help="0: everything")
-    lp.add_argument("--workers", type=int, default=None)
+    lp.add_argument("--out", required=True, help="output directory for shards and manifest.json")
+    lp.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens; 0: every file (default)")
+    lp.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
     fw = sub.add_parser("fineweb", help="download GPT-2-tokenized FineWeb10B shards from the Hugging Face Hub")
-    fw.add_argument("--out", required=True)
+    fw.add_argument("--out", required=True, help="directory for the downloaded shards")
     fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
     fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
     args = p.parse_args(argv)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(f"speedgpt data: --out {args.out} is a file; pass a directory", file=sys.stderr)
+        return 2
 
-    if args.what == "tokenize":
-        from .data.tokenize import tokenize_files
+    from .data.tokenize import summary_text
 
-        m = tokenize_files(args.inputs, args.out, text_field=args.text_field, val_fraction=args.val_fraction,
-                           shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens)
-    elif args.what == "local-python":
-        from .data.tokenize import ensure_local_python_corpus
+    try:
+        if args.what == "tokenize":
+            from .data.tokenize import tokenize_files
 
-        m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, workers=args.workers)
-    else:
-        from .data.fineweb import download_fineweb
+            m = tokenize_files(args.inputs, args.out, text_field=args.text_field, val_fraction=args.val_fraction,
+                               shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens)
+        elif args.what == "local-python":
+            from .data.tokenize import ensure_local_python_corpus
 
-        files = download_fineweb(args.out, args.shards, endpoint=args.endpoint)
-        print(f"{len(files)} shards in {args.out}")
-        return 0
-    counts = m.get("counts", m)
-    print(f"shards in {args.out}: {counts}")
+            m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, workers=args.workers)
+        else:
+            from .data.fineweb import download_fineweb
+
+            files = download_fineweb(args.out, args.shards, endpoint=args.endpoint)
+            print(f"{len(files)} shards in {args.out}")
+            return 0
+    except (FileNotFoundError, ValueError) as e:  # bad inputs, nothing usable read (TokenizeError)
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
+        return 2
+    print(summary_text(m, args.out))
     return 0
 
 
@@ -195,6 +229,9 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
     args = p.parse_args(argv)
+    for flag, value in (("--tokens", args.tokens), ("--limit", args.limit), ("--batch-rows", args.batch_rows)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
     if args.core_limit is not None and (args.core_limit < 1 or not args.core):
         p.error("--core-limit N needs --core and N >= 1")
 
@@ -237,8 +274,12 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     args = p.parse_args(argv)
-    if args.max_tokens < 0 or args.top_k < 0:
-        p.error("--max-tokens and --top-k must be >= 0")
+    if args.max_tokens < 1:
+        p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
+    if args.top_k < 0:
+        p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not args.temperature >= 0:  # also rejects nan
+        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
 
     from .config import ConfigError
     from .infer.generate import sample_texts
@@ -290,6 +331,62 @@ def cmd_export(argv: list[str]) -> int:
     return 0
 
 
+def cmd_ab(argv: list[str]) -> int:
+    from .ab import main as ab_main
+
+    return ab_main(argv)
+
+
+def cmd_config(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt config",
+                                description="Print every config key with its resolved value and what it does. "
+                                            "Set any key on `speedgpt train` as --section.key=value.")
+    p.add_argument("--preset", help="start from this preset (default: the built-in defaults)")
+    p.add_argument("--config", help="start from this config.toml (e.g. a run's)")
+    args, overrides = p.parse_known_args(argv)
+
+    from .config import Config, ConfigError, resolve
+    from .config_docs import describe_config
+
+    try:
+        cfg = resolve(args.preset, args.config, overrides) if (args.preset or args.config or overrides) else Config()
+    except ConfigError as e:
+        print(f"speedgpt config: config error: {e}", file=sys.stderr)
+        return 2
+    print(describe_config(cfg))
+    return 0
+
+
+def cmd_help(argv: list[str]) -> int:
+    if not argv:
+        return main(["--help"])
+    if argv[0] not in COMMANDS:
+        print(f"speedgpt help: unknown command '{argv[0]}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    return main([*argv, "--help"])  # e.g. `speedgpt help data tokenize`
+
+
+def _device_problem(device: str, option: str) -> str | None:
+    """Why ``device`` cannot be used on this machine (a one-line fix), or None."""
+    import torch
+
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        build = " (this PyTorch is a CPU-only build)" if torch.version.cuda is None else ""
+        return f"{option}={device} but this machine has no usable CUDA device{build}; use {option}=auto or cpu"
+    if device == "mps" and not torch.backends.mps.is_available():
+        return f"{option}=mps but MPS is not available here; use {option}=auto or cpu"
+    return None
+
+
+def _error_line(e: BaseException) -> str:
+    """The first line of an error's message; unexpected error types keep their name."""
+    lines = [line for line in str(e).splitlines() if line.strip()]
+    text = lines[0] if lines else type(e).__name__
+    if not isinstance(e, (ValueError, OSError, RuntimeError)):
+        text = f"{type(e).__name__}: {text} (SPEEDGPT_DEBUG=1 shows the traceback)"
+    return text
+
+
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
@@ -297,8 +394,11 @@ COMMANDS = {
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
+    "ab": (cmd_ab, "paired A/B over seeds: --preset P --a \"OVERRIDES\" --b \"OVERRIDES\" --seeds N [--target-loss L]"),
     "sweep": (cmd_sweep, "depths x budgets, then the compute-optimal frontier: --out DIR --depths 4,6 --flops 1e15,3e15"),
     "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
+    "config": (cmd_config, "every config key with its value and a description: [--preset P] [--config FILE]"),
+    "help": (cmd_help, "this list, or a command's options: help [COMMAND]"),
 }
 
 
@@ -310,7 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: speedgpt COMMAND [options]\n\ncommands:")
         for name, (_, help_) in COMMANDS.items():
             print(f"  {name:<9} {help_}")
-        print("\n`speedgpt COMMAND --help` for a command's options; `speedgpt` alone runs `speedgpt train`.")
+        print("\n`speedgpt help COMMAND` for a command's options; `speedgpt` alone runs `speedgpt train`.")
         return 0
     if argv[0] in ("-V", "--version"):
         from . import __version__
@@ -321,7 +421,20 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"speedgpt: unknown command '{name}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return COMMANDS[name][0](argv[1:])
+    # Last resort for what a command does not handle itself: one line and a non-zero status, never a
+    # traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
+    try:
+        return COMMANDS[name][0](argv[1:])
+    except KeyboardInterrupt:
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"\nspeedgpt {name}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt {name}: error: {_error_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -51,6 +51,15 @@ class ModelConfig:
     attn_backend: str = "auto"  # auto | sdpa | flex
     doc_masking: bool = True  # attend only within the document (documents start at BOS)
     fp8_head: bool = False  # lm_head in FP8 via torch._scaled_mm (Hopper+), bf16 fallback elsewhere
+    # The FP8 head's static weight scale is fp8_head_w_bound / 448: |W| up to the bound is representable.
+    # 24 is generous; record #28 uses w_s = 2^-9, i.e. a bound of 448 * 2^-9 = 0.875 (finer steps).
+    fp8_head_w_bound: float = 24.0
+    # The FP8 head only while training; evaluation and inference use the bf16 head (record #28's
+    # CastedLinear takes the FP8 path only when self.training, so its val losses are bf16-head losses).
+    fp8_head_train_only: bool = False
+    # The unfused FP8 head's weight gradient as an FP8 matmul (e4m3 input x e5m2 gradient, fp32 out), as
+    # record #28 computes it; off: a bf16 matmul (no transposed copy of the logit gradient; more precise)
+    fp8_head_fp8_wgrad: bool = False
     bf16_embeds: bool = False
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8.py).
@@ -89,7 +98,9 @@ class DataConfig:
     val_seq_len: int = 0  # 0: seq_len
     # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order,
     # cropping the document a row end cuts; "bestfit": the largest buffered document that fits whole,
-    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped).
+    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped); "record28": record #28's
+    # find_batch_starts (a row is the seq_len + 1 tokens from a BOS, the next row starts at the first BOS
+    # >= seq_len later, and a step starts at the next shard when < 2 x its tokens + 1 are left in this one).
     packing: str = "greedy"
     # A shard found corrupt or truncated during training: "stop" the run (error naming file and
     # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
@@ -141,6 +152,13 @@ class OptimConfig:
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.0
     grad_clip: float = 0.0  # global-norm clipping; 0 disables
+    # Muon's per-matrix lr factor max(1, rows/cols)^0.5: "rows_over_cols" on this model's (out, in)
+    # layout; "record28" on record #28's layout, which stores the MLP input weight as (in, out): factor
+    # 1 there instead of 2 (every other matrix is the same in both).
+    muon_shape_factor: str = "rows_over_cols"
+    # Newton-Schulz lines as fused multiply-adds (addmm/baddbmm, one rounding each), as record #28 and
+    # torch.optim.Muon compute them; off: separate bf16 multiplies and adds.
+    muon_ns_fused: bool = False
     # Depth-knob learning-rate scaling: Adam lrs scale with (768 / model_dim) ** 0.5 when on.
     scale_lr_by_width: bool = False
     # The width the lrs and Muon weight decay were tuned at (0: off). The budget resolution (budget.py)
@@ -160,6 +178,9 @@ class ScheduleConfig:
     window_end: int = 1792
     window_block: int = 128
     short_window_frac: float = 0.5
+    # How the long window grows: "linear" (round(start + x (end - start)) blocks at progress x) or
+    # "record28" (record #28: ceil(x (end - block/2) / block) blocks, at least one; window_start unused).
+    window_rule: str = "linear"
 
 
 @dataclass
@@ -177,6 +198,7 @@ class TrainConfig:
     # Minutes of wall-clock time between checkpoints (0: off): bounds what a crash can lose. A
     # SIGTERM/SIGINT saves at the next step boundary anyway (docs/reliability.md).
     checkpoint_every_min: float = 10.0
+    save_final_checkpoint: bool = True  # false: no checkpoint at the end (A/B runs that only need their curves)
     keep_checkpoints: int = 2  # keep the newest K checkpoints (0: keep all)
     keep_checkpoint_every: int = 0  # also keep every checkpoint whose step is a multiple of M for good (0: none)
     # A non-finite loss or gradient: "abort" (naming step, rank, last good checkpoint), "skip" the
@@ -434,8 +456,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     for key in ("val_every", "checkpoint_every", "warmup_steps"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
-    if d.packing not in ("greedy", "bestfit"):
-        raise ConfigError(f"data.packing='{d.packing}' must be greedy or bestfit")
+    if d.packing not in ("greedy", "bestfit", "record28"):
+        raise ConfigError(f"data.packing='{d.packing}' must be greedy, bestfit or record28")
     if d.on_bad_shard not in ("stop", "skip"):
         raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
     if d.on_bad_shard == "skip" and d.packing != "greedy":
@@ -461,6 +483,8 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
     if s.window_start < 1 or s.window_end < s.window_start:
         raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
+    if s.window_rule not in ("linear", "record28"):
+        raise ConfigError(f"schedule.window_rule='{s.window_rule}' must be linear or record28")
     if t.dtype not in ("auto", "bfloat16", "float32"):
         raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
     o = cfg.optim
@@ -475,6 +499,10 @@ def validate(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
     if o.muon_weight_decay < 0:
         raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
+    if o.muon_shape_factor not in ("rows_over_cols", "record28"):
+        raise ConfigError(f"optim.muon_shape_factor='{o.muon_shape_factor}' must be rows_over_cols or record28")
+    if m.fp8_head_w_bound <= 0:
+        raise ConfigError(f"model.fp8_head_w_bound={m.fp8_head_w_bound} must be > 0 (record #28: 0.875)")
     if o.wd_schedule not in ("constant", "lr", "linear"):
         raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant, lr or linear")
     if not o.muon_weight_decay:  # an A/B run with a switch that silently does nothing would mislead

@@ -700,26 +700,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
         "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
         "that differ from A's.")
-    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="run directories written by `speedgpt train`; with several, the first is the baseline A")
     p.add_argument("--out", type=Path, default=None,
-                   help="output dir (default: the run dir for one run, ./speedgpt-report for several)")
+                   help="output dir for report.png/html (default: the run dir for one run, "
+                        "FIRST_RUN_DIR/compare for several)")
     p.add_argument("--target-loss", type=float, default=None, help="report time/tokens to reach this val loss")
-    p.add_argument("--title", default=None)
+    p.add_argument("--title", default=None, help="plot and page title (default: speedgpt report)")
     p.add_argument("--markdown", action="store_true",
-                   help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md); needs 2+ runs")
+                   help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md), and write no "
+                        "files; needs 2+ runs")
     args = p.parse_args(argv)
     if args.markdown and len(args.run_dirs) < 2:
         p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
-    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else Path("speedgpt-report"))
+    # Several runs: the comparison goes next to the baseline's files, never into the working directory.
+    out = args.out or (args.run_dirs[0] if len(args.run_dirs) == 1 else args.run_dirs[0] / "compare")
     runs = load_runs(args.run_dirs)
     rows = [summarize(run, args.target_loss) for run in runs]
     comparison = compare_runs(runs) if len(runs) > 1 else None
-    paths = _render(runs, rows, out, args.target_loss, args.title, comparison)
-    wrote = f"wrote {paths['png']} and {paths['html']}"
     if args.markdown:  # stdout holds just the table, ready to redirect into a file
         print(comparison_markdown(comparison), end="")
-        print(wrote, file=sys.stderr)
         return 0
+    paths = _render(runs, rows, out, args.target_loss, args.title, comparison)
+    wrote = f"wrote {paths['png']} and {paths['html']}"
     print_summary(rows)
     if comparison is not None:
         print_comparison(comparison)

@@ -65,7 +65,7 @@ def test_resolution_is_saved_and_idempotent(tmp_path):
                                                       "--optim.wd_schedule=linear"]))
     assert cfg.train.batch_tokens == 2**20 and cfg.optim.tuned_width == 0
     assert cfg.optim.muon_weight_decay == pytest.approx(0.2 * (768 / 1280) ** 2)
-    assert cfg.optim.embed_lr == pytest.approx(0.3 * (768 / 1280) ** 0.5)
+    assert cfg.optim.embed_lr == pytest.approx(load_preset("speedrun-124m").optim.embed_lr * (768 / 1280) ** 0.5)
     assert len(lines) == 3
     save_toml(cfg, tmp_path / "config.toml")
     again, more = resolve_budget(load_toml(tmp_path / "config.toml"))

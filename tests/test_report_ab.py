@@ -113,7 +113,8 @@ def test_a_config_missing_keys_takes_the_defaults(tmp_path):
 def test_markdown_table(abc, tmp_path, capsys):
     assert report.main([*map(str, abc), "--markdown", "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()
-    assert "wrote" in captured.err and "wrote" not in captured.out  # stdout: just the table, to paste
+    assert "wrote" not in captured.err + captured.out  # stdout: just the table, to paste
+    assert not (tmp_path / "out").exists()  # --markdown prints only, as its help says
     lines = captured.out.splitlines()
     assert lines[0] == ("| run | overrides vs A | final val | Δ final | train time | tok/s (mean) | "
                         "val @ equal time (24.0s) | Δ vs A @ equal time | val @ equal tokens (2.5K) | "
@@ -126,6 +127,7 @@ def test_markdown_table(abc, tmp_path, capsys):
     assert lines[5] == "" and all(line.startswith("- ") for line in lines[6:])
     assert any(line.startswith("- \\* read mid-run") for line in lines[6:])
     # The HTML report carries the same table.
+    assert report.main([*map(str, abc), "--out", str(tmp_path / "out")]) == 0
     page = (tmp_path / "out" / "report.html").read_text()
     assert "A/B: equal training time and equal tokens" in page and "optim.muon_lr=0.03" in page
     assert "-0.4000*" in page
@@ -230,3 +232,10 @@ def test_rich_table_and_note(abc, width):
     assert "…" not in out  # a narrow terminal gets one column per run, not squeezed cells
     header = next(line for line in out.splitlines() if "A: base" in line)
     assert ("B: lr03" in header) == (width == 80)
+
+
+def test_several_runs_report_beside_the_baseline_not_in_cwd(abc, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert report.main([*map(str, abc)]) == 0
+    assert not (tmp_path / "speedgpt-report").exists()
+    assert (abc[0] / "compare" / "report.html").is_file() and (abc[0] / "compare" / "report.png").is_file()

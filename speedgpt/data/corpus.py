@@ -131,7 +131,11 @@ class TextFiles(Source):
 def _read_text(path: Path, skipped: Skipped, item: str | None = None) -> str | None:
     item = str(path) if item is None else item
     try:
-        return path.read_bytes().decode("utf-8")
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:  # git's test for binary: text never holds NUL bytes
+            skipped.add(item, "binary (NUL bytes)")
+            return None
+        return data.decode("utf-8")
     except UnicodeDecodeError:
         skipped.add(item, "not UTF-8")
     except OSError as e:

@@ -18,7 +18,9 @@ ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
 batch size, sequence length or world size after the resume.
 
 ``packing="bestfit"`` fills rows from a buffer of documents instead (data/bestfit.py); its
-state adds the buffer. Both count the tokens they put into rows and the tokens they crop
+state adds the buffer. ``packing="record28"`` cuts rows as modded-nanogpt record #28 does
+(``_Planner.next_row_record28``): no inserted BOS, long documents lose their tail, and a step
+moves on to the next shard when the current one has fewer than twice its tokens left. Both count the tokens they put into rows and the tokens they crop
 (``cropped_share``), and both keep the counts in the state.
 """
 
@@ -41,7 +43,7 @@ from .shards import ShardError, claimed_tokens, find_shards, load_shard, read_he
 from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
-PACKINGS = ("greedy", "bestfit")
+PACKINGS = ("greedy", "bestfit", "record28")
 
 
 @dataclass(frozen=True)
@@ -237,6 +239,37 @@ class _Planner:
         return _Row(epoch, pos, end, continued), epoch, nxt, cropped
 
 
+    def next_row_record28(self, epoch: int, pos: int, row_len: int) -> tuple[_Row, int, int, int]:
+        """Record #28's rows (its find_batch_starts): a row starts at the first BOS at or after `pos`
+        and is the next seq_len + 1 tokens, whatever documents they hold; the next row starts at the
+        first BOS at least seq_len tokens after this row's start. What lies between is skipped: the
+        tail of a document longer than a row, or of the document the row end cuts."""
+        stream = self.stream(epoch)
+        start = stream.next_bos(pos) if pos < stream.total else stream.total
+        cropped = start - pos
+        if start + row_len > stream.total:
+            cropped += max(stream.total - start, 0)
+            epoch += 1
+            stream = self.stream(epoch)
+            start = stream.next_bos(0)
+            cropped += start
+            if start + row_len > stream.total:
+                raise ValueError(f"the data ({stream.total:,} tokens) holds no row of seq_len+1={row_len} tokens "
+                                 f"starting at a BOS; use a smaller seq_len or more data")
+        nxt = stream.next_bos(start + row_len - 1)
+        return _Row(epoch, start, start + row_len, False), epoch, nxt, cropped + max(nxt - start - row_len, 0)
+
+    def record28_step_start(self, epoch: int, pos: int, window: int) -> int:
+        """Record #28's shard change, checked at each optimizer step's start: when the current shard has
+        no more than `window` + 1 tokens left after `pos`, the step starts at the next shard."""
+        stream = self.stream(epoch)
+        if pos >= stream.total:
+            return pos
+        k = stream._locate(pos)
+        lo, hi = int(stream.starts[k]), int(stream.starts[k + 1])
+        return hi if pos - lo + window + 1 >= hi - lo else pos
+
+
 class TokenLoader:
     """Infinite BOS-aligned training batches from token shards (see module docstring).
 
@@ -261,6 +294,7 @@ class TokenLoader:
         seed: int = 0,
         packing: str = "greedy",
         buffer_docs: int = DEFAULT_BUFFER_DOCS,
+        grad_accum: int = 1,
         on_bad_shard: str = "stop",
         vocab_size: int | None = None,
     ):
@@ -284,6 +318,8 @@ class TokenLoader:
         self._planner = _Planner(self._shards, seed)
         self.packing = packing
         self._bestfit = BestFitPacker(self._planner, buffer_docs) if packing == "bestfit" else None
+        # record28: every grad_accum-th batch starts an optimizer step, where the record may change shard
+        self.grad_accum, self._micro = grad_accum, 0
         if self._shards.total < seq_len + 1:
             raise ValueError(
                 f"the data ({self._shards.total:,} tokens in {len(self._shards.files)} shards) is shorter than one "
@@ -329,8 +365,9 @@ class TokenLoader:
             return self._bestfit.plan(state, n_rows, row_len)
         epoch, pos, cropped = state.epoch, state.pos, state.cropped
         rows = []
+        next_row = self._planner.next_row_record28 if self.packing == "record28" else self._planner.next_row
         for _ in range(n_rows):
-            row, epoch, pos, crop = self._planner.next_row(epoch, pos, row_len)
+            row, epoch, pos, crop = next_row(epoch, pos, row_len)
             rows.append([(row.epoch, row.start, row.end, row.continued)])
             cropped += crop
         return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
@@ -394,6 +431,13 @@ class TokenLoader:
         batch_size = self.batch_size if batch_size is None else batch_size
         seq_len = self.seq_len if seq_len is None else seq_len
         _check_shape(batch_size, seq_len)
+        if self.packing == "record28":
+            if self._micro % self.grad_accum == 0:  # the record's window: 2 x the step's tokens on all ranks
+                st = self._state
+                window = 2 * self.grad_accum * self.world_size * batch_size * seq_len
+                pos = self._planner.record28_step_start(st.epoch, st.pos, window)
+                self._state = _GreedyState(st.epoch, pos, st.row_tokens, st.cropped + pos - st.pos)
+            self._micro += 1
         key = (self._state, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
@@ -454,6 +498,7 @@ class TokenLoader:
         if self._pending is not None:
             self._pending[1].cancel()
             self._pending = None
+        self._micro = 0  # states are taken between optimizer steps
         counts = dict(row_tokens=int(state.get("row_tokens", 0)), cropped=int(state.get("cropped", 0)))
         if packing == "bestfit":
             self._state = BestFitState.from_dict({**state, **counts})
@@ -499,9 +544,11 @@ def packing_stats(files: list[Path] | str, *, seq_len: int, bos_id: int = BOS_ID
                 "cropped_tokens": state.cropped, "cropped_share": state.cropped / (state.cropped + state.row_tokens)}
     epoch, pos, rows, cropped, inserted = 0, 0, 0, 0, 0
     total = planner.shards.total
+    # record28: its rows, without the per-step shard change (that depends on the batch, not the data)
+    next_row = planner.next_row_record28 if packing == "record28" else planner.next_row
     while True:
         before = pos
-        row, epoch, pos, crop = planner.next_row(epoch, pos, seq_len + 1)
+        row, epoch, pos, crop = next_row(epoch, pos, seq_len + 1)
         if row.epoch > 0:
             cropped += max(total - before, 0)  # the epoch's last, partial row
             break

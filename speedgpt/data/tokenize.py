@@ -14,6 +14,7 @@ import heapq
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, python_source_files
+from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths, python_source_files
 from .shards import write_shard
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
 
@@ -31,6 +32,10 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
 _CHUNK_CHARS = 1 << 20  # ~1 MB of text per worker task: big enough to amortize IPC, small enough to balance
 _CHUNK_DOCS = 512
+
+
+class TokenizeError(ValueError):
+    """A build that would produce nothing usable (no documents, or no val split when one was asked)."""
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -58,6 +63,9 @@ def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
 
 
 def _init_worker() -> None:
+    # Ctrl-C reaches the whole process group; the parent decides what an interrupt means and
+    # shuts the pool down cleanly, so a worker must not die mid-task (its result would never come).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     get_tokenizer()  # build the BPE table once per process, before the first task
 
 
@@ -83,7 +91,15 @@ def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
 
 @contextmanager
 def _ordered_results(chunks: Iterable, workers: int):
-    """Yield (meta, _encode_chunk(texts)) in input order, with at most a few chunks in flight."""
+    """Yield (meta, _encode_chunk(texts)) in input order, with at most 2 * workers chunks in flight.
+
+    Shutdown, also after an early stop (max_tokens) or an error in the consumer: stop submitting,
+    wait for the chunks already submitted, then close() and join() the pool. Never terminate()
+    with tasks in flight: Pool.terminate() drains the task pipe only while it holds data, so a
+    task whose (~1 MB, larger than the pipe) write starts just after that drain blocks the pool's
+    task-handler thread forever once the workers are killed, and terminate() waits on it forever.
+    Once every submitted task has returned, the task handler is idle and the shutdown cannot block.
+    """
     if workers <= 1:
         yield ((meta, _encode_chunk(texts)) for meta, texts in chunks)
         return
@@ -91,9 +107,9 @@ def _ordered_results(chunks: Iterable, workers: int):
     # prefetch thread) can deadlock the child on a lock held at fork time. Start-up costs
     # ~0.5 s per worker (plus re-importing the caller's main module), paid once per build.
     pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker)
+    pending: deque = deque()
 
     def gen():
-        pending: deque = deque()
         for meta, texts in chunks:
             pending.append((meta, pool.apply_async(_encode_chunk, (texts,))))
             if len(pending) >= 2 * workers:  # bounded: the input may be far larger than memory
@@ -106,7 +122,10 @@ def _ordered_results(chunks: Iterable, workers: int):
     try:
         yield gen()
     finally:
-        pool.terminate()  # also stops work that an early stop (max_tokens) left in flight
+        # At most 2 * workers chunks (a second or two of work) are still out: let them finish.
+        while pending:
+            pending.popleft()[1].wait()
+        pool.close()
         pool.join()
 
 
@@ -208,12 +227,16 @@ def tokenize_corpus(
     workers: int | None = None,
     max_tokens: int | None = None,
     progress: bool = True,
+    ensure_val: bool = False,
 ) -> dict:
     """Tokenize ``sources`` into ``out_dir/{train,val}_NNNNNN.bin`` and ``out_dir/manifest.json``.
 
     Split: a document goes to val when its text hash falls below ``val_fraction`` of the
     hash range; or, with ``val_docs=N``, the N documents with the smallest hashes are val.
     ``max_tokens`` stops after the document that reaches that many tokens (train + val).
+    ``ensure_val`` (with ``val_fraction > 0``): when no document's hash falls below the fraction
+    (small inputs), the document with the smallest hash goes to val, so there is always a val split.
+    Raises TokenizeError when no document was read (naming why the inputs were skipped).
     ``workers`` defaults to the CPU count; results do not depend on it.
     Existing ``train_*.bin``, ``val_*.bin`` and ``manifest.json`` in ``out_dir`` are replaced.
     Returns the manifest (also written as JSON).
@@ -246,6 +269,10 @@ def tokenize_corpus(
     # val_docs: a max-heap (negated hashes) of the N smallest-hash documents seen so far; a
     # document pushed out goes to train right then, which keeps the output deterministic.
     val_heap: list[tuple[int, int, int, np.ndarray]] = []
+    # ensure_val: while val is still empty, the smallest-hash document so far waits here instead of
+    # going to train; it goes to train once val gets a document, or to val at the end if none did.
+    held: tuple[int, int, np.ndarray] | None = None
+    ensure_val = ensure_val and val_docs is None and val_fraction > 0
     total_tokens = 0
     n_docs = 0
     stopped_early = False
@@ -273,7 +300,17 @@ def tokenize_corpus(
                         else:
                             _add(train, stats, "train", doc)
                     if val_docs is None:
-                        _add(val if to_val else train, stats, "val" if to_val else "train", doc)
+                        if to_val:
+                            _add(val, stats, "val", doc)
+                            if held is not None:  # val has a document now: the held one is train's
+                                _add(train, per_source[held[1]], "train", held[2])
+                                held = None
+                        elif ensure_val and not val.documents and (held is None or hashes[j] < held[0]):
+                            if held is not None:
+                                _add(train, per_source[held[1]], "train", held[2])
+                            held = (hashes[j], s, doc)
+                        else:
+                            _add(train, stats, "train", doc)
                     n_docs += 1
                     total_tokens += len(doc)
                     if max_tokens is not None and total_tokens >= max_tokens:
@@ -284,6 +321,16 @@ def tokenize_corpus(
                     break
     finally:
         bar.close()
+    problem = _nothing_usable(sources, n_docs, ensure_val)
+    if problem:
+        _clear_outputs(out_dir)  # no partial build left behind to be mistaken for data
+        raise TokenizeError(problem)
+    if held is not None:  # no document fell below val_fraction: the smallest hash is val
+        _add(val, per_source[held[1]], "val", held[2])
+    if ensure_val and not train.documents:
+        _clear_outputs(out_dir)
+        raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
+                            "use a smaller --val-fraction or add inputs")
     for _, _, s, doc in sorted(val_heap, key=lambda item: item[1]):  # val in input order
         _add(val, per_source[s], "val", doc)
     train.flush()
@@ -312,6 +359,52 @@ def tokenize_corpus(
     return manifest
 
 
+def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool) -> str | None:
+    """Why a build with ``n_docs`` documents is useless, or None when it is fine."""
+    if n_docs >= 2 or (n_docs == 1 and not ensure_val):
+        return None
+    skipped = _skip_summary(sources)
+    if n_docs == 0:
+        return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "")
+    return ("only 1 document read: a val split needs at least 2; add inputs or pass --val-fraction 0 "
+            "(then give training its own val shards with --data.val_files)")
+
+
+def _skip_summary(sources: list[Source], examples: int = 1) -> str:
+    """'not UTF-8: 2 (e.g. a.bin), binary (NUL bytes): 1 (e.g. b.png)' over all sources."""
+    counts: dict[str, int] = {}
+    seen: dict[str, list[str]] = {}
+    for source in sources:
+        for reason, n in source.skipped.counts.items():
+            counts[reason] = counts.get(reason, 0) + n
+            seen.setdefault(reason, []).extend(source.skipped.examples.get(reason, []))
+    return ", ".join(f"{reason}: {n:,} (e.g. {', '.join(seen[reason][:examples])})"
+                     for reason, n in sorted(counts.items()))
+
+
+def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
+    """A few human lines about a build: documents, tokens, shards per split, skipped items."""
+    def split(name: str) -> str:
+        part = manifest[name]
+        n = len(part["shards"])
+        docs = part["documents"]
+        return (f"{name} {docs:,} doc{'s' * (docs != 1)} / {part['tokens']:,} tokens in "
+                f"{n} shard{'s' * (n != 1)}")
+
+    lines = [f"tokenized {manifest['documents']:,} documents, {manifest['tokens']:,} tokens -> {out_dir}",
+             f"  {split('train')}; {split('val')}"]
+    skipped: dict[str, tuple[int, list[str]]] = {}
+    for source in manifest["sources"]:
+        for reason, info in source.get("skipped", {}).items():
+            n, ex = skipped.get(reason, (0, []))
+            skipped[reason] = (n + info["count"], ex + info["examples"])
+    for reason, (n, ex) in sorted(skipped.items()):
+        lines.append(f"  skipped {n:,} {'item' if n == 1 else 'items'}: {reason} (e.g. {ex[0]})")
+    if manifest.get("note"):
+        lines.append(f"  note: {manifest['note']}")
+    return "\n".join(lines)
+
+
 def _add(writer: _ShardWriter, stats: dict, split: str, doc: np.ndarray) -> None:
     writer.add(doc)
     stats[f"{split}_documents"] += 1
@@ -338,21 +431,35 @@ def read_manifest(out_dir: str | os.PathLike) -> dict | None:
 
 
 def sources_from_paths(paths: str | os.PathLike | Sequence, *, text_field: str = "text") -> list[Source]:
-    """Pick a source per path by suffix: ``.jsonl[.gz]`` → JSONL, ``.parquet`` → Parquet, else text files.
+    """Pick a source per file by suffix: ``.jsonl[.gz]`` → JSONL, ``.parquet`` → Parquet, else text files.
 
+    A directory or glob holding several kinds gives one source per kind (text, then JSONL, then
+    Parquet); one holding a single kind stays one source named by the path as given.
     ``text_field`` names the JSONL field / Parquet column that holds the text.
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     sources: list[Source] = []
     for p in map(str, paths):
-        if p.endswith((".jsonl", ".jsonl.gz", ".json")):
-            sources.append(JsonlFiles(p, text_field=text_field))
-        elif p.endswith(".parquet"):
-            sources.append(ParquetFiles(p, text_column=text_field))
-        else:
-            sources.append(TextFiles(p))
+        by_kind: dict[str, list[str]] = {"text": [], "jsonl": [], "parquet": []}
+        for f in expand_paths(p):
+            by_kind[_kind_of(f.name)].append(str(f))
+        kinds = [k for k, files in by_kind.items() if files]
+        for kind in kinds:
+            where = p if len(kinds) == 1 else by_kind[kind]
+            if kind == "jsonl":
+                sources.append(JsonlFiles(where, text_field=text_field))
+            elif kind == "parquet":
+                sources.append(ParquetFiles(where, text_column=text_field))
+            else:
+                sources.append(TextFiles(where))
     return sources
+
+
+def _kind_of(name: str) -> str:
+    if name.endswith((".jsonl", ".jsonl.gz", ".json")):
+        return "jsonl"
+    return "parquet" if name.endswith(".parquet") else "text"
 
 
 def tokenize_files(
@@ -367,7 +474,11 @@ def tokenize_files(
     max_tokens: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """``speedgpt data tokenize``: tokenize text/JSONL/Parquet files or globs into ``out_dir``."""
+    """``speedgpt data tokenize``: tokenize text/JSONL/Parquet files or globs into ``out_dir``.
+
+    Unlike tokenize_corpus's default, a val split is always made when ``val_fraction > 0`` (at
+    least one document), so the shards can be trained on as they are.
+    """
     return tokenize_corpus(
         sources_from_paths(inputs, text_field=text_field),
         out_dir,
@@ -377,6 +488,7 @@ def tokenize_files(
         workers=workers,
         max_tokens=max_tokens,
         progress=progress,
+        ensure_val=True,
     )
 
 

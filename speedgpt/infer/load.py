@@ -182,8 +182,10 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
     model = build_model(cfg.model, max_len, dev, seed=0, dtype=dtype,
                         attn_backend=choose_backend(cfg.model.attn_backend, dev),
                         window_block=cfg.schedule.window_block)
-    # The final window of the schedule is the one the finished model was trained (and evaluated) with.
-    model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
+    # The windows of the checkpoint's step: a mid-run checkpoint is scored (and samples) as training
+    # validated it at that step; a finished run's step is the last, whose windows are the final ones.
+    step = cfg.train.steps if source.step is None else min(source.step, cfg.train.steps)
+    model.windows = attention_windows(cfg.schedule, step, cfg.train.steps)
     state = strip_wrapper_prefixes(load_state(source, dev))
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))

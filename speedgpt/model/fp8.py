@@ -66,16 +66,16 @@ def _grad_input(g8: torch.Tensor, w8t: torch.Tensor, g_scale: torch.Tensor, w_sc
 
 
 @torch.library.custom_op("speedgpt::fp8_linear_fwd", mutates_args=())
-def fp8_linear_fwd(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_linear_fwd(x: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float,
+                   fp8_wgrad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(x @ w.T in bf16, w in e4m3); the fp8 weight is kept for the backward.
-    grad_scale is unused here: it is an input so that the backward receives it."""
+    grad_scale and fp8_wgrad are unused here: they are inputs so that the backward receives them."""
     w8 = _to_fp8(w, w_scale, torch.float8_e4m3fn)
     return _mm_e4m3(_to_fp8(x, x_scale, torch.float8_e4m3fn), w8, x_scale, w_scale), w8
 
 
 @fp8_linear_fwd.register_fake
-def _(x, w, x_scale, w_scale, grad_scale):
+def _(x, w, x_scale, w_scale, grad_scale, fp8_wgrad=False):
     return x.new_empty(x.shape[0], w.shape[0], dtype=torch.bfloat16), torch.empty_like(w, dtype=torch.float8_e4m3fn)
 
 
@@ -91,23 +91,32 @@ def _(g8, w8, grad_scale, w_scale):
 
 
 def _setup_context(ctx, inputs, output):
-    x, _, x_scale, w_scale, grad_scale = inputs
+    x, _, x_scale, w_scale, grad_scale, *rest = inputs
     _, w8 = output
     ctx.save_for_backward(x, w8)
-    ctx.scales = (w_scale, grad_scale)
+    ctx.scales = (x_scale, w_scale, grad_scale)
+    ctx.fp8_wgrad = bool(rest and rest[0])
 
 
 def _backward(ctx, grad_out, _grad_w8):
     x, w8 = ctx.saved_tensors
-    w_scale, grad_scale = ctx.scales
+    x_scale, w_scale, grad_scale = ctx.scales
     # Traced into the compiled backward: this cast fuses with the loss gradient that produces grad_out.
     g8 = (grad_out / grad_scale).to(torch.float8_e5m2)
     grad_x = fp8_linear_bwd_input(g8, w8, grad_scale, w_scale)
+    if ctx.fp8_wgrad:
+        # Record #28's weight gradient: e4m3 input (the forward's cast, recomputed) times the e5m2
+        # gradient, fp32 out, contracting over the tokens (model.fp8_head_fp8_wgrad).
+        x8 = _to_fp8(x, x_scale, torch.float8_e4m3fn)
+        grad_w = torch._scaled_mm(x8.T.contiguous(), g8.T.contiguous().T, out_dtype=torch.float32,
+                                  scale_a=_scale(x_scale, x.device), scale_b=_scale(grad_scale, x.device),
+                                  use_fast_accum=False).T
+        return grad_x, grad_w, None, None, None, None
     # The weight gradient contracts over the 49K tokens: in FP8 it would need the (tokens x vocab)
     # gradient transposed in memory first (a 2.5 GB copy per micro-step, measured slower than this
     # bf16 matmul, which cuBLAS runs on the transposed operand in place).
     grad_w = (grad_out.T @ x.to(grad_out.dtype)).float()
-    return grad_x, grad_w, None, None, None
+    return grad_x, grad_w, None, None, None, None
 
 
 fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -185,6 +194,8 @@ def fp8_head_cross_entropy(x_2d: torch.Tensor, w: torch.Tensor, targets: torch.T
     return loss_sum / (targets != ignore_index).sum() if reduction == "mean" else loss_sum
 
 
-def fp8_linear(x_2d: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float) -> torch.Tensor:
-    """bf16 x_2d @ w.T through FP8 operands; differentiable in x and w."""
-    return fp8_linear_fwd(x_2d, w, x_scale, w_scale, grad_scale)[0]
+def fp8_linear(x_2d: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float,
+               fp8_wgrad: bool = False) -> torch.Tensor:
+    """bf16 x_2d @ w.T through FP8 operands; differentiable in x and w. fp8_wgrad: the weight gradient
+    as an FP8 matmul (record #28) instead of a bf16 one."""
+    return fp8_linear_fwd(x_2d, w, x_scale, w_scale, grad_scale, fp8_wgrad)[0]

@@ -127,6 +127,12 @@ class GPT(nn.Module):
             "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()],
         }
 
+    def record28_transposed(self) -> list[nn.Parameter]:
+        """Hidden matrices that record #28 stores transposed relative to this model's (out, in) layout:
+        the MLP input weights (its c_fc is (dim, hidden), used as x @ c_fc). Its Muon shape factor is
+        computed on that layout (optim.muon_shape_factor = "record28")."""
+        return [b.mlp.fc.weight for b in self.blocks]
+
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 reduction: str = "mean", windows=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
@@ -160,9 +166,10 @@ class GPT(nn.Module):
             return fp8_head_cross_entropy(x.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
                                           cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.fp8_w_bound / E4M3_MAX,
                                           reduction)
-        if self.fp8_head:
+        if self.fp8_head and (self.training or not cfg.fp8_head_train_only):
             logits = fp8_linear(x.reshape(B * T, D), self.lm_head.weight, D ** 0.5 / E4M3_MAX,
-                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale).view(B, T, -1)
+                                self.fp8_w_bound / E4M3_MAX, self.fp8_grad_scale,
+                                cfg.fp8_head_fp8_wgrad).view(B, T, -1)
         else:
             logits = self.lm_head(x)
         if self.fused_ce and targets_BT is not None:
@@ -214,6 +221,7 @@ def build_model(cfg: ModelConfig, max_seq_len: int, device: torch.device | str, 
     model.attn_backend = attn_backend
     model.window_block = window_block
     model.fp8_head = cfg.fp8_head and fp8_supported(device)
+    model.fp8_w_bound = cfg.fp8_head_w_bound
     model.fused_ce = cfg.fused_ce and device.type == "cuda" and fused_ce_available(device)
     if cfg.fp8_mlp or cfg.fp8_attn:
         _enable_fp8_matmuls(model, cfg, fp8_supported(device))

@@ -54,12 +54,21 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
     world = get_world_size() if world_size is None else world_size
     muon_kwargs = dict(lr=cfg.muon_lr, momentum=cfg.muon_momentum, nesterov=cfg.muon_nesterov,
                        ns_steps=cfg.muon_ns_steps, weight_decay=cfg.muon_weight_decay, ortho=cfg.muon_ortho,
-                       normuon=cfg.normuon, normuon_beta2=cfg.normuon_beta2, cautious_wd=cfg.cautious_wd)
+                       normuon=cfg.normuon, normuon_beta2=cfg.normuon_beta2, cautious_wd=cfg.cautious_wd,
+                       ns_fused=cfg.muon_ns_fused)
+    matrices = groups["matrix"]
+    if cfg.muon_shape_factor == "record28":
+        # Record #28's shape factor max(1, rows/cols)^0.5 is taken on its own storage layout, which for
+        # the MLP input weight is the transpose of this model's: those matrices get a group of their own.
+        flipped = {id(p) for p in model.record28_transposed()}
+        matrices = [dict(params=[p for p in matrices if id(p) not in flipped]),
+                    dict(params=[p for p in matrices if id(p) in flipped], shape_transposed=True)]
+        matrices = [g for g in matrices if g["params"]]
     if world == 1:
         adam = torch.optim.AdamW(adam_groups, betas=betas, eps=cfg.adam_eps,
                                  weight_decay=cfg.adam_weight_decay, fused=device.type == "cuda")
         _keep_impl_flags(adam)
-        muon = Muon(groups["matrix"], **muon_kwargs)
+        muon = Muon(matrices, **muon_kwargs)
     else:
         from ..optim.adam import DistAdam
         from ..optim.muon import DistMuon
@@ -67,7 +76,7 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
 
         sync = GradSync(world, get_rank(), device)
         adam = DistAdam(adam_groups, sync, betas=betas, eps=cfg.adam_eps, weight_decay=cfg.adam_weight_decay)
-        muon = DistMuon(groups["matrix"], sync, **muon_kwargs)
+        muon = DistMuon(matrices, sync, **muon_kwargs)
     optimizers = [adam, muon]
     for opt in optimizers:
         for group in opt.param_groups:

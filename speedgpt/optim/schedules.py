@@ -66,11 +66,20 @@ def muon_momentum(step: int, start: float, end: float, warmup_steps: int) -> flo
 
 def attention_windows(cfg: ScheduleConfig, step: int, total: int) -> tuple[int, int]:
     """(long, short) sliding windows in tokens: long grows linearly from window_start to window_end in
-    multiples of window_block; short is a fixed fraction of long (at least one block)."""
+    multiples of window_block; short is a fixed fraction of long (at least one block).
+
+    window_rule "linear": round(start + x (end - start)) blocks at progress x; "record28": the record's
+    ceil rule (above). The record's short window is long // 2 blocks, 0 at step 0; its FlexAttention
+    masks still keep the query's own (diagonal) block then, so one block here is the same mask."""
     x = step / total
-    blocks_start = cfg.window_start / cfg.window_block
-    blocks_end = cfg.window_end / cfg.window_block
-    blocks = max(1, round(blocks_start + x * (blocks_end - blocks_start)))
+    if cfg.window_rule == "record28":
+        # Record #28's get_window_size_blocks: the smallest multiple of the block >= (end - block/2) * x,
+        # at least one block (1728 * x tokens for 1792 / 128: ceil(13.5 x) blocks; window_start unused).
+        blocks = max(1, math.ceil((cfg.window_end - cfg.window_block / 2) * x / cfg.window_block))
+    else:
+        blocks_start = cfg.window_start / cfg.window_block
+        blocks_end = cfg.window_end / cfg.window_block
+        blocks = max(1, round(blocks_start + x * (blocks_end - blocks_start)))
     long = blocks * cfg.window_block
     short = max(cfg.window_block, int(blocks * cfg.short_window_frac) * cfg.window_block)
     return long, min(short, long)

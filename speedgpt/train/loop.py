@@ -126,8 +126,8 @@ class Trainer:
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed, packing=d.packing, on_bad_shard=d.on_bad_shard,
-                                  vocab_size=cfg.model.vocab_size)
+                                  seed=cfg.train.seed, packing=d.packing, grad_accum=self.grad_accum,
+                                  on_bad_shard=d.on_bad_shard, vocab_size=cfg.model.vocab_size)
         # Stop and save decisions travel on a CPU (gloo) group: combining them every step costs no
         # device sync, and all ranks stop or save at the same step.
         self.control_group = (torch.distributed.new_group(backend="gloo") if self.dist.world_size > 1 else None)
@@ -141,15 +141,26 @@ class Trainer:
         max_len = max(d.seq_len, d.val_seq_len or 0)
         self.model: GPT = build_model(cfg.model, max_len, self.device, seed=cfg.train.seed, dtype=self.dtype,
                                       attn_backend=backend, window_block=cfg.schedule.window_block)
+        # The windows of the finished model (sampling, FLOP counts); training and validation pass each
+        # step's own windows to the forward.
         self.model.windows = attention_windows(cfg.schedule, cfg.train.steps, cfg.train.steps)
         # The loss is a mean over the step's tokens: that bounds the logit gradient (model/fp8.py).
         self.model.fp8_grad_scale = 1.0 / (cfg.train.batch_tokens / self.dist.world_size * 448.0)
+        # A switch that cannot take effect says what runs instead: the model's own dtype.
+        where = self.device.type if self.device.type != "cuda" else "this GPU"
+        dtype = str(self.dtype).removeprefix("torch.")
         if cfg.model.fp8_head and not self.model.fp8_head:
-            self.log("fp8 head: not supported on this device (needs CUDA capability >= 8.9); using bf16")
+            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
+                     f"the head runs in {dtype} like the rest of the model")
         if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
-            self.log("fp8 mlp: needs CUDA capability >= 8.9 and MLP widths that are multiples of 16; using bf16")
+            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
+                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
         if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
-            self.log("fp8 attn: needs CUDA capability >= 8.9 and attention widths that are multiples of 16; using bf16")
+            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
+                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
+        if cfg.model.fused_ce and not self.model.fused_ce:
+            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
+                     f"in float32")
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = grad_sync_of(self.optimizers)  # overlapped gradient reduction (no-op on one rank)
         if cfg.train.compile:
@@ -211,6 +222,13 @@ class Trainer:
         for group in self.optimizers[1].param_groups:
             group["momentum"] = momentum
             group["weight_decay"] = weight_decay
+        return self.windows_at(step)
+
+    def windows_at(self, step: int):
+        """The attention windows of `step` in the form the forward takes: the schedule's (long, short)
+        tokens; under compile a device tensor. Training step k and the validation after k steps both
+        use them, so validation scores the model with the windows it is trained at (as record #28)."""
+        cfg = self.cfg
         windows = attention_windows(cfg.schedule, step, cfg.train.steps)
         if not cfg.train.compile:
             return windows
@@ -255,17 +273,20 @@ class Trainer:
         return total
 
     @torch.no_grad()
-    def evaluate(self) -> float:
+    def evaluate(self, step: int | None = None) -> float:
+        """Mean validation loss of the model after `step` training steps (default: the current one),
+        at that step's attention windows."""
         from ..data.loader import val_batches
 
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
+        windows = self.windows_at(self.step if step is None else step)
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
                                            max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
-            losses.append(self.forward(inputs, targets))
+            losses.append(self.forward(inputs, targets, windows=windows))
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:
@@ -375,7 +396,8 @@ class Trainer:
             signalled, save_due = self.step_control()
             last = self.step == t.steps or stop or signalled
             log_step = self.step % t.log_every == 0 or last
-            ckpt_step = (t.checkpoint_every and self.step % t.checkpoint_every == 0) or save_due or last
+            ckpt_step = ((t.checkpoint_every and self.step % t.checkpoint_every == 0) or save_due
+                         or (last and t.save_final_checkpoint))
             if (log_step or ckpt_step) and self.guard.mode != "skip":
                 # A host read that these steps pay for anyway: act on a NaN before it is logged or saved.
                 rolled_back = self.check_numerics()

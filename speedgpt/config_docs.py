@@ -1,0 +1,164 @@
+"""One line per config key, for `speedgpt config` (the one place config keys are described).
+
+tests/test_config_docs.py fails when a key of a config dataclass has no line here: a new key in
+speedgpt/config.py needs its description added in the same change.
+"""
+
+from __future__ import annotations
+
+DESCRIPTIONS: dict[str, str] = {
+    # model
+    "model.depth": "transformer blocks; with model_dim=0 the width is derived from it (depth * aspect_ratio)",
+    "model.model_dim": "residual width; 0: depth * aspect_ratio rounded up to a multiple of head_dim",
+    "model.head_dim": "width of one attention head",
+    "model.num_heads": "attention heads; 0: model_dim // head_dim",
+    "model.aspect_ratio": "width per block of depth when model_dim=0 (nanochat's depth knob)",
+    "model.mlp_ratio": "MLP hidden width as a multiple of model_dim",
+    "model.vocab_size": "tokenizer vocabulary (GPT-2: 50257)",
+    "model.vocab_pad_multiple": "pad the embedding/head rows to a multiple of this (50257 -> 50304) for fast matmuls",
+    "model.rope_base": "rotary embedding base frequency",
+    "model.rope_half_truncate": "rotate only half the head dims; the rest carry position-free content",
+    "model.value_embeds": "value embeddings shared U-shaped by the first and last k layers; 0 disables",
+    "model.unet_skips": "U-net skip connections from early to late blocks",
+    "model.x0_mixing": "mix the initial embedding x0 into every block's input with learned scalars",
+    "model.attn_free_layers": "indices of blocks without attention (MLP only)",
+    "model.window_pattern": "per-layer Long/Short sliding attention window, repeated to depth (e.g. SSSL)",
+    "model.attn_scale": "attention logit scale; 0: 1/sqrt(head_dim)",
+    "model.attn_gate": "sparse per-head sigmoid gate on the attention output (speedrun record #28)",
+    "model.attn_gate_dim": "input channels the attention gate reads",
+    "model.logit_softcap": "cap logits smoothly at +-this value (tanh); 0 disables",
+    "model.attn_backend": "auto | sdpa (dense masks) | flex (block-sparse FlexAttention)",
+    "model.doc_masking": "attend only within a document (documents start at BOS)",
+    "model.fp8_head": "lm_head in FP8 (CUDA capability >= 8.9); elsewhere it runs in the model's dtype",
+    "model.fp8_head_w_bound": "FP8 head weight scale = bound / 448 (|W| up to it representable); record #28: 0.875",
+    "model.fp8_head_train_only": "FP8 head only in training; evaluation uses the bf16 head (record #28)",
+    "model.fp8_head_fp8_wgrad": "unfused FP8 head: weight gradient as an FP8 matmul, fp32 out (record #28); off: bf16",
+    "model.bf16_embeds": "keep the embeddings in bfloat16",
+    "model.fused_ce": "softcapped cross-entropy as a Triton kernel (CUDA + Triton); elsewhere the PyTorch loss",
+    "model.fp8_mlp": "MLP matmuls in FP8 with dynamic scales (CUDA capability >= 8.9); elsewhere the model's dtype",
+    "model.fp8_mlp_scaling": "rowwise (one scale per token / output unit) | tensorwise (one per tensor); also fp8_attn's",
+    "model.fp8_attn": "attention qkv and output projections in FP8, like fp8_mlp",
+    "model.fp8_mlp_fused_act": "with rowwise fp8_mlp: ReLU^2 and its FP8 casts as one Triton kernel each way",
+    # data
+    "data.train_files": "glob, directory or file of .bin shards; empty: the local Python-source corpus",
+    "data.val_files": "val shards; empty: the val_*.bin next to train_files",
+    "data.cache_dir": "where the default corpus and downloaded eval data live; empty: ~/.cache/speedgpt",
+    "data.local_max_tokens": "token cap of the default local Python-source corpus (0: every file)",
+    "data.seq_len": "tokens per training row",
+    "data.val_tokens": "tokens scored at each validation (capped at what the val shards hold)",
+    "data.val_seq_len": "tokens per validation row; 0: seq_len",
+    "data.on_bad_shard": "a shard found corrupt or truncated mid-run: stop (error naming file and byte) | skip it "
+                         "(counted as bad_shards; greedy packing only)",
+    "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits) "
+                    "| record28 (record #28's rows and shard changes)",
+    # optim
+    "optim.muon_lr": "Muon learning rate for the hidden matrices",
+    "optim.muon_momentum": "Muon momentum after its warmup",
+    "optim.muon_momentum_start": "Muon momentum at step 0",
+    "optim.muon_momentum_warmup_steps": "steps to ramp Muon momentum from start to final",
+    "optim.muon_nesterov": "Nesterov momentum in Muon",
+    "optim.muon_ns_steps": "orthogonalization iterations (at most 5 with polar_express)",
+    "optim.muon_weight_decay": "decoupled weight decay of Muon's matrices: p <- p - lr * wd * p each step",
+    "optim.muon_ortho": "newton_schulz (one quintic) | polar_express (a minimax-optimal quintic per iteration)",
+    "optim.normuon": "NorMuon: divide update rows by the root of their EMA mean square, keep the matrix norm",
+    "optim.normuon_beta2": "EMA factor of NorMuon's per-row second moment",
+    "optim.cautious_wd": "decay only where parameter and update share a sign (needs muon_weight_decay > 0)",
+    "optim.wd_schedule": "constant | lr (Muon's weight decay follows the lr schedule's multiplier)",
+    "optim.embed_lr": "Adam learning rate of the token embedding",
+    "optim.value_embed_lr": "Adam learning rate of the value embeddings",
+    "optim.head_lr": "Adam learning rate of the lm_head",
+    "optim.scalar_lr": "Adam learning rate of the scalar parameters (mixing, gates)",
+    "optim.adam_beta1": "Adam beta1",
+    "optim.adam_beta2": "Adam beta2",
+    "optim.adam_eps": "Adam epsilon",
+    "optim.adam_weight_decay": "Adam decoupled weight decay",
+    "optim.grad_clip": "global gradient-norm clipping threshold; 0 disables",
+    "optim.scale_lr_by_width": "scale Adam lrs by (768 / model_dim) ** 0.5 (depth-knob models)",
+    "optim.muon_shape_factor": "Muon lr factor max(1, rows/cols)^0.5 on: rows_over_cols (this layout) | record28 (its layout)",
+    "optim.muon_ns_fused": "Newton-Schulz lines as fused multiply-adds (addmm/baddbmm), as record #28",
+    "optim.tuned_width": "width the lrs and Muon decay were tuned at; the budget rescales them to this model (0: off)",
+    # schedule
+    "schedule.kind": "lr schedule: constant_cooldown | warmup_cosine | wsd",
+    "schedule.warmup_frac": "fraction of steps for linear lr warmup",
+    "schedule.cooldown_frac": "fraction of steps at the end for the lr cooldown",
+    "schedule.final_lr_frac": "lr at the end of the cooldown, as a fraction of the peak",
+    "schedule.window_start": "sliding attention window at step 0, in tokens (rounded to window_block)",
+    "schedule.window_end": "sliding attention window at the last step, in tokens (grown linearly)",
+    "schedule.window_block": "attention window granularity (FlexAttention block size)",
+    "schedule.short_window_frac": "short ('S') layers' window as a fraction of the long one",
+    "schedule.window_rule": "long-window growth: linear (round) | record28 (ceil(x (end - block/2) / block) blocks)",
+    # train
+    "train.steps": "optimizer steps (ignored when tokens_per_param or flops_budget sets the horizon)",
+    "train.batch_tokens": "global tokens per optimizer step (the same on any number of GPUs); 0: derived from the budget",
+    "train.tokens_per_param": "horizon as training tokens per scaling parameter; steps follow (0: off)",
+    "train.flops_budget": "horizon as training FLOPs; steps follow (0: off; at most one of the two budgets)",
+    "train.micro_batch_size": "rows per micro-step per rank; 0: the largest that fits batch_tokens in one go",
+    "train.val_every": "validate every this many steps (and at the end)",
+    "train.log_every": "log the train loss every this many steps",
+    "train.checkpoint_every": "checkpoint every this many steps; 0: only by time (checkpoint_every_min) and at the end",
+    "train.checkpoint_every_min": "also checkpoint after this many minutes of wall-clock time since the last one; 0: off",
+    "train.keep_checkpoint_every": "also keep, for good, every checkpoint whose step is a multiple of this; 0: none",
+    "train.on_nonfinite": "a non-finite loss/gradient: abort (name step, rank, last good checkpoint) | skip the "
+                          "step's update | rollback to the newest checkpoint with a lower lr",
+    "train.rollback_lr_factor": "on_nonfinite=rollback: multiply every lr by this after each rollback",
+    "train.max_rollbacks": "on_nonfinite=rollback: roll back at most this many times, then abort",
+    "train.save_final_checkpoint": "write a checkpoint at the end (false: A/B runs that only need their curves)",
+    "train.keep_checkpoints": "checkpoints kept on disk (older ones are deleted)",
+    "train.seed": "seed of the model init and the data order",
+    "train.device": "auto | cpu | cuda | cuda:N | mps",
+    "train.dtype": "auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32",
+    "train.compile": "torch.compile the model",
+    "train.coordinate_descent_tuning": "Inductor tunes its kernels' launch configs: slower compile, faster steps",
+    "train.persistent_reductions_upto": "keep reduction rows up to this many elements in registers; 0: Inductor's choice",
+    "train.warmup_steps": "compile/kernel warmup steps on real data, then an exact state reset",
+    "train.time_budget_s": "stop early (final eval and checkpoint) after this much training time; 0: no limit",
+    "train.peak_flops": "bf16 peak FLOP/s for MFU; 0: the device's table value",
+    # run
+    "run.name": "run name (legend label, default run directory name)",
+    "run.dir": "run directory; empty: runs/<name>-<time>",
+    "run.sample_tokens": "tokens of the sample printed at the end; 0 disables",
+    "run.sample_prompt": "prompt of that sample",
+    "run.report": "write report.png and report.html at the end",
+    "run.tensorboard": "also log to TensorBoard (extra .[tensorboard])",
+    "run.wandb": "also log to Weights & Biases (extra .[wandb])",
+    "run.wandb_project": "Weights & Biases project name",
+    "preset": "the preset the config started from (informational)",
+}
+
+
+def config_keys(cfg=None) -> list[tuple[str, object]]:
+    """[("section.key", value)] of every config key, in dataclass order."""
+    import dataclasses
+
+    from .config import Config
+
+    cfg = Config() if cfg is None else cfg
+    keys: list[tuple[str, object]] = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            keys += [(f"{f.name}.{g.name}", getattr(value, g.name)) for g in dataclasses.fields(value)]
+        else:
+            keys.append((f.name, value))
+    return keys
+
+
+def describe_config(cfg) -> str:
+    """Every key as `section.key = value  # description`, defaults of Config() marked where they differ."""
+    from .config import Config
+
+    defaults = dict(config_keys(Config()))
+    lines = []
+    for key, value in config_keys(cfg):
+        shown = _toml_value(value)
+        changed = "" if value == defaults[key] else f" (default {_toml_value(defaults[key])})"
+        lines.append(f"{key} = {shown}{changed}\n    {DESCRIPTIONS.get(key, '(no description)')}")
+    return "\n".join(lines)
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return repr(value)

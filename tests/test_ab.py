@@ -1,0 +1,191 @@
+"""`speedgpt ab`: statistics against a hand-checked case, the launch plan on fake devices, and a
+tiny end-to-end A/B on CPU that is interrupted and resumed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from speedgpt.ab import crossing, main, make_plan, summarize, waves
+from speedgpt.ab_stats import detectable_difference, paired
+
+
+def test_paired_statistics_by_hand():
+    # a = 3.0, 3.1, 3.2 and b = 2.9, 3.05, 3.1: differences d = -0.10, -0.05, -0.10.
+    # mean d = -0.25 / 3 = -0.083333; deviations -0.016667, +0.033333, -0.016667;
+    # sd = sqrt((0.00027778 + 0.0011111 + 0.00027778) / 2) = sqrt(0.00083333) = 0.028868;
+    # se = sd / sqrt(3) = 0.016667; t = mean / se = -5.0 with 2 degrees of freedom.
+    # 95 % CI: t_{0.975, 2} = 4.302653, half-width 4.302653 * 0.016667 = 0.071711 -> [-0.155044, -0.011622].
+    # One-sided p = P(T_2 <= -5); T_2's CDF is 1/2 + t / (2 sqrt(t^2 + 2)): 0.5 - 5 / (2 sqrt 27) = 0.018875.
+    res = paired([3.0, 3.1, 3.2], [2.9, 3.05, 3.1])
+    assert res["n"] == 3 and res["mean_diff"] == pytest.approx(-0.083333, abs=1e-6)
+    assert res["sd_diff"] == pytest.approx(0.028868, abs=1e-6)
+    assert res["t"] == pytest.approx(-5.0, abs=1e-9)
+    assert res["ci95"] == pytest.approx([-0.155044, -0.011622], abs=1e-6)
+    assert res["p_b_better"] == pytest.approx(0.018875, abs=1e-6)
+    # B worse: the same test gives 1 - p.
+    assert paired([2.9, 3.05, 3.1], [3.0, 3.1, 3.2])["p_b_better"] == pytest.approx(1 - 0.018875, abs=1e-6)
+    # resolution: t_{0.95, 2} = 2.919986, so 3 pairs with sd 0.028868 resolve 2.919986 * 0.016667 = 0.048666
+    assert detectable_difference(0.028868, 3) == pytest.approx(0.048666, abs=1e-5)
+
+
+def test_paired_statistics_edge_cases():
+    assert paired([1.0], [2.0])["p_b_better"] is None  # one pair: no test, said so
+    same = paired([1.0, 2.0], [1.5, 2.5])  # every difference 0.5: no spread
+    assert same["p_b_better"] is None and "same difference" in same["note"]
+
+
+def test_crossing_is_linear_between_evaluations():
+    # (time, loss): 5.0 at t=0, 4.0 at t=10, 3.0 at t=20; target 3.5 is halfway between t=10 and t=20
+    assert crossing([(0, 5.0), (10, 4.0), (20, 3.0)], 3.5) == pytest.approx(15.0)
+    assert crossing([(0, 5.0), (10, 4.0)], 3.5) is None
+    assert crossing([(0, 3.0), (10, 2.0)], 3.5) == 0
+
+
+def plan_for(tmp_path, seeds=2):
+    return make_plan(preset="tiny-cpu", common=[], a="--optim.muon_lr=0.04", b="", seeds=seeds, out=tmp_path)
+
+
+def test_waves_pair_a_and_b_of_a_seed_and_swap_gpus(tmp_path):
+    plan = plan_for(tmp_path, seeds=3)
+    assert [(r.arm, r.seed) for r in plan.runs] == [("a", 1337), ("b", 1337), ("a", 1338), ("b", 1338),
+                                                    ("a", 1339), ("b", 1339)]
+    two = [[(r.arm, r.seed, d) for r, d in w] for w in waves(plan.runs, ["0", "1"])]
+    assert two == [[("a", 1337, "0"), ("b", 1337, "1")], [("a", 1338, "1"), ("b", 1338, "0")],
+                   [("a", 1339, "0"), ("b", 1339, "1")]]
+    one = [[(r.arm, d) for r, d in w] for w in waves(plan.runs, ["0"])]
+    assert one == [[("a", "0")], [("b", "0")]] * 3  # one GPU: A B A B, one at a time
+    shared = [[d for _, d in w] for w in waves(plan.runs, ["0"], concurrent=2)]
+    assert shared == [["0", "0"]] * 3
+    for r in plan.runs:  # paired: same seed, own directory
+        assert f"--train.seed={r.seed}" in r.argv and r.run_dir == tmp_path / f"{r.arm}-seed{r.seed}"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(a="--optim.nosuch=1", b=""), "unknown config key 'optim.nosuch'"),
+    (dict(a="", b=""), "same configuration"),
+    (dict(a="--optim.muon_lr=0.04", b="", seeds=1), "at least 2 seeds"),
+    (dict(a="--train.seed=3", b=""), "sets train.seed"),
+    (dict(a="oops", b=""), "is not a config override"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, kwargs, message):
+    argv = ["--preset", "tiny-cpu", "--a", kwargs["a"], "--b", kwargs["b"], "--seeds", str(kwargs.get("seeds", 2)),
+            "--out", str(tmp_path / "ab"), "--dry-run"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+def test_same_arms_are_allowed_as_an_a_a_test(tmp_path, capsys):
+    assert main(["--preset", "tiny-cpu", "--a", "", "--b", "", "--allow-same", "--seeds", "2", "--dry-run",
+                 "--out", str(tmp_path)]) == 0
+    assert len(capsys.readouterr().out.strip().splitlines()) == 4
+
+
+def logs(out: Path) -> dict[str, float]:
+    return {p.parent.name: p.stat().st_mtime_ns for p in sorted(out.glob("*/train.log"))}
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys):
+    out = tmp_path / "ab"
+    tiny = [o for o in TINY_OVERRIDES if not o.startswith(("--train.steps", "--train.val_every", "--train.log_every",
+                                                           "--data.val_tokens"))] + ["--data.val_tokens=512"]
+    argv = ["--preset", "tiny-cpu", *tiny, f"--data.train_files={text_shards}", "--steps", "2",
+            "--train.val_every=1", "--train.log_every=1", "--a", "--optim.muon_lr=0.02", "--b", "", "--seeds", "2",
+            "--target-loss", "10.5", "--devices", "cpu", "--no-checkpoint", "--out", str(out)]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    for arm in ("a", "b"):
+        finals = summary["arms"][arm]["final_loss"]
+        assert set(finals["per_seed"]) == {"1337", "1338"} and finals["n"] == 2 and finals["std"] is not None
+        run = summary["arms"][arm]["runs"][0]
+        assert [c["step"] for c in run["curve"]] == [0, 1, 2] and run["steps"] == 2 and run["tokens"] == 1024
+        assert run["time_to_target_s"] is None or run["time_to_target_s"] <= run["train_time_s"]
+    p = summary["paired"]["final_loss"]
+    assert p["n"] == 2 and len(p["ci95"]) == 2 and 0 <= p["p_b_better"] <= 1
+    assert p["mean_diff"] == pytest.approx(summary["arms"]["b"]["final_loss"]["mean"]
+                                           - summary["arms"]["a"]["final_loss"]["mean"])
+    assert summary["failures"] == [] and (out / "ab.png").stat().st_size > 0
+    assert (out / "notebook_row.md").read_text().count("|") > 20
+    first = logs(out)
+    assert len(first) == 4
+
+    capsys.readouterr()
+    assert main(argv) == 0  # everything finished: nothing is trained again
+    assert logs(out) == first and "ab: A seed" not in capsys.readouterr().out
+
+    assert not (out / "a-seed1337" / "checkpoints").exists()  # --no-checkpoint
+    # B seed 1338 interrupted before its final validation (no checkpoint): only it is rerun, from scratch.
+    victim = out / "b-seed1338"
+    lines = (victim / "metrics.jsonl").read_text().splitlines()
+    (victim / "metrics.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    assert main(argv) == 0
+    again = logs(out)
+    assert again["b-seed1338"] != first["b-seed1338"]
+    assert {k: v for k, v in again.items() if k != "b-seed1338"} == {k: v for k, v in first.items()
+                                                                    if k != "b-seed1338"}
+    assert json.loads((out / "summary.json").read_text())["arms"]["b"]["final_loss"]["n"] == 2
+
+    # Loss-only runs sharing a device: times come from steps to target x the given step times.
+    common = [*tiny, f"--data.train_files={text_shards}", "--train.val_every=1", "--train.log_every=1",
+              "--train.steps=2", "--train.save_final_checkpoint=false"]
+    plan = make_plan(preset="tiny-cpu", common=common, a="--optim.muon_lr=0.02", b="", seeds=2, out=out)
+    shared = summarize(plan, "10.5", concurrent=2, step_ms={"a": 100.0, "b": 50.0})
+    assert shared["times_are_speed_figures"] is False
+    for r in shared["arms"]["b"]["runs"]:
+        if r.get("steps_to_target") is not None:
+            assert r["time_to_target_s"] == pytest.approx(r["steps_to_target"] * 0.05)
+    assert summarize(plan, "10.5", concurrent=2)["paired"]["time_to_target_s"]["note"].startswith("unavailable")
+
+
+class FakeProcess:
+    """Stands in for a training subprocess that fails at once: B seed 1338 diverges, the rest crash."""
+    launched: list[list[str]] = []
+
+    def __init__(self, cmd, stdout, stderr, env):
+        FakeProcess.launched.append(cmd)
+        diverges = cmd[-1].endswith("b-seed1338")
+        stdout.write("FloatingPointError: training loss became nan at step 3\n" if diverges else
+                     "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+        stdout.flush()
+
+    def wait(self):
+        return 1
+
+
+def test_failed_runs_are_reported_with_their_seed(tmp_path, capsys, monkeypatch):
+    import speedgpt.ab as ab
+
+    monkeypatch.setattr(ab.subprocess, "Popen", FakeProcess)
+    FakeProcess.launched = []
+    out = tmp_path / "ab"
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "cpu",
+            "--out", str(out)]
+    assert main(argv) == 1  # no complete pair: the comparison did not happen, and the exit says so
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted((f["arm"], f["seed"], f["status"]) for f in summary["failures"]) == [
+        ("a", 1337, "crashed"), ("a", 1338, "crashed"), ("b", 1337, "crashed"), ("b", 1338, "diverged")]
+    text = capsys.readouterr().out
+    assert "FAILED: B seed 1338 diverged" in text and "FAILED: A seed 1337 crashed" in text
+    assert summary["paired"]["final_loss"]["n"] == 0
+    # A second `ab` retries the crashes but not the divergence (deterministic: it would diverge again).
+    FakeProcess.launched = []
+    assert main(argv) == 1
+    assert len(FakeProcess.launched) == 3 and not any(c[-1].endswith("b-seed1338") for c in FakeProcess.launched)
+
+
+def test_a_half_run_with_a_checkpoint_is_resumed_not_restarted(tmp_path):
+    from speedgpt.ab import train_command
+    from speedgpt.config import load_preset, save_toml
+    from speedgpt.train.checkpoint import save_checkpoint
+
+    run = plan_for(tmp_path).runs[0]
+    assert train_command(run)[4:6] == ["--preset", "tiny-cpu"]  # nothing there: a fresh run
+    run.run_dir.mkdir(parents=True)
+    save_toml(load_preset("tiny-cpu"), run.run_dir / "config.toml")
+    save_checkpoint(run.run_dir / "checkpoints", 50, {}, [], {"tokens": 0, "train_time_s": 1.0}, keep=0)
+    assert train_command(run)[4:] == ["--resume", str(run.run_dir)]

@@ -1,0 +1,220 @@
+"""Every command fails loudly and briefly: a missing path, an empty folder or a file of the wrong
+type gives one line on stderr and a non-zero status, never a traceback; Ctrl-C gives "interrupted"
+and 130; nonsense arguments are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import TINY_OVERRIDES
+from speedgpt import cli
+from speedgpt.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# Each command with PATH where the path under test goes (inputs; for output-only commands, --out).
+COMMANDS = {
+    "train-data": ["train", "--train.device=cpu", "--data.train_files=PATH", "--run-dir", "RUN"],
+    "train-config": ["train", "--config", "PATH"],
+    "train-resume": ["train", "--resume", "PATH"],
+    "data-tokenize": ["data", "tokenize", "PATH", "--out", "OUT", "--workers", "1"],
+    "eval": ["eval", "PATH", "--device", "cpu"],
+    "sample": ["sample", "PATH", "--prompt", "x", "--device", "cpu"],
+    "export": ["export", "PATH"],
+    "report": ["report", "PATH"],
+    "report-ab": ["report", "PATH", "PATH"],
+    "bench": ["bench", "--config", "PATH"],
+    "config": ["config", "--config", "PATH"],
+    "sweep-analyze": ["sweep", "--out", "PATH", "--analyze"],
+}
+# Commands whose path is only an output: a missing or empty folder is fine there, a file is not.
+OUTPUT_ONLY = {
+    "data-local-python": ["data", "local-python", "--out", "PATH", "--max-tokens", "1000", "--workers", "1"],
+    "data-fineweb": ["data", "fineweb", "--out", "PATH", "--shards", "1", "--endpoint", "http://127.0.0.1:9"],
+}
+
+
+def make_path(tmp_path, kind):
+    if kind == "missing":
+        return tmp_path / "no-such-thing"
+    if kind == "empty-folder":
+        (tmp_path / "empty").mkdir()
+        return tmp_path / "empty"
+    path = tmp_path / "wrong.bin"  # binary junk: not a run, not shards, not text, not TOML
+    path.write_bytes(b"\x00\x01\x02junk\xff\xfe" * 10)
+    return path
+
+
+def expect_one_line_error(argv, capsys):
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.strip().splitlines() if not line.startswith("tokenizing (")]  # progress bar
+    assert rc != 0, (argv, out, err)
+    assert "Traceback" not in out + err
+    assert len(lines) == 1 and lines[0].startswith("speedgpt"), err
+    return lines[0]
+
+
+@pytest.mark.parametrize("kind", ["missing", "empty-folder", "wrong-type-file"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_bad_path_is_a_one_line_error(command, kind, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # anything a command writes by default stays in tmp_path
+    path = make_path(tmp_path, kind)
+    argv = [str(path) if a == "PATH" else str(tmp_path / "run") if a == "RUN" else
+            str(tmp_path / "out") if a == "OUT" else a for a in COMMANDS[command]]
+    expect_one_line_error(argv, capsys)
+
+
+@pytest.mark.parametrize("command", list(OUTPUT_ONLY))
+def test_output_path_that_is_a_file_is_a_one_line_error(command, tmp_path, capsys):
+    path = make_path(tmp_path, "wrong-type-file")
+    line = expect_one_line_error([str(path) if a == "PATH" else a for a in OUTPUT_ONLY[command]], capsys)
+    assert "is a file" in line
+
+
+def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys, text_shards):
+    import speedgpt.train.loop as loop
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    argv = ["train", *TINY_OVERRIDES, f"--data.train_files={text_shards}", "--run-dir", str(tmp_path / "r")]
+    try:
+        rc = main(argv)
+    except KeyboardInterrupt:
+        pytest.fail("KeyboardInterrupt escaped speedgpt.cli.main: the user sees a traceback")
+    assert rc == 130
+    out, err = capsys.readouterr()
+    assert err.strip() == "speedgpt train: interrupted" and "Traceback" not in out + err
+    monkeypatch.setenv("SPEEDGPT_DEBUG", "1")  # the traceback is still there for whoever asks
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+
+
+def test_unexpected_errors_are_one_line_unless_debugging(monkeypatch, capsys):
+    def broken(argv):
+        raise KeyError("boom\nsecond line")
+
+    monkeypatch.setitem(cli.COMMANDS, "report", (broken, ""))
+    assert main(["report", "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "KeyError" in err and "SPEEDGPT_DEBUG=1" in err
+    monkeypatch.setenv("SPEEDGPT_DEBUG", "1")
+    with pytest.raises(KeyError):
+        main(["report", "x"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_device_without_cuda_names_the_fix(tmp_path, capsys, text_shards):
+    line = expect_one_line_error(["train", "--train.device=cuda", f"--data.train_files={text_shards}",
+                                  "--run-dir", str(tmp_path / "r")], capsys)
+    assert "no usable CUDA device" in line and "--train.device=auto or cpu" in line
+    assert not (tmp_path / "r").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("args, named", [
+    (["--temperature", "-1"], "--temperature"), (["--temperature", "nan"], "--temperature"),
+    (["--top-k", "-1"], "--top-k"), (["--max-tokens", "0"], "--max-tokens"), (["--max-tokens", "-3"], "--max-tokens"),
+])
+def test_sample_refuses_nonsense(args, named, tmp_path, capsys):
+    from evalkit import make_run
+
+    run = make_run(tmp_path, steps=(1,))
+    with pytest.raises(SystemExit) as e:
+        main(["sample", str(run), "--prompt", "x", "--device", "cpu", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and named in err.splitlines()[-1]
+
+
+def train_argv(text_shards, run_dir, *extra):
+    return ["train", *TINY_OVERRIDES, "--train.steps=2", "--train.val_every=0", f"--data.train_files={text_shards}",
+            "--run-dir", str(run_dir), *extra]
+
+
+def test_run_dir_of_an_existing_run_is_refused_or_overwritten(tmp_path, capsys, text_shards):
+    run = tmp_path / "run"
+    assert main(train_argv(text_shards, run)) == 0
+    first_metrics = (run / "metrics.jsonl").read_text()
+    stamp = (run / "config.toml").stat().st_mtime_ns
+    capsys.readouterr()
+    line = expect_one_line_error(train_argv(text_shards, run, "--model.depth=3"), capsys)
+    assert f"--resume {run}" in line and "fresh --run-dir" in line and "--overwrite" in line
+    assert (run / "config.toml").stat().st_mtime_ns == stamp  # nothing touched
+    (run / "report.html").write_text("old report")  # a file of the old run that the new one does not write
+    assert main(train_argv(text_shards, run, "--model.depth=3", "--overwrite")) == 0
+    assert "depth = 3" in (run / "config.toml").read_text()
+    new_metrics = (run / "metrics.jsonl").read_text()
+    assert new_metrics.count('"event"') == first_metrics.count('"event"')  # one run's records, not two
+    assert not (run / "report.html").exists()  # the old run's files are gone, not mixed in
+    # --run.dir=... is the same directory by another name
+    line = expect_one_line_error(["train", *TINY_OVERRIDES, f"--data.train_files={text_shards}",
+                                  f"--run.dir={run}"], capsys)
+    assert "--resume" in line
+
+
+def test_fp8_switches_on_cpu_name_the_dtype_that_runs(tmp_path, capsys, text_shards):
+    argv = train_argv(text_shards, tmp_path / "r", "--model.fp8_head=true", "--model.fp8_mlp=true",
+                      "--model.fp8_attn=true", "--model.fused_ce=true")
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "fp8 head: not supported on cpu" in out and "bf16" not in out
+    for what in ("fp8 head", "fp8 mlp", "fp8 attn", "fused ce"):
+        line = next(line for line in out.splitlines() if line.startswith(what))
+        assert "float32" in line, line
+
+
+def test_help_and_config_commands(capsys):
+    assert main(["help"]) == 0
+    assert "config" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main(["help", "data", "tokenize"])
+    assert e.value.code == 0 and "--val-fraction" in capsys.readouterr().out
+    assert main(["help", "nope"]) == 2
+    assert main(["config", "--preset", "tiny-cpu", "--model.depth=3"]) == 0
+    out = capsys.readouterr().out
+    assert "model.depth = 3 (default 12)" in out and "transformer blocks" in out
+    assert "train.device = " in out and "(no description)" not in out
+
+
+def test_every_option_has_help():
+    import argparse
+
+    seen = []
+
+    def check(parser):
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    check(sub)
+            elif action.help is None and not isinstance(action, argparse._HelpAction):
+                seen.append(f"{parser.prog} {'/'.join(action.option_strings) or action.dest}")
+
+    real = argparse.ArgumentParser.parse_known_args
+
+    def capture(self, args=None, namespace=None):
+        check(self)
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_known_args = capture
+    try:
+        for name in cli.COMMANDS:
+            if name != "help":
+                try:
+                    cli.COMMANDS[name][0]([])
+                except SystemExit:
+                    pass
+    finally:
+        argparse.ArgumentParser.parse_known_args = real
+    assert not seen, f"options without help text: {seen}"
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["eval", "RUN", "--tokens", "0"], "--tokens"), (["eval", "RUN", "--limit", "0"], "--limit"),
+    (["bench", "--steps", "0"], "--steps"),
+])
+def test_counts_below_one_are_refused(argv, named, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path) if a == "RUN" else a for a in argv])
+    assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]

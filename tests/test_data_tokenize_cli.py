@@ -1,0 +1,101 @@
+"""`speedgpt data tokenize` as a user meets it: kinds chosen per file, skipped files named, a val
+split made, a build that reads nothing is an error, and a short summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from speedgpt.cli import main
+from speedgpt.data.shards import find_shards
+from speedgpt.data.tokenize import tokenize_files
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_directory_files_are_read_by_their_own_kind(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "mixed"
+    d.mkdir()
+    (d / "a.txt").write_text("plain text file")
+    (d / "b.jsonl").write_text(json.dumps({"text": "from jsonl"}) + "\n")
+    pq.write_table(pa.table({"text": ["from parquet 1", "from parquet 2"]}), d / "c.parquet")
+    (d / "d.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    m = tokenize_files([d], tmp_path / "out", val_fraction=0.0, workers=1, progress=False)
+    assert [s["kind"] for s in m["sources"]] == ["text", "jsonl", "parquet"]
+    assert [s["documents"] for s in m["sources"]] == [1, 1, 2]
+    assert m["sources"][0]["skipped"] == {"binary (NUL bytes)": {"count": 1, "examples": [str(d / "d.png")]}}
+
+
+def test_a_parquet_directory_is_read_as_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    d = tmp_path / "nanochat"  # nanochat's layout: a directory of shard_NNNNN.parquet
+    d.mkdir()
+    for i in range(2):
+        pq.write_table(pa.table({"text": [f"doc {i}-{j} " * 20 for j in range(5)]}), d / f"shard_{i:05d}.parquet")
+    m = tokenize_files([d], tmp_path / "out", workers=1, progress=False)
+    assert [s["kind"] for s in m["sources"]] == ["parquet"] and m["documents"] == 10
+    assert m["train"]["documents"] == 9 and m["val"]["documents"] == 1
+
+
+def test_nothing_read_is_an_error_naming_why(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "x.bin").write_bytes(b"\x00" * 100)
+    (tmp_path / "in" / "y.txt").write_bytes(b"\xff\xfe\xfa")
+    with pytest.raises(ValueError, match="every item was skipped"):
+        tokenize_files([tmp_path / "in"], tmp_path / "out", workers=1, progress=False)
+    rc = main(["data", "tokenize", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "binary (NUL bytes): 1" in err and "not UTF-8: 1" in err
+    assert not list((tmp_path / "out").glob("*.bin")) and not (tmp_path / "out" / "manifest.json").exists()
+
+
+def test_one_document_cannot_be_split(tmp_path):
+    (tmp_path / "one.txt").write_text("a single document")
+    with pytest.raises(ValueError, match="val split needs at least 2"):
+        tokenize_files([tmp_path / "one.txt"], tmp_path / "out", workers=1, progress=False)
+    m = tokenize_files([tmp_path / "one.txt"], tmp_path / "out", val_fraction=0.0, workers=1, progress=False)
+    assert m["train"]["documents"] == 1 and m["val"]["documents"] == 0
+
+
+def test_small_inputs_get_a_val_split_in_input_order(tmp_path):
+    texts = [f"document number {i} " * (i + 1) for i in range(6)]
+    for i, t in enumerate(texts):
+        (tmp_path / f"{i}.txt").write_text(t)
+    m = tokenize_files([tmp_path], tmp_path / "out", workers=1, progress=False)
+    assert m["val"]["documents"] == 1 and m["train"]["documents"] == 5
+    assert len(find_shards(tmp_path / "out", "val")) == 1
+    m2 = tokenize_files([tmp_path / f"{i}.txt" for i in range(6)], tmp_path / "out2", workers=2, progress=False)
+    assert (tmp_path / "out" / "val_000000.bin").read_bytes() == (tmp_path / "out2" / "val_000000.bin").read_bytes()
+    assert (tmp_path / "out" / "train_000000.bin").read_bytes() == (tmp_path / "out2" / "train_000000.bin").read_bytes()
+    assert m2["val"]["documents"] == 1
+
+
+def test_readme_example_then_train(tmp_path, capsys, monkeypatch):
+    # The README's own example, then training on what it wrote.
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "mine"
+    assert main(["data", "tokenize", "docs/", "README.md", "--out", str(out), "--workers", "1"]) == 0
+    printed = capsys.readouterr().out
+    assert "{" not in printed and len(printed) < 600  # a summary, not the manifest
+    assert "documents" in printed and "train" in printed and "val 1 doc /" in printed
+    rc = main(["train", *TINY_OVERRIDES, "--train.steps=2", f"--data.train_files={out}",
+               "--run-dir", str(tmp_path / "run")])
+    assert rc == 0, capsys.readouterr().err
+
+
+def test_summary_names_skipped_files(tmp_path, capsys):
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"text {i}")
+    (tmp_path / "in" / "logo.png").write_bytes(b"\x89PNG\x00\x00")
+    assert main(["data", "tokenize", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "tokenized 3 documents" in out and "skipped 1 item: binary (NUL bytes)" in out and "logo.png" in out
