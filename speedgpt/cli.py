@@ -19,6 +19,8 @@ examples:
   speedgpt train --preset speedrun-124m --train.steps=300
   speedgpt train --config runs/x/config.toml       # reproduce a run
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
+  speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
+  (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
 A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite).
 """
 
@@ -30,6 +32,9 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--config", help="a config.toml, e.g. one saved in a run directory")
     p.add_argument("--resume", metavar="RUN_DIR", help="resume RUN_DIR from its latest checkpoint")
     p.add_argument("--run-dir", help="where to write the run (default runs/<name>-<time>)")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
+                        "schedulers that re-run the same command; implied for workers torchrun restarted)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
@@ -52,6 +57,8 @@ def cmd_train(argv: list[str]) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
     run_dir = args.run_dir
     config_file = args.config
+    if args.auto_resume and not run_dir:
+        p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
     if args.resume:
         run_dir = args.resume
         config_file = config_file or str(Path(args.resume) / "config.toml")
@@ -76,8 +83,14 @@ def cmd_train(argv: list[str]) -> int:
     if new_dir and not args.resume and int(os.environ.get("RANK", "0")) == 0:  # one rank decides (torchrun)
         from .rundir.reuse import RunDirInUse, prepare_new_run_dir
 
+        from .rundir import RunDir
+
+        # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
+        # train(); one without (killed before its first checkpoint) is started afresh.
+        auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
         try:
-            prepare_new_run_dir(new_dir, overwrite=args.overwrite)
+            if not (auto and RunDir(new_dir).list_checkpoints()):
+                prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
         except RunDirInUse as e:
             print(f"speedgpt train: {e}", file=sys.stderr)
             return 2
@@ -85,11 +98,28 @@ def cmd_train(argv: list[str]) -> int:
     from .rundir.checkpoint import CheckpointError
     from .train.loop import train
 
+    from .train.guard import NonFiniteError
+    from .train.preempt import TrainingStopped
+
     try:
-        result = train(cfg, run_dir=run_dir, resume=bool(args.resume))
+        result = train(cfg, run_dir=run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+        # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
+        # turn its exit status into a failure (a scheduler would then retry a finished run).
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
+    except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
+        if os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
+            print(f"speedgpt train: {e}", file=sys.stderr)
+        return e.exit_code
+    except NonFiniteError as e:
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt train: error: {e}", file=sys.stderr)
+        return 3
     except (CheckpointError, FileNotFoundError, ValueError) as e:
         # Bad data or checkpoints: one line that says what to do. SPEEDGPT_DEBUG=1 shows the traceback.
         if os.environ.get("SPEEDGPT_DEBUG"):

@@ -114,6 +114,9 @@ class DataConfig:
     # find_batch_starts (a row is the seq_len + 1 tokens from a BOS, the next row starts at the first BOS
     # >= seq_len later, and a step starts at the next shard when < 2 x its tokens + 1 are left in this one).
     packing: str = "greedy"
+    # A shard found corrupt or truncated during training: "stop" the run (error naming file and
+    # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
+    on_bad_shard: str = "stop"
 
     def cache_root(self) -> Path:
         """Where built corpora and downloaded eval data live (read at call time, never at import)."""
@@ -221,12 +224,21 @@ class TrainConfig:
     micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
     val_every: int = 125
     log_every: int = 10
-    checkpoint_every: int = 0  # 0: only at the end
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only by time (below) and at the end
+    # Minutes of wall-clock time between checkpoints (0: off): bounds what a crash can lose. A
+    # SIGTERM/SIGINT saves at the next step boundary anyway (docs/reliability.md).
+    checkpoint_every_min: float = 10.0
     save_final_checkpoint: bool = True  # false: no checkpoint at the end (A/B runs that only need their curves)
     # full: rank 0 writes whole tensors (model.pt, optim.pt); dcp: every rank writes its shards with
     # torch.distributed.checkpoint; dcp_async: dcp, written in the background while training goes on
     checkpoint_format: str = "full"
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # keep the newest K checkpoints (0: keep all)
+    keep_checkpoint_every: int = 0  # also keep every checkpoint whose step is a multiple of M for good (0: none)
+    # A non-finite loss or gradient: "abort" (naming step, rank, last good checkpoint), "skip" the
+    # step's update, or "rollback" to the newest checkpoint with lrs x rollback_lr_factor.
+    on_nonfinite: str = "abort"
+    rollback_lr_factor: float = 0.5
+    max_rollbacks: int = 3
     seed: int = 1337
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
@@ -525,6 +537,17 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
     if d.packing not in ("greedy", "bestfit", "record28"):
         raise ConfigError(f"data.packing='{d.packing}' must be greedy, bestfit or record28")
+    if d.on_bad_shard not in ("stop", "skip"):
+        raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
+    if d.on_bad_shard == "skip" and d.packing != "greedy":
+        raise ConfigError("data.on_bad_shard=skip works with data.packing=greedy only; use one or the other")
+    if t.on_nonfinite not in ("abort", "skip", "rollback"):
+        raise ConfigError(f"train.on_nonfinite='{t.on_nonfinite}' must be one of abort, skip, rollback")
+    if not 0.0 < t.rollback_lr_factor <= 1.0:
+        raise ConfigError(f"train.rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1], e.g. 0.5")
+    for key in ("checkpoint_every_min", "keep_checkpoints", "keep_checkpoint_every", "max_rollbacks"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
     if d.val_seq_len and d.val_seq_len < 2:
         raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
     if t.dtype not in ("auto", "bfloat16", "float32"):

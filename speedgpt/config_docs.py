@@ -53,6 +53,8 @@ DESCRIPTIONS: dict[str, str] = {
     "data.seq_len": "tokens per training row",
     "data.val_tokens": "tokens scored at each validation (capped at what the val shards hold)",
     "data.val_seq_len": "tokens per validation row; 0: seq_len",
+    "data.on_bad_shard": "a shard found corrupt or truncated mid-run: stop (error naming file and byte) | skip it "
+                         "(counted as bad_shards; greedy packing only)",
     "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits) "
                     "| record28 (record #28's rows and shard changes)",
     # optim
@@ -102,7 +104,13 @@ DESCRIPTIONS: dict[str, str] = {
     "train.micro_batch_size": "rows per micro-step per rank; 0: the largest that fits batch_tokens in one go",
     "train.val_every": "validate every this many steps (and at the end)",
     "train.log_every": "log the train loss every this many steps",
-    "train.checkpoint_every": "checkpoint every this many steps; 0: only at the end",
+    "train.checkpoint_every": "checkpoint every this many steps; 0: only by time (checkpoint_every_min) and at the end",
+    "train.checkpoint_every_min": "also checkpoint after this many minutes of wall-clock time since the last one; 0: off",
+    "train.keep_checkpoint_every": "also keep, for good, every checkpoint whose step is a multiple of this; 0: none",
+    "train.on_nonfinite": "a non-finite loss/gradient: abort (name step, rank, last good checkpoint) | skip the "
+                          "step's update | rollback to the newest checkpoint with a lower lr",
+    "train.rollback_lr_factor": "on_nonfinite=rollback: multiply every lr by this after each rollback",
+    "train.max_rollbacks": "on_nonfinite=rollback: roll back at most this many times, then abort",
     "train.save_final_checkpoint": "write a checkpoint at the end (false: A/B runs that only need their curves)",
     "train.checkpoint_format": "full (rank 0 writes whole tensors) | dcp (every rank writes its shards, torch.distributed.checkpoint) | dcp_async (dcp in the background)",
     "train.keep_checkpoints": "checkpoints kept on disk (older ones are deleted)",

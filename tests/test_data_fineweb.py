@@ -15,6 +15,17 @@ REPO = "kjj0/fineweb10B-gpt2"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
+@pytest.fixture(autouse=True)
+def patient_hub_client(monkeypatch):
+    """huggingface_hub gives a request 10 s; on a busy CI box the local stand-in server's thread can
+    be starved that long, failing a test that is not about timeouts. The tests that are about broken
+    transfers break them on purpose (cut_once), never by timing."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 600)
+    monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 600)
+
+
 class FakeHub:
     """Answers the Hub's resolve URLs /datasets/{repo}/resolve/{revision}/{filename} with the
     headers huggingface_hub relies on (X-Repo-Commit, ETag, Content-Length) and Range support."""

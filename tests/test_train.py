@@ -50,7 +50,7 @@ def test_corrupt_checkpoint_is_reported_and_left_intact(tiny_cfg, tmp_path):
     model_file = ckpt / "model.pt"
     model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated, as by a full disk
     before = sorted(p.name for p in ckpt.iterdir())
-    with pytest.raises(CheckpointError, match=f"checkpoint {ckpt} is unreadable"):
+    with pytest.raises(CheckpointError, match=f"checkpoint file {ckpt / 'model.pt'} is truncated"):
         train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
     assert sorted(p.name for p in ckpt.iterdir()) == before and model_file.stat().st_size == 1000
 

@@ -26,6 +26,7 @@ moves on to the next shard when the current one has fewer than twice its tokens 
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections import OrderedDict
@@ -38,7 +39,7 @@ import numpy as np
 import torch
 
 from .bestfit import DEFAULT_BUFFER_DOCS, BestFitPacker, BestFitState
-from .shards import find_shards, load_shard, read_header
+from .shards import ShardError, claimed_tokens, find_shards, load_shard, read_header
 from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
@@ -62,12 +63,25 @@ def _resolve(files: list[Path] | list[str] | str | Path, split: str) -> list[Pat
     return files
 
 
+class _BadShardHit(Exception):
+    """Loading shard `index` failed while planning `epoch`'s stream (internal to TokenLoader)."""
+
+    def __init__(self, index: int, epoch: int, error: ShardError):
+        super().__init__(str(error))
+        self.index, self.epoch, self.error = index, epoch, error
+
+
 class _Shards:
     """Sizes of all shards plus an LRU cache of loaded shards and their BOS positions."""
 
-    def __init__(self, files: list[Path], bos_id: int, capacity: int = 3):
+    def __init__(self, files: list[Path], bos_id: int, capacity: int = 3, *, lenient: bool = False,
+                 vocab_size: int | None = None):
         self.bos_id = bos_id
-        sizes = [read_header(f) for f in files]  # validates every file up front
+        self.vocab_size = vocab_size
+        # Every file is validated up front; `lenient` (data.on_bad_shard=skip) takes the size a
+        # header claims instead, so a shard that broke mid-run keeps its place in the layout a
+        # resumed run recomputes, and is skipped where it is met.
+        sizes = [claimed_tokens(f) if lenient else read_header(f) for f in files]
         # Empty shards hold nothing; dropping them keeps "shard i has a token" true below.
         kept = [(f, n) for f, n in zip(files, sizes) if n > 0]
         if not kept:
@@ -86,7 +100,7 @@ class _Shards:
             if hit is not None:
                 self._cache.move_to_end(i)
                 return hit
-        tokens = load_shard(self.files[i]).numpy()
+        tokens = load_shard(self.files[i], vocab_size=self.vocab_size).numpy()
         # One vectorised pass per shard load; every row boundary afterwards is a binary search.
         bos = np.flatnonzero(tokens == self.bos_id)
         with self._lock:
@@ -99,9 +113,10 @@ class _Shards:
 class _EpochStream:
     """The shards of one epoch, in that epoch's order, seen as one token stream."""
 
-    def __init__(self, shards: _Shards, order: np.ndarray):
+    def __init__(self, shards: _Shards, order: np.ndarray, epoch: int = 0):
         self.shards = shards
         self.order = order
+        self.epoch = epoch
         self.starts = np.concatenate([[0], np.cumsum(shards.sizes[order])])
         self.total = int(self.starts[-1])
 
@@ -109,7 +124,10 @@ class _EpochStream:
         return int(np.searchsorted(self.starts, g, side="right")) - 1
 
     def _shard(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.shards.get(int(self.order[k]))
+        try:
+            return self.shards.get(int(self.order[k]))
+        except ShardError as e:
+            raise _BadShardHit(int(self.order[k]), self.epoch, e) from None
 
     def is_bos(self, g: int) -> bool:
         k = self._locate(g)
@@ -166,6 +184,11 @@ class _Planner:
         self.shards = shards
         self.seed = seed
         self._streams: OrderedDict[int, _EpochStream] = OrderedDict()
+        self.excluded: dict[int, int] = {}  # bad shard index -> first epoch whose stream leaves it out
+
+    def exclude(self, index: int, from_epoch: int) -> None:
+        self.excluded[index] = from_epoch
+        self._streams.clear()
 
     def stream(self, epoch: int) -> _EpochStream:
         s = self._streams.get(epoch)
@@ -174,7 +197,11 @@ class _Planner:
             # Epoch 0 keeps the given order (the speedrun reads its shards in order); later
             # passes reshuffle shard order so repeated data is not seen in the same sequence.
             order = np.arange(n) if epoch == 0 else np.random.default_rng([self.seed, epoch]).permutation(n)
-            s = self._streams[epoch] = _EpochStream(self.shards, order)
+            if self.excluded:
+                order = np.array([i for i in order if self.excluded.get(int(i), epoch + 1) > epoch], dtype=np.int64)
+                if not len(order):
+                    raise ShardError(f"every training shard is bad ({len(self.excluded)} skipped); re-create the data")
+            s = self._streams[epoch] = _EpochStream(self.shards, order, epoch)
             while len(self._streams) > 2:
                 self._streams.popitem(last=False)
         return s
@@ -268,6 +295,8 @@ class TokenLoader:
         packing: str = "greedy",
         buffer_docs: int = DEFAULT_BUFFER_DOCS,
         grad_accum: int = 1,
+        on_bad_shard: str = "stop",
+        vocab_size: int | None = None,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -280,7 +309,12 @@ class TokenLoader:
         self.device = torch.device(device)
         self.bos_id = bos_id
         self.seed = seed
-        self._shards = _Shards(self.files, bos_id)
+        if on_bad_shard not in ("stop", "skip"):
+            raise ValueError(f"on_bad_shard={on_bad_shard!r} must be 'stop' or 'skip'")
+        if on_bad_shard == "skip" and packing == "bestfit":  # its buffered documents would need remapping too
+            raise ValueError("on_bad_shard='skip' works with packing='greedy' only")
+        self.on_bad_shard = on_bad_shard
+        self._shards = _Shards(self.files, bos_id, lenient=on_bad_shard == "skip", vocab_size=vocab_size)
         self._planner = _Planner(self._shards, seed)
         self.packing = packing
         self._bestfit = BestFitPacker(self._planner, buffer_docs) if packing == "bestfit" else None
@@ -298,6 +332,9 @@ class TokenLoader:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="TokenLoader") if prefetch else None
         self._pending: tuple[tuple, Future] | None = None
         self.on_epoch: Callable[[int], None] | None = self._default_epoch_notice
+        # Bad shards skipped in the batches handed out so far: name -> first epoch without it. Part
+        # of the state, so a resumed run plans the same rows.
+        self.skipped_shards: dict[str, int] = {}
 
     def _initial_state(self):
         return BestFitState(0, 0, ()) if self._bestfit else _GreedyState(0, 0)
@@ -337,22 +374,54 @@ class TokenLoader:
 
     def _build(self, state, batch_size: int, seq_len: int):
         row_len = seq_len + 1
+        skipped: dict[str, int] = {}
         with self._lock:
-            rows, state = self._plan(state, self.world_size * batch_size, row_len)
-            buf = np.empty((batch_size, row_len), dtype=np.uint16)
-            for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
-                at = 0
-                for epoch, start, end, continued in pieces:
-                    if continued:
-                        buf[i, at] = self.bos_id
-                        at += 1
-                    self._planner.stream(epoch).copy(start, end, buf[i, at : at + end - start])
-                    at += end - start
+            while True:
+                try:
+                    buf, end_state = self._plan_and_copy(state, batch_size, row_len)
+                    break
+                except _BadShardHit as hit:
+                    state = self._skip_shard(hit, state, skipped)
         inputs = torch.empty((batch_size, seq_len), dtype=torch.int32, pin_memory=self._pin)
         targets = torch.empty((batch_size, seq_len), dtype=torch.int64, pin_memory=self._pin)
         np.copyto(inputs.numpy(), buf[:, :-1], casting="unsafe")
         np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
-        return inputs, targets, state
+        return inputs, targets, end_state, skipped
+
+    def _plan_and_copy(self, state, batch_size: int, row_len: int):
+        rows, state = self._plan(state, self.world_size * batch_size, row_len)
+        buf = np.empty((batch_size, row_len), dtype=np.uint16)
+        for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
+            at = 0
+            for epoch, start, end, continued in pieces:
+                if continued:
+                    buf[i, at] = self.bos_id
+                    at += 1
+                self._planner.stream(epoch).copy(start, end, buf[i, at : at + end - start])
+                at += end - start
+        return buf, state
+
+    def _skip_shard(self, hit: _BadShardHit, state, skipped: dict[str, int]):
+        """Report a bad shard, or leave it out of its epoch and every later one and return where the
+        batch now starts: positions before it are unchanged, inside it move to what followed it,
+        after it shift down by its size (the same mapping a resumed run's layout gives)."""
+        path = self._shards.files[hit.index]
+        where = f"at byte {hit.error.offset}" if hit.error.offset is not None else "(offset unknown)"
+        if self.on_bad_shard != "skip":
+            raise ShardError(f"bad training shard {path} {where}, met during training: {hit.error}; or set "
+                             f"--data.on_bad_shard=skip to skip it and go on", offset=hit.error.offset) from None
+        old = self._planner.stream(hit.epoch)
+        k = int(np.flatnonzero(old.order == hit.index)[0])
+        start, end = int(old.starts[k]), int(old.starts[k + 1])
+        self._planner.exclude(hit.index, hit.epoch)
+        pos = state.pos
+        if hit.epoch == state.epoch and pos >= start:
+            pos = start if pos < end else pos - (end - start)
+        skipped[path.name] = hit.epoch
+        if self.rank == 0:
+            warnings.warn(f"TokenLoader: skipping bad shard {path} {where} (epoch {hit.epoch + 1} on; "
+                          f"data.on_bad_shard=skip): {hit.error}", stacklevel=2)
+        return dataclasses.replace(state, pos=pos)
 
     def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
@@ -372,13 +441,14 @@ class TokenLoader:
         key = (self._state, batch_size, seq_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
-            inputs, targets, state = pending[1].result()
+            inputs, targets, state, skipped = pending[1].result()
         else:
             if pending is not None:
                 pending[1].cancel()  # built for another shape or position: discard it
-            inputs, targets, state = self._build(*key)
+            inputs, targets, state, skipped = self._build(*key)
         previous_epoch = self._state.epoch
         self._state = state  # the state counts batches handed out, not prefetched
+        self.skipped_shards.update(skipped)
         if self._executor is not None:
             # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
             self._pending = ((state, batch_size, seq_len), self._executor.submit(self._build, state, batch_size, seq_len))
@@ -402,6 +472,7 @@ class TokenLoader:
             "packing": self.packing,
             "row_tokens": st.row_tokens,
             "cropped": st.cropped,
+            "skipped_shards": dict(self.skipped_shards),
         }
         if isinstance(st, BestFitState):
             out["buffer"] = st.to_dict()["buffer"]
@@ -433,6 +504,12 @@ class TokenLoader:
             self._state = BestFitState.from_dict({**state, **counts})
         else:
             self._state = _GreedyState(int(state["epoch"]), int(state["position"]), **counts)
+        self.skipped_shards = dict(state.get("skipped_shards", {}))
+        self._planner.excluded.clear()
+        index = {f.name: i for i, f in enumerate(self._shards.files)}
+        for name, epoch in self.skipped_shards.items():
+            self._planner.exclude(index[name], int(epoch))
+        self._planner._streams.clear()
 
     def close(self) -> None:
         """Stop the prefetch thread (also safe to skip: it exits with the process)."""
@@ -555,10 +632,12 @@ def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, d
         yield inputs, targets
 
 
-def check_capacity(files: list[Path] | str, *, seq_len: int, batch_size: int, world_size: int, grad_accum: int) -> None:
-    """Raise a one-line ValueError when the data cannot fill one optimizer step without repeating."""
+def check_capacity(files: list[Path] | str, *, seq_len: int, batch_size: int, world_size: int, grad_accum: int,
+                   lenient: bool = False) -> None:
+    """Raise a one-line ValueError when the data cannot fill one optimizer step without repeating.
+    `lenient` (data.on_bad_shard=skip): count the sizes headers claim, leaving bad files to the loader."""
     files = _resolve(files, "train")
-    total = sum(read_header(f) for f in files)
+    total = sum(claimed_tokens(f) if lenient else read_header(f) for f in files)
     need = world_size * grad_accum * batch_size * (seq_len + 1)
     if total < need:
         raise ValueError(

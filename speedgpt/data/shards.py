@@ -30,7 +30,12 @@ _MAX_TOKEN = 2**16 - 1  # uint16
 
 
 class ShardError(ValueError):
-    """A shard file that is not a valid shard; the message names the file and the fix."""
+    """A shard file that is not a valid shard; the message names the file and the fix. `offset`
+    is the byte offset of the problem in the file, where known."""
+
+    def __init__(self, message: str, offset: int | None = None):
+        super().__init__(message)
+        self.offset = offset
 
 
 def _header(n_tokens: int) -> bytes:
@@ -83,18 +88,18 @@ def read_header(path: str | os.PathLike) -> int:
     if len(raw) < HEADER_BYTES:
         raise ShardError(
             f"shard {path} is truncated: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header; "
-            "delete it and download/tokenize again"
+            "delete it and download/tokenize again", offset=len(raw)
         )
     header = np.frombuffer(raw, dtype="<i4")
     if header[0] != MAGIC:
         raise ShardError(
             f"shard {path} has magic {int(header[0])}, expected {MAGIC}: not a token shard "
-            "(see docs/format.md); delete it and download/tokenize again"
+            "(see docs/format.md); delete it and download/tokenize again", offset=0
         )
     if header[1] != VERSION:
         raise ShardError(
             f"shard {path} has format version {int(header[1])}, this speedgpt reads version {VERSION}; "
-            "re-tokenize it with this version"
+            "re-tokenize it with this version", offset=4
         )
     n_tokens = int(header[2])
     expected = HEADER_BYTES + TOKEN_BYTES * n_tokens
@@ -102,9 +107,23 @@ def read_header(path: str | os.PathLike) -> int:
         what = "truncated" if size < expected else "longer than its header says"
         raise ShardError(
             f"shard {path} is {what}: {size} bytes, header says {n_tokens} tokens = {expected} bytes; "
-            "delete it and download/tokenize again"
+            "delete it and download/tokenize again", offset=min(size, expected)
         )
     return n_tokens
+
+
+def claimed_tokens(path: str | os.PathLike) -> int:
+    """The token count a shard's header claims (0 when the header itself is unreadable), without
+    checking the file size: the stream layout of a shard that broke after training started."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError:
+        return 0
+    if len(raw) < HEADER_BYTES:
+        return 0
+    header = np.frombuffer(raw, dtype="<i4")
+    return int(header[2]) if header[0] == MAGIC and header[1] == VERSION and header[2] > 0 else 0
 
 
 def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size: int | None = None) -> torch.Tensor:
@@ -126,7 +145,7 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
     if n_read != TOKEN_BYTES * n_tokens:
         raise ShardError(
             f"shard {path}: read {n_read} of {TOKEN_BYTES * n_tokens} token bytes (file changed while reading?); "
-            "check the file and load again"
+            "check the file and load again", offset=HEADER_BYTES + n_read
         )
     if sys.byteorder == "big":  # the format is little-endian on disk
         buf.byteswap(inplace=True)
@@ -136,7 +155,8 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
             pos = int(np.argmax(buf >= vocab_size))
             raise ShardError(
                 f"shard {path} has token id {top} >= vocab_size {vocab_size} (first at position {pos}); "
-                "it was tokenized with another vocabulary: re-tokenize, or raise the model's vocab_size"
+                "it was tokenized with another vocabulary: re-tokenize, or raise the model's vocab_size",
+                offset=HEADER_BYTES + TOKEN_BYTES * pos,
             )
     return tokens
 

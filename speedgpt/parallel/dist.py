@@ -40,6 +40,23 @@ def _env_int(name: str, default: int) -> int:
                            f"or unset it") from None
 
 
+def _restart_store(world_size: int):
+    """A store for a group torchrun restarted, or None (torch's default).
+
+    Under `torchrun --max-restarts`, workers share the agent's TCP store across attempts, and the
+    keys the previous attempt's ranks published (their gloo addresses) are still there: a restarted
+    rank may read a dead peer's address and fail to connect (seen about one restart in three on
+    CPU). Keys under a per-attempt prefix cannot be stale."""
+    from datetime import timedelta
+
+    attempt = _env_int("TORCHELASTIC_RESTART_COUNT", 0)
+    if attempt == 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], _env_int("MASTER_PORT", 0), world_size, is_master=False,
+                          timeout=timedelta(minutes=10))
+    return dist.PrefixStore(f"speedgpt/attempt_{attempt}", store)
+
+
 def init_distributed(requested_device: str = "auto") -> DistInfo:
     """Join the process group torchrun describes (no-op for a single process)."""
     global _owns_group
@@ -59,7 +76,9 @@ def init_distributed(requested_device: str = "auto") -> DistInfo:
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         # device_id binds the NCCL communicator to this GPU eagerly (no lazy init inside the step).
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        store = _restart_store(world_size)
+        kw = dict(store=store, rank=rank, world_size=world_size) if store is not None else {}
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None, **kw)
         _owns_group = True
     if world_size > 1 and dist.get_world_size() != world_size:
         raise RuntimeError(f"WORLD_SIZE={world_size} but the process group has {dist.get_world_size()} ranks")

@@ -112,10 +112,12 @@ class RunDir:
 
         return latest_checkpoint(self.checkpoints)
 
-    def save_checkpoint(self, step: int, model_state: dict, optim_state, state: dict, keep: int = 2) -> Path:
+    def save_checkpoint(self, step: int, model_state: dict, optim_state, state: dict, keep: int = 2,
+                        keep_every: int = 0) -> Path:
         from .checkpoint import save_checkpoint
 
-        return save_checkpoint(self.checkpoints, step, model_state, optim_state, state, keep=keep)
+        return save_checkpoint(self.checkpoints, step, model_state, optim_state, state, keep=keep,
+                               keep_every=keep_every)
 
 
 def default_run_dir(cfg: Config) -> Path:

@@ -1,41 +1,45 @@
-"""Atomic checkpoints and exact resume.
+"""Atomic, checksummed checkpoints and exact resume.
 
 A checkpoint is a directory `step_NNNNNN/` with `model.pt`, `optim.pt` and `state.json`. It is
-written under a temporary name, fsynced, then renamed, so a crash leaves either the whole
-checkpoint or none of it; `state.json` is written last and marks it complete.
+written under a temporary name (`.tmp-...`), every file fsynced, then renamed into place
+(speedgpt/atomic.py), so a crash at any moment leaves either the whole checkpoint or a temporary
+directory that is never picked (and is cleared by the next save). `state.json` is written last and
+records the SHA-256 and size of the other files; loading verifies them, so a flipped or truncated
+file is an error naming that file, never a silent resume with wrong weights. Tensors load with
+`weights_only=True`: a checkpoint from elsewhere cannot run code; everything else (loader
+position, RNG state, counters) is plain JSON in state.json.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..atomic import atomic_dir
+from .. import faults
+from ..atomic import atomic_write, publish_dir
 
 STEP_PREFIX = "step_"
+TMP_PREFIX = ".tmp-"
+TENSOR_FILES = ("model.pt", "optim.pt")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint is missing or unreadable; the message says which and what to do."""
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: Any, state: dict,
-                    keep: int = 2) -> Path:
-    ckpt_root = Path(ckpt_root)
-    final = ckpt_root / f"{STEP_PREFIX}{step:06d}"
-    # re-saving the same step (e.g. after resume) replaces it
-    with atomic_dir(final) as tmp:
-        torch.save(model_state, tmp / "model.pt")
-        torch.save(optim_state, tmp / "optim.pt")
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step, "complete": True}, indent=1))
-    if keep > 0:
-        for old in list_checkpoints(ckpt_root)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+class CheckpointSaveError(CheckpointError):
+    """Writing a checkpoint failed; the previous checkpoints are untouched (the message names the newest)."""
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name[len(STEP_PREFIX):])
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:
@@ -45,7 +49,7 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
         return []
     found = [p for p in ckpt_root.iterdir()
              if p.is_dir() and p.name.startswith(STEP_PREFIX) and p.name[len(STEP_PREFIX):].isdigit()]
-    return sorted(found, key=lambda p: int(p.name[len(STEP_PREFIX):]))  # numeric: step 1000000 > 999999
+    return sorted(found, key=_step_of)  # numeric: step 1000000 > 999999
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path:
@@ -53,6 +57,95 @@ def latest_checkpoint(ckpt_root: Path) -> Path:
     if not found:
         raise CheckpointError(f"no checkpoint in {ckpt_root}; nothing to resume (train without --resume to start)")
     return found[-1]
+
+
+def checkpoints_to_delete(steps: list[int], keep_last: int, keep_every: int) -> list[int]:
+    """Steps a retention policy removes: all but the newest `keep_last` (0: keep all), except
+    multiples of `keep_every` (0: none), which are kept for good (e.g. for later evaluation)."""
+    if keep_last <= 0:
+        return []
+    old = sorted(steps)[:-keep_last]
+    return [s for s in old if not (keep_every > 0 and s % keep_every == 0)]
+
+
+def _tensor_bytes(obj: Any) -> bytes:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: Any, state: dict,
+                    keep: int = 2, keep_every: int = 0) -> Path:
+    """Write checkpoint `step` atomically, then apply the retention policy (`keep` newest, plus every
+    `keep_every`-th step). Raises CheckpointSaveError, leaving every earlier checkpoint intact, when
+    the write fails (full disk, I/O error)."""
+    ckpt_root = Path(ckpt_root)
+    final = ckpt_root / f"{STEP_PREFIX}{step:06d}"
+    tmp = ckpt_root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
+    try:
+        ckpt_root.mkdir(parents=True, exist_ok=True)
+        for stale in ckpt_root.glob(f"{TMP_PREFIX}*"):  # left by a crash mid-save: never complete
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+        files = {}
+        for name, obj in zip(TENSOR_FILES, (model_state, optim_state)):
+            data = _tensor_bytes(obj)
+            if name == "optim.pt" and faults.fires("save_error", step):
+                raise OSError(28, "No space left on device (injected by SPEEDGPT_INJECT)")
+            atomic_write(tmp / name, data)
+            files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        meta = {**state, "step": step, "complete": True, "files": files}
+        atomic_write(tmp / "state.json", json.dumps(meta, indent=1).encode())
+        if final.exists():  # re-saving a step (e.g. after a rollback): move the old one aside first
+            old = ckpt_root / f"{TMP_PREFIX}old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+            publish_dir(tmp, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            publish_dir(tmp, final)
+    except (OSError, RuntimeError) as e:  # torch.save reports write failures as RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = list_checkpoints(ckpt_root)
+        kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
+        raise CheckpointSaveError(f"could not write checkpoint step {step} in {ckpt_root} "
+                                  f"({type(e).__name__}: {e}); {kept}") from None
+    steps = [_step_of(p) for p in list_checkpoints(ckpt_root)]
+    for old_step in checkpoints_to_delete(steps, keep, keep_every):
+        shutil.rmtree(ckpt_root / f"{STEP_PREFIX}{old_step:06d}", ignore_errors=True)
+    return final
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES, fix: str = "") -> None:
+    """Check tensor files of checkpoint `path` against the size and SHA-256 in its state.json.
+    Checkpoints written before checksums existed have no record and are not checked. `fix` ends
+    the message (default: delete the checkpoint to resume from the previous one)."""
+    fix = fix or f"delete {path} to resume from the previous checkpoint"
+    for name, rec in state.get("files", {}).items():
+        if name not in names:
+            continue
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint file {f} is missing; {fix}")
+        size = f.stat().st_size
+        if size != rec["bytes"]:
+            raise CheckpointError(f"checkpoint file {f} is {'truncated' if size < rec['bytes'] else 'too long'}: "
+                                  f"{size:,} bytes, {rec['bytes']:,} were written; {fix}")
+        if _sha256_file(f) != rec["sha256"]:
+            raise CheckpointError(f"checkpoint file {f} is corrupt: its SHA-256 differs from the one recorded at "
+                                  f"save; {fix}")
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, Any, dict]:
@@ -64,16 +157,18 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tup
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is incomplete (no state.json); delete it to resume from "
                               f"the previous one") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: state.json is corrupt ({e}); delete the directory to "
                               f"resume from the previous one") from None
-    try:
-        model_state = torch.load(path / "model.pt", map_location=map_location, weights_only=True)
-        optim_state = torch.load(path / "optim.pt", map_location=map_location, weights_only=True)
-    except FileNotFoundError as e:
-        raise CheckpointError(f"checkpoint {path} is missing {Path(e.filename).name}; delete the directory to "
-                              f"resume from the previous one") from None
-    except Exception as e:  # torch raises several types for truncated or garbled files
-        raise CheckpointError(f"checkpoint {path} is unreadable ({type(e).__name__}: {str(e)[:120]}); delete "
-                              f"the directory to resume from the previous one") from None
-    return model_state, optim_state, state
+    verify_files(path, state)
+    tensors = []
+    for name in TENSOR_FILES:
+        try:
+            tensors.append(torch.load(path / name, map_location=map_location, weights_only=True))
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {path} is missing {name}; delete the directory to resume from "
+                                  f"the previous one") from None
+        except Exception as e:  # torch raises several types for truncated, garbled or code-carrying files
+            raise CheckpointError(f"checkpoint file {path / name} is unreadable ({type(e).__name__}: "
+                                  f"{_first_line(e)}); delete {path} to resume from the previous one") from None
+    return tensors[0], tensors[1], state

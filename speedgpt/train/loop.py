@@ -9,7 +9,9 @@ functions of the step, so a resumed run recomputes them exactly. The host reads 
 from __future__ import annotations
 
 import copy
-import math
+import json
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,10 +26,13 @@ from ..optim.build import build_optimizers
 from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
 from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
+from .. import faults
 from ..rundir import RunDir, default_run_dir
-from ..rundir.checkpoint import load_checkpoint
+from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
 from ..rundir.env import environment_snapshot
+from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
+from .preempt import StopRequest, TrainingStopped
 
 
 @dataclass
@@ -68,8 +73,20 @@ def compile_blocks(model: GPT, **compile_kwargs) -> None:
         block.compile(dynamic=False, **compile_kwargs)
 
 
+def should_resume(resume: bool | str, run_dir: Path) -> bool:
+    """`resume` is True, False or "auto": resume when the run directory has a checkpoint. A worker
+    that torchrun restarted (TORCHELASTIC_RESTART_COUNT > 0) also resumes when one exists, so
+    `torchrun --max-restarts=N ... --run-dir DIR` recovers from a dead worker without a human."""
+    if resume is True:
+        return True
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if resume == "auto" or restarted:
+        return bool(RunDir(run_dir).list_checkpoints())
+    return False
+
+
 class Trainer:
-    def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool = False, quiet: bool = False):
+    def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False):
         # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
         # the resolved config is the one saved in the run dir and printed below.
         cfg, budget_lines = resolve_budget(cfg)
@@ -81,7 +98,11 @@ class Trainer:
             self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
-        self.resume = resume
+        self.resume = should_resume(resume, self.run_dir)
+        self.guard = NumericsGuard(cfg.train.on_nonfinite, self.dist.device, self.dist.rank, self.dist.world_size)
+        self.stop_request = StopRequest()
+        self.lr_scale = 1.0  # lowered by each numerics rollback; part of the checkpointed state
+        self.rollbacks = 0
         self.device = self.dist.device
         self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
 
@@ -102,12 +123,16 @@ class Trainer:
         barrier()
         self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
         check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
-                       world_size=self.dist.world_size, grad_accum=self.grad_accum)
+                       world_size=self.dist.world_size, grad_accum=self.grad_accum,
+                       lenient=d.on_bad_shard == "skip")
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
-                                  seed=cfg.train.seed, packing=d.packing,
-                                  grad_accum=self.grad_accum)
+                                  seed=cfg.train.seed, packing=d.packing, grad_accum=self.grad_accum,
+                                  on_bad_shard=d.on_bad_shard, vocab_size=cfg.model.vocab_size)
+        # Stop and save decisions travel on a CPU (gloo) group: combining them every step costs no
+        # device sync, and all ranks stop or save at the same step.
+        self.control_group = (torch.distributed.new_group(backend="gloo") if self.dist.world_size > 1 else None)
         # The windows of the finished model are its default (sampling, FLOP counts); training and
         # validation pass each step's own windows to the forward.
         if self.strategy == "fsdp":
@@ -167,6 +192,7 @@ class Trainer:
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
+        self.last_save_time = time.monotonic()
         self.metrics = self.rundir.metrics_logger(tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
                                      wandb_project=cfg.run.wandb_project, run_name=cfg.run.name or None,
                                      config=cfg.to_dict(), enabled=self.dist.is_main)
@@ -182,6 +208,8 @@ class Trainer:
                  f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:
             self.load_latest()
+        elif cfg.train.on_nonfinite == "rollback":
+            self.save()  # step 0: something to roll back to before the first periodic checkpoint
 
     def choose_strategy(self) -> None:
         """parallel.strategy resolved ("auto": ddp if its estimate fits the device, else fsdp), with
@@ -240,18 +268,37 @@ class Trainer:
         return self._window_tensors[windows]
 
     def train_step(self, step: int) -> torch.Tensor:
+        rank = self.dist.rank
+        if faults.fires("exit", step, rank):
+            os._exit(1)  # a crashed worker (fault suite)
+        if faults.fires("sigterm", step, rank):
+            os.kill(os.getpid(), signal.SIGTERM)
         windows = self.set_hyperparameters(step)
+        if self.lr_scale != 1.0:
+            for opt in self.optimizers:
+                for group in opt.param_groups:
+                    group["lr"] *= self.lr_scale
         total = torch.zeros((), device=self.device)
         self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
         for i in range(self.grad_accum):
             inputs, targets = self.loader.next_batch()
             loss = self.forward(inputs, targets, windows=windows) / self.grad_accum
+            if i == 0 and faults.fires("nan", step, rank):
+                loss = loss * float("nan")
             self.grad_sync.prepare(final=i == self.grad_accum - 1)  # only the last backward communicates
             loss.backward()
             total += loss.detach()
+        norm = None
         if self.cfg.optim.grad_clip:
-            clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)  # works on sharded, reduced grads
-        self.optimizers.step()
+            norm = clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)  # works on sharded, reduced grads
+            if self.strategy == "fsdp":  # a replicated DTensor: the same global norm on every rank
+                norm = norm.full_tensor()
+        skip = self.guard.mode == "skip"
+        bad = self.guard.observe(step, total, norm, self.optimizers if skip else None)
+        if skip:
+            self.guard.masked_step(self.optimizers, bad)
+        else:
+            self.optimizers.step()
         self.model.zero_grad(set_to_none=True)
         return total
 
@@ -280,18 +327,30 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def state(self) -> dict:
         return {"tokens": self.tokens, "train_time_s": self.train_time, "loader": self.loader.state_dict(),
-                "rng_cpu": torch.get_rng_state().tolist()}
+                "rng_cpu": torch.get_rng_state().tolist(), "lr_scale": self.lr_scale}
 
-    def save(self) -> Path | None:
+    def save(self, final: bool = False) -> Path | None:
+        """Write a checkpoint (rank 0; every rank with train.checkpoint_format=dcp). A failed write keeps
+        the previous checkpoints and is reported; training goes on, except for the final save (`final`),
+        whose failure is an error."""
         if self.cfg.train.checkpoint_format != "full":
             return self.save_dcp()
-        path = None
+        path, error = None, None
         optim_states = self.optimizers.state_dict()  # sharded: a collective, all ranks
         model_state = self.full_model_state()  # fsdp: a collective too
         if self.dist.is_main:
-            path = self.rundir.save_checkpoint(self.step, model_state, optim_states, self.state(),
-                                               keep=self.cfg.train.keep_checkpoints)
+            t = self.cfg.train
+            try:
+                path = self.rundir.save_checkpoint(self.step, model_state, optim_states, self.state(),
+                                                   keep=t.keep_checkpoints, keep_every=t.keep_checkpoint_every)
+            except CheckpointSaveError as e:
+                error = e
+                print(f"warning: {e}" + ("" if final else "; training continues"), flush=True)
+                self.metrics.log({"event": "checkpoint_failed", "step": self.step, "error": str(e)})
+        self.last_save_time = time.monotonic()
         barrier()
+        if error is not None and final:
+            raise error
         return path
 
     def save_dcp(self) -> Path | None:
@@ -305,6 +364,7 @@ class Trainer:
                                            dcp.flat_state(self.model, self.optimizers), self.state(),
                                            is_main=self.dist.is_main, keep=self.cfg.train.keep_checkpoints,
                                            background=background)
+        self.last_save_time = time.monotonic()
         return None if background else self.finish_checkpoint()
 
     def finish_checkpoint(self) -> Path | None:
@@ -332,6 +392,7 @@ class Trainer:
     def load_latest(self) -> None:
         from ..rundir import dcp
 
+        self.finish_checkpoint()  # a checkpoint still being written in the background (a rollback)
         path = self.rundir.latest_checkpoint()
         if dcp.is_dcp_checkpoint(path):  # written by any number of ranks, under any strategy
             state = dcp.load_into(path, self.model, self.optimizers)
@@ -342,6 +403,8 @@ class Trainer:
         self.loader.load_state_dict(state["loader"])
         torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["train_time_s"]
+        self.lr_scale = state.get("lr_scale", 1.0)
+        self.guard.reset()
         self.log(f"resumed from {path} at step {self.step} ({self.tokens:,} tokens)")
         self.metrics.log({"event": "resume", "step": self.step, "tokens": self.tokens, "time_s": self.train_time})
 
@@ -363,14 +426,19 @@ class Trainer:
         self.model.load_state_dict(model_state)
         self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(loader_state)
+        self.guard.reset()  # what the warmup steps saw is not the run's
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
-        cfg, t = self.cfg, self.cfg.train
         self.setup()
+        with self.stop_request:
+            return self._run()
+
+    def _run(self) -> TrainResult:
+        cfg, t = self.cfg, self.cfg.train
         warm_s = self.warmup_then_reset()
         if warm_s:
             self.log(f"compile + warmup: {warm_s:.1f}s (not counted in training time)")
@@ -385,18 +453,41 @@ class Trainer:
             self.validate(result)  # the starting point of the curves
         last_log_time, last_log_step = self.train_time, self.step
         t_start = time.perf_counter() - self.train_time
+        first_step = self.step  # result.train_losses[i] is step first_step + i
         stop = False
         while self.step < t.steps and not stop:
+            self.stop_request.step = self.step
             loss = self.train_step(self.step)
             self.step += 1
+            self.stop_request.step = self.step  # a signal from here on arrives before the next step
             self.tokens += tokens_per_step
             self.train_time = time.perf_counter() - t_start
             result.train_losses.append(loss)
             if t.time_budget_s and self.budget_spent():
                 self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
                 stop = True
-            last = self.step == t.steps or stop
-            if self.step % t.log_every == 0 or last:
+            signalled, save_due = self.step_control()
+            last = self.step == t.steps or stop or signalled
+            log_step = self.step % t.log_every == 0 or last
+            ckpt_step = ((t.checkpoint_every and self.step % t.checkpoint_every == 0) or save_due
+                         or (last and t.save_final_checkpoint))
+            if (log_step or ckpt_step) and self.guard.mode != "skip":
+                # A host read that these steps pay for anyway: act on a NaN before it is logged or saved.
+                rolled_back = self.check_numerics()
+                if rolled_back:
+                    del result.train_losses[self.step - first_step:]
+                    t_start = time.perf_counter() - self.train_time
+                    last_log_time, last_log_step = self.train_time, self.step
+                    continue
+            if signalled:
+                self.sync_device()
+                path = self.save(final=True)
+                self.metrics.log({"event": "stopped", "step": self.step, "tokens": self.tokens,
+                                  "time_s": self.train_time, "signal": self.stop_request.signum})
+                self.metrics.close()
+                raise TrainingStopped(self.stop_request.signum, self.step, path, self.run_dir,
+                                      self.stop_request.signal_step)
+            if log_step:
                 self.sync_device()
                 self.train_time = time.perf_counter() - t_start
                 n = max(1, self.step - last_log_step)
@@ -404,7 +495,7 @@ class Trainer:
                 last_log_time, last_log_step = self.train_time, self.step
                 # The mean over the steps since the last log (over the global batch): a smoother curve
                 # than one step's loss, for the same single host sync.
-                window = mean_over_ranks(torch.stack(result.train_losses[-n:]).mean())
+                window = self.window_mean(torch.stack(result.train_losses[-n:]))
                 self.log_train(window.item(), dt, tokens_per_step, flops_per_token)
             if (t.val_every and self.step % t.val_every == 0) or last:
                 self.sync_device()  # queued training kernels count as training, not as evaluation
@@ -414,10 +505,10 @@ class Trainer:
                 t_eval = time.perf_counter()
                 self.validate(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or (last and t.save_final_checkpoint):
+            if ckpt_step:
                 self.sync_device()
                 t_ckpt = time.perf_counter()
-                self.save()
+                self.save(final=last)
                 t_start += time.perf_counter() - t_ckpt
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
         if result.train_losses:  # one collective at the end: every step's loss over the global batch
@@ -425,6 +516,49 @@ class Trainer:
         result.val_loss = result.val_history[-1][1] if result.val_history else None
         self.finish(result)
         return result
+
+    def step_control(self) -> tuple[bool, bool]:
+        """(stop on a signal, time-based checkpoint due) after a step, the same on every rank: the
+        flags are combined on the CPU group (any rank's signal stops all; rank 0's clock decides
+        the save), so this costs no device sync."""
+        signalled = bool(self.stop_request.signum)
+        minutes = self.cfg.train.checkpoint_every_min
+        due = bool(minutes) and self.dist.is_main and time.monotonic() - self.last_save_time >= minutes * 60
+        if self.dist.world_size == 1:
+            return signalled, due
+        flags = torch.tensor([float(signalled), float(due)])
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX, group=self.control_group)
+        if flags[0] and not self.stop_request.signum:
+            self.stop_request.signum = signal.SIGTERM  # another rank was signalled
+        return bool(flags[0]), bool(flags[1])
+
+    def check_numerics(self) -> bool:
+        """Act on a non-finite loss or gradient seen since the last check: raise (abort), or roll
+        back to the newest checkpoint with a lower lr and return True. False: all finite."""
+        bad = self.guard.first_bad_by_rank()
+        if not bad:
+            return False
+        rank, step = min(bad.items(), key=lambda kv: (kv[1], kv[0]))
+        found = self.rundir.list_checkpoints()
+        good = found[-1] if found else None
+        t = self.cfg.train
+        what = f"non-finite loss or gradient at step {step + 1} (rank {rank})"
+        if t.on_nonfinite == "rollback" and good is not None and self.rollbacks < t.max_rollbacks:
+            self.rollbacks += 1
+            self.load_latest()
+            self.lr_scale *= t.rollback_lr_factor
+            self.log(f"{what}: rolled back to {good} (step {self.step}); learning rates x{self.lr_scale:g} "
+                     f"from here (rollback {self.rollbacks} of at most {t.max_rollbacks})")
+            self.metrics.log({"event": "rollback", "step": self.step, "bad_step": step + 1, "rank": rank,
+                              "lr_scale": self.lr_scale})
+            return True
+        if t.on_nonfinite == "rollback":
+            why = "no checkpoint to roll back to" if good is None else f"{self.rollbacks} rollbacks used up"
+            what += f" ({why})"
+        last = f"the last good checkpoint is {good}" if good else "no checkpoint was written"
+        self.metrics.close()
+        raise NonFiniteError(f"{what}; {last}. Lower the learning rates (e.g. --optim.muon_lr), enable "
+                             f"--optim.grad_clip=1.0, or set --train.on_nonfinite=skip|rollback")
 
     def sync_device(self) -> None:
         if self.device.type == "cuda":
@@ -448,9 +582,18 @@ class Trainer:
         self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time, "val_loss": val})
         self.log(f"step {self.step}/{self.cfg.train.steps} | val loss {val:.4f}")
 
+    def window_mean(self, losses: torch.Tensor) -> torch.Tensor:
+        """Mean loss of the steps since the last log over the global batch; skipped (non-finite)
+        steps are left out, and counted in the record instead."""
+        if self.guard.mode != "skip":
+            return mean_over_ranks(losses.mean())
+        finite = torch.isfinite(losses)
+        return mean_over_ranks(torch.where(finite, losses, 0.0).sum() / finite.sum().clamp(min=1))
+
     def log_train(self, loss: float, step_s: float, tokens_per_step: int, flops_per_token: float) -> None:
         t = self.cfg.train
         tok_s = tokens_per_step / step_s if step_s > 0 else 0.0
+        extra = ""
         record = {"step": self.step, "tokens": self.tokens, "time_s": round(self.train_time, 3),
                   "train_loss": loss, "lr": (self.optimizers.muon or self.optimizers.adam).param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
@@ -459,10 +602,16 @@ class Trainer:
             from ..model.moe import expert_load_report
 
             record["moe_max_load"] = expert_load_report(self.model)
+        skipped = int(self.guard.skipped.item()) if self.guard.mode == "skip" else 0
+        if skipped:
+            record["skipped_steps"] = skipped
+            extra += f" | {skipped} step(s) skipped (non-finite)"
+        if self.loader.skipped_shards:
+            record["bad_shards"] = len(self.loader.skipped_shards)
+            extra += f" | {record['bad_shards']} bad shard(s) skipped"
         wait_ms = self.grad_sync.comm_wait_ms()  # exposed communication of this (logging) step
         if wait_ms is not None:
             record["comm_wait_ms"] = round(wait_ms, 3)
-        extra = ""
         if self.device.type == "cuda":
             record["peak_mem_gib"] = round(torch.cuda.max_memory_allocated(self.device) / 2**30, 2)
             extra += f" | mem {record['peak_mem_gib']:.1f} GiB"
@@ -473,9 +622,6 @@ class Trainer:
         remaining = (t.steps - self.step) * step_s
         self.log(f"step {self.step}/{t.steps} | loss {loss:.4f} | {tok_s:,.0f} tok/s | {step_s * 1e3:.0f} ms/step"
                  f"{extra} | {self.train_time:.0f}s elapsed, ~{remaining:.0f}s left")
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"training loss became {loss} at step {self.step}; lower the learning rates "
-                                     f"(e.g. --optim.muon_lr) or enable --optim.grad_clip=1.0")
 
     def finish(self, result: TrainResult) -> None:
         self.finish_checkpoint()
@@ -491,7 +637,8 @@ class Trainer:
                  f"run dir {self.run_dir}")
 
 
-def train(cfg: Config, *, run_dir: Path | str | None = None, resume: bool = False, quiet: bool = False) -> TrainResult:
+def train(cfg: Config, *, run_dir: Path | str | None = None, resume: bool | str = False,
+          quiet: bool = False) -> TrainResult:
     try:
         return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet).run()
     finally:
