@@ -361,7 +361,7 @@ class Trainer:
         tokens_per_step = t.batch_tokens
         flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         if self.step == 0 and t.val_every:
-            self.validate(result)  # the starting point of the curves
+            self.record_validation(result)  # the starting point of the curves
         last_log_time, last_log_step = self.train_time, self.step
         t_start = time.perf_counter() - self.train_time
         first_step = self.step  # result.train_losses[i] is step first_step + i
@@ -414,7 +414,7 @@ class Trainer:
                 # is not a logging step last set train_time before its kernels had finished).
                 self.train_time = time.perf_counter() - t_start
                 t_eval = time.perf_counter()
-                self.validate(result)
+                self.record_validation(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
             if ckpt_step:
                 self.sync_device()
@@ -487,7 +487,7 @@ class Trainer:
         torch.distributed.broadcast(flag, src=0)
         return bool(flag.item())
 
-    def validate(self, result: TrainResult) -> None:
+    def record_validation(self, result: TrainResult) -> None:
         val = self.evaluate()
         result.val_history.append((self.step, val))
         self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time, "val_loss": val})
