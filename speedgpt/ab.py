@@ -255,7 +255,12 @@ def _classify(run: Run, returncode: int) -> dict:
     return {"status": "diverged" if diverged else "crashed", "returncode": returncode, "last_line": last[0][:300]}
 
 
-def execute(plan: Plan, devices: list[str], concurrent: int, *, print_fn=print, retry_failed: bool = False) -> None:
+def execute(plan: Plan, devices: list[str], concurrent: int, *, print_fn=print, retry_failed: bool = False,
+            workdir: str | None = None) -> None:
+    # Children start in `workdir` by its path, not in the inherited directory: if that directory was
+    # replaced while `ab` ran (a re-synced checkout), an inherited, deleted cwd makes `import torch` abort
+    # ("oneMKL FATAL ERROR: Cannot load libtorch_cpu.so"); seen on a GPU machine, 2026-11-24.
+    workdir = workdir or os.getcwd()
     for run in plan.runs:
         check_existing(run)
     for wave in waves(plan.runs, devices, concurrent):
@@ -278,7 +283,7 @@ def execute(plan: Plan, devices: list[str], concurrent: int, *, print_fn=print, 
             print_fn(f"ab: {run.arm.upper()} seed {run.seed} on {'GPU ' + device if device != 'cpu' else 'CPU'}: "
                      f"{shlex.join(cmd[1:])}")
             log = open(run.run_dir / LOG_FILE, "a")
-            procs.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), log))
+            procs.append((run, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=workdir), log))
         for run, proc, log in procs:
             rc = proc.wait()
             log.close()
@@ -559,6 +564,7 @@ def main(argv: list[str]) -> int:
             bound.append(argv[i])
             i += 1
     args, rest = p.parse_known_args(bound)
+    workdir = os.getcwd()  # relative paths in the arms stay relative to here
     try:
         if args.a is None or args.b is None:
             raise AbError("give both arms: --a \"OVERRIDES\" --b \"OVERRIDES\" (an empty string is the preset itself)")
@@ -584,7 +590,7 @@ def main(argv: list[str]) -> int:
                     print(prefix + shlex.join(["python", "-m", "speedgpt", "train", *run.argv]))
             return 0
         out.mkdir(parents=True, exist_ok=True)
-        execute(plan, devices, args.concurrent, retry_failed=args.retry_failed)
+        execute(plan, devices, args.concurrent, retry_failed=args.retry_failed, workdir=workdir)
         summary = summarize(plan, args.target_loss, concurrent=args.concurrent, step_ms=step_ms)
     except AbError as e:
         print(f"speedgpt ab: error: {e}", file=sys.stderr)

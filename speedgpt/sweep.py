@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -92,7 +93,8 @@ def _has_checkpoint(run_dir: Path) -> bool:
     return any((run_dir / "checkpoints").glob("step_*")) if (run_dir / "checkpoints").is_dir() else False
 
 
-def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[str], echo=print) -> bool:
+def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[str], echo=print,
+              workdir: str | None = None) -> bool:
     """Train one grid point in a subprocess (skipped when finished); True when it finished."""
     run_dir = out / point.name
     if finished(run_dir):
@@ -109,7 +111,8 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
                 "--run-dir", str(run_dir)]
         echo(f"sweep: {point.name}: training")
     with open(run_dir / "train.log", "a") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        # By path, like `speedgpt ab` (ab.py execute): an inherited cwd that was replaced breaks `import torch`.
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir or os.getcwd()).returncode
     if rc != 0:
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
         echo(f"sweep: {point.name}: failed (exit {rc}): {tail[0] if tail else ''} (log: {run_dir / 'train.log'})")
@@ -310,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return 0
         out.mkdir(parents=True, exist_ok=True)
-        failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides)]
+        workdir = os.getcwd()
+        failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides, workdir=workdir)]
         analyze(out)
     except (SweepError, ConfigError) as e:
         print(f"speedgpt sweep: {e}", file=sys.stderr)

@@ -146,7 +146,7 @@ class FakeProcess:
     """Stands in for a training subprocess that fails at once: B seed 1338 diverges, the rest crash."""
     launched: list[list[str]] = []
 
-    def __init__(self, cmd, stdout, stderr, env):
+    def __init__(self, cmd, stdout, stderr, env, cwd=None):
         FakeProcess.launched.append(cmd)
         diverges = cmd[-1].endswith("b-seed1338")
         stdout.write("FloatingPointError: training loss became nan at step 3\n" if diverges else
@@ -189,3 +189,26 @@ def test_a_half_run_with_a_checkpoint_is_resumed_not_restarted(tmp_path):
     save_toml(load_preset("tiny-cpu"), run.run_dir / "config.toml")
     save_checkpoint(run.run_dir / "checkpoints", 50, {}, [], {"tokens": 0, "train_time_s": 1.0}, keep=0)
     assert train_command(run)[4:] == ["--resume", str(run.run_dir)]
+
+
+def test_runs_start_in_the_launch_directory_even_if_it_was_replaced(tmp_path, monkeypatch):
+    """A checkout re-synced under a running `ab` replaces its working directory; children that inherit
+    the deleted directory cannot import torch (seen on a GPU machine). They must start there by path."""
+    import shutil
+    import sys
+
+    import speedgpt.ab as ab
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    plan = ab.make_plan(preset="tiny-cpu", common=[], a="--optim.muon_lr=0.04", b="", seeds=2, out=work / "ab",
+                        allow_same=False, seed_base=None, save_checkpoint=False)
+    probe = "import os, torch; print('cwd', os.getcwd())"
+    monkeypatch.setattr(ab, "train_command", lambda run: [sys.executable, "-c", probe, "train", "--preset"])
+    shutil.rmtree(work)  # the directory is replaced while `ab` runs
+    work.mkdir()
+    (work / "ab").mkdir()
+    ab.execute(plan, ["cpu"], 1, print_fn=lambda *_: None, workdir=str(work))
+    logs = [(run.run_dir / ab.LOG_FILE).read_text() for run in plan.runs]
+    assert all(f"cwd {work}" in log for log in logs), logs[0][-300:]
