@@ -106,7 +106,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, d = self.cfg, self.cfg.data
-        from ..data.loader import TokenLoader, check_capacity
+        from ..data.capacity import check_capacity
+        from ..data.loader import TokenLoader
 
         if self.dist.is_main:
             self.rundir.write_config(cfg)
@@ -263,7 +264,7 @@ class Trainer:
     def evaluate(self, step: int | None = None) -> float:
         """Mean validation loss of the model after `step` training steps (default: the current one),
         at that step's attention windows."""
-        from ..data.loader import val_batches
+        from ..data.val import val_batches
 
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
