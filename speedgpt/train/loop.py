@@ -135,33 +135,10 @@ class Trainer:
                 raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
                                   f"FlexAttention; use {max(block, length // block * block)} or "
                                   f"--model.attn_backend=sdpa")
-        # A switch that cannot take effect says what runs instead: the model's own dtype.
-        where = self.device.type if self.device.type != "cuda" else "this GPU"
-        dtype = str(rt.dtype).removeprefix("torch.")
-        if cfg.model.fp8_head and not rt.fp8_head:
-            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
-                     f"the head runs in {dtype} like the rest of the model")
-        if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
-            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
-                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
-        if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
-            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
-                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
-        if cfg.model.fused_ce and not rt.fused_ce:
-            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
-                     f"in float32")
+        self.log_fallbacks()
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device)
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
-        if cfg.train.compile:
-            import torch._inductor.config as inductor_config
-
-            inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-            from .inductor_tuning import persistent_reductions_upto
-
-            note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
-            if note:
-                self.log(note)
-        self.forward = torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
+        self.forward = self.compiled_forward()
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
         self.tokens = 0
@@ -181,6 +158,38 @@ class Trainer:
             self.load_latest()
         elif cfg.train.on_nonfinite == "rollback":
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
+
+    def log_fallbacks(self) -> None:
+        """A switch that cannot take effect here says what runs instead: the model's own dtype."""
+        cfg, rt = self.cfg, self.model.runtime
+        where = self.device.type if self.device.type != "cuda" else "this GPU"
+        dtype = str(rt.dtype).removeprefix("torch.")
+        if cfg.model.fp8_head and not rt.fp8_head:
+            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
+                     f"the head runs in {dtype} like the rest of the model")
+        if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
+            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
+                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
+        if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
+            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
+                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
+        if cfg.model.fused_ce and not rt.fused_ce:
+            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
+                     f"in float32")
+
+    def compiled_forward(self):
+        """The model under torch.compile (with this run's Inductor settings), or the model itself."""
+        cfg = self.cfg
+        if cfg.train.compile:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
+            from .inductor_tuning import persistent_reductions_upto
+
+            note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
+            if note:
+                self.log(note)
+        return torch.compile(self.model, dynamic=False) if cfg.train.compile else self.model
 
     def usable_val_tokens(self) -> int:
         """data.val_tokens, rounded down to whole evaluation steps and capped by the val shards' size."""
