@@ -19,7 +19,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from speedgpt.data.loader import TokenLoader, packing_stats  # noqa: E402
+from speedgpt.data.capacity import packing_stats  # noqa: E402
+from speedgpt.data.loader import TokenLoader  # noqa: E402
 from speedgpt.data.shards import write_shard  # noqa: E402
 from speedgpt.data.tokenizer import BOS_ID  # noqa: E402
 

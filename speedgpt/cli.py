@@ -40,11 +40,31 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     args, overrides = p.parse_known_args(argv)
 
-    from .config import ConfigError, preset_names, resolve
+    from .config import preset_names
 
     if args.list_presets:
         print("\n".join(preset_names()))
         return 0
+    if args.auto_resume and not args.run_dir:
+        p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
+    run_dir = args.resume or args.run_dir
+    cfg = _train_config(p, args, overrides)
+    if cfg is None or not _run_dir_usable(args, run_dir or cfg.run.dir):
+        return 2
+    result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+    if isinstance(result, int):
+        return result
+    if result.model is not None:  # the rank that wrote the run
+        sample_and_report(cfg, result)
+    return 0
+
+
+def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
+    """The run's config from --preset / --config / --resume and the overrides, on a device that
+    exists here; None (after a one-line error) when it cannot be had."""
+    from .config import ConfigError, resolve
+    from .device import DeviceError, resolve_device
+
     # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
     folded: list[str] = []
     for item in overrides:
@@ -55,13 +75,11 @@ def cmd_train(argv: list[str]) -> int:
     bad = [o for o in folded if not o.startswith("--") or "." not in o.split("=", 1)[0] or "=" not in o]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
-    run_dir = args.run_dir
     config_file = args.config
-    if args.auto_resume and not run_dir:
-        p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
     if args.resume:
-        run_dir = args.resume
-        config_file = config_file or str(Path(args.resume) / "config.toml")
+        from .rundir import RunDir
+
+        config_file = config_file or str(RunDir(args.resume).config_path)
     preset = args.preset
     if not preset and not config_file:
         import torch
@@ -69,40 +87,45 @@ def cmd_train(argv: list[str]) -> int:
         preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"
     try:
         cfg = resolve(preset, config_file, folded)
+        resolve_device(cfg.train.device, option="--train.device")
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
-        return 2
-    from .device import DeviceError, resolve_device
-
-    try:
-        resolve_device(cfg.train.device, option="--train.device")
+        return None
     except DeviceError as e:
         print(f"speedgpt train: {e}", file=sys.stderr)
-        return 2
-    new_dir = run_dir or cfg.run.dir  # empty: a fresh runs/<name>-<time>
-    if new_dir and not args.resume and int(os.environ.get("RANK", "0")) == 0:  # one rank decides (torchrun)
-        from .rundir.reuse import RunDirInUse, prepare_new_run_dir
+        return None
+    return cfg
 
-        from .rundir import RunDir
 
-        # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
-        # train(); one without (killed before its first checkpoint) is started afresh.
-        auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
-        try:
-            if not (auto and RunDir(new_dir).list_checkpoints()):
-                prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
-        except RunDirInUse as e:
-            print(f"speedgpt train: {e}", file=sys.stderr)
-            return 2
+def _run_dir_usable(args, new_dir: str | None) -> bool:
+    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error."""
+    if not new_dir or args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
+        return True
+    from .rundir import RunDir
+    from .rundir.reuse import RunDirInUse, prepare_new_run_dir
 
+    # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
+    # train(); one without (killed before its first checkpoint) is started afresh.
+    auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    try:
+        if not (auto and RunDir(new_dir).list_checkpoints()):
+            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
+    except RunDirInUse as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _run_training(cfg, run_dir: str | None, resume):
+    """train(), its errors as one line and an exit status (an int); the TrainResult otherwise."""
+    from .config import ConfigError
     from .rundir.checkpoint import CheckpointError
-    from .train.loop import train
-
     from .train.guard import NonFiniteError
+    from .train.loop import train
     from .train.preempt import TrainingStopped
 
     try:
-        result = train(cfg, run_dir=run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+        result = train(cfg, run_dir=run_dir, resume=resume)
         # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
         # turn its exit status into a failure (a scheduler would then retry a finished run).
         import signal
@@ -126,9 +149,7 @@ def cmd_train(argv: list[str]) -> int:
             raise
         print(f"speedgpt train: error: {e}", file=sys.stderr)
         return 2
-    if result.model is not None:  # the rank that wrote the run
-        sample_and_report(cfg, result)
-    return 0
+    return result
 
 
 def sample_and_report(cfg, result) -> None:

@@ -9,7 +9,8 @@ import json
 import pytest
 import torch
 
-from speedgpt.data.loader import TokenLoader, packing_stats
+from speedgpt.data.capacity import packing_stats
+from speedgpt.data.loader import TokenLoader
 from test_data_loader import BOS, make_corpus, random_lens
 
 

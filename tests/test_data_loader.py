@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from speedgpt.data.loader import TokenLoader, _Planner, _Shards, check_capacity, packing_stats, val_batches
+from speedgpt.data.capacity import check_capacity, packing_stats
+from speedgpt.data.loader import TokenLoader, _Planner, _Shards
+from speedgpt.data.val import val_batches
 from speedgpt.data.shards import write_shard
 
 BOS = 50256

@@ -172,7 +172,7 @@ def test_eval_loss_is_the_loss_of_the_windows_the_config_names(tmp_path):
     rec = evaluate_run(run, tokens=640, log=False, print_fn=lambda *a: None)
     model, cfg = load_model(run)
     assert model.windows == (64, 16)
-    from speedgpt.data.loader import val_batches
+    from speedgpt.data.val import val_batches
 
     losses = [model(x, y, reduction="none") for x, y in val_batches(
         resolve_eval_files(cfg, None, "val"), seq_len=64, batch_size=5, max_tokens=640)]

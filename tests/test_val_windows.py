@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from speedgpt.config import apply_overrides
-from speedgpt.data.loader import val_batches
+from speedgpt.data.val import val_batches
 from speedgpt.eval.run import evaluate_run, resolve_eval_files
 from speedgpt.infer.load import load_model
 from speedgpt.optim.schedules import attention_windows

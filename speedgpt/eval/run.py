@@ -63,7 +63,7 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     is appended to its metrics.jsonl (unless `log=False`). `core`: a CORE bundle directory, or
     "download" (fetched once into the cache; also used when it is already there)."""
     from ..config import micro_batch_rows
-    from ..data.loader import val_batches
+    from ..data.val import val_batches
     from ..data.shards import read_header
     from ..data.tokenizer import BOS_ID, get_tokenizer
     from ..infer.load import load_model

@@ -113,7 +113,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     def setup(self) -> None:
         cfg, d = self.cfg, self.cfg.data
-        from ..data.loader import TokenLoader, check_capacity
+        from ..data.capacity import check_capacity
+        from ..data.loader import TokenLoader
 
         self.choose_strategy()  # before anything is allocated: a config that cannot fit fails here
 
@@ -151,21 +152,7 @@ class Trainer:
                 raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
                                   f"FlexAttention; use {max(block, length // block * block)} or "
                                   f"--model.attn_backend=sdpa")
-        # A switch that cannot take effect says what runs instead: the model's own dtype.
-        where = self.device.type if self.device.type != "cuda" else "this GPU"
-        dtype = str(rt.dtype).removeprefix("torch.")
-        if cfg.model.fp8_head and not rt.fp8_head:
-            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
-                     f"the head runs in {dtype} like the rest of the model")
-        if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
-            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
-                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
-        if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
-            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
-                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
-        if cfg.model.fused_ce and not rt.fused_ce:
-            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
-                     f"in float32")
+        self.log_fallbacks()
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy)
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
         self.has_experts = bool(cfg.model.moe_experts)
@@ -174,20 +161,7 @@ class Trainer:
 
             rate = cfg.model.moe_bias_rate
             self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
-        if cfg.train.compile:
-            import torch._inductor.config as inductor_config
-
-            inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-            from .inductor_tuning import persistent_reductions_upto
-
-            note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
-            if note:
-                self.log(note)
-        # fsdp compiles block by block (build_fsdp_model); ddp the whole model or (compile_scope=block) each block
-        whole = cfg.train.compile and self.strategy == "ddp" and cfg.train.compile_scope == "model"
-        if cfg.train.compile and self.strategy == "ddp" and cfg.train.compile_scope == "block":
-            compile_blocks(self.model)
-        self.forward = torch.compile(self.model, dynamic=False) if whole else self.model
+        self.forward = self.compiled_forward()
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self.step = 0
         self.tokens = 0
@@ -221,6 +195,43 @@ class Trainer:
         self.strategy, est = choose_strategy(self.cfg, self.dist.world_size, self.device, dtype_bytes=dtype_bytes)
         self.memory_estimate = est
         self.log(f"memory: {est.describe()}")
+
+    def log_fallbacks(self) -> None:
+        """A switch that cannot take effect here says what runs instead: the model's own dtype."""
+        cfg, rt = self.cfg, self.model.runtime
+        where = self.device.type if self.device.type != "cuda" else "this GPU"
+        dtype = str(rt.dtype).removeprefix("torch.")
+        if cfg.model.fp8_head and not rt.fp8_head:
+            self.log(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
+                     f"the head runs in {dtype} like the rest of the model")
+        if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in self.model.blocks):
+            self.log(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
+                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
+        if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in self.model.blocks):
+            self.log(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths that "
+                     f"are multiples of 16); the attention projections run in {dtype} like the rest of the model")
+        if cfg.model.fused_ce and not rt.fused_ce:
+            self.log(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
+                     f"in float32")
+
+    def compiled_forward(self):
+        """The model under torch.compile (with this run's Inductor settings), or the model itself."""
+        cfg = self.cfg
+        if cfg.train.compile:
+            import torch._inductor.config as inductor_config
+
+            inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
+            from .inductor_tuning import persistent_reductions_upto
+
+            note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
+            if note:
+                self.log(note)
+        if not cfg.train.compile or self.strategy == "fsdp":  # fsdp: compiled block by block (build_fsdp_model)
+            return self.model
+        if cfg.train.compile_scope == "block":  # reductions then start inside the backward
+            compile_blocks(self.model)
+            return self.model
+        return torch.compile(self.model, dynamic=False)
 
     def usable_val_tokens(self) -> int:
         """data.val_tokens, rounded down to whole evaluation steps and capped by the val shards' size."""
@@ -306,7 +317,7 @@ class Trainer:
     def evaluate(self, step: int | None = None) -> float:
         """Mean validation loss of the model after `step` training steps (default: the current one),
         at that step's attention windows."""
-        from ..data.loader import val_batches
+        from ..data.val import val_batches
 
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
@@ -450,7 +461,7 @@ class Trainer:
         tokens_per_step = t.batch_tokens
         flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         if self.step == 0 and t.val_every:
-            self.validate(result)  # the starting point of the curves
+            self.record_validation(result)  # the starting point of the curves
         last_log_time, last_log_step = self.train_time, self.step
         t_start = time.perf_counter() - self.train_time
         first_step = self.step  # result.train_losses[i] is step first_step + i
@@ -503,7 +514,7 @@ class Trainer:
                 # is not a logging step last set train_time before its kernels had finished).
                 self.train_time = time.perf_counter() - t_start
                 t_eval = time.perf_counter()
-                self.validate(result)
+                self.record_validation(result)
                 t_start += time.perf_counter() - t_eval  # evaluation is not training time
             if ckpt_step:
                 self.sync_device()
@@ -576,7 +587,7 @@ class Trainer:
         torch.distributed.broadcast(flag, src=0)
         return bool(flag.item())
 
-    def validate(self, result: TrainResult) -> None:
+    def record_validation(self, result: TrainResult) -> None:
         val = self.evaluate()
         result.val_history.append((self.step, val))
         self.metrics.log({"step": self.step, "tokens": self.tokens, "time_s": self.train_time, "val_loss": val})
