@@ -11,6 +11,7 @@ the user creates (tempfile's 0600 would make shared shards and exports private).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import shutil
 import tempfile
@@ -18,6 +19,15 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's bytes, read in 4 MiB blocks (shard manifests and checkpoint checksums)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:

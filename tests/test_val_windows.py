@@ -22,8 +22,9 @@ GROWING = ["--train.steps=8", "--train.val_every=4", "--train.checkpoint_every=4
 
 
 def direct_val_loss(model, cfg, windows) -> float:
+    # On the model's device: on a GPU machine tiny-cpu's device "auto" trains (and loads) on CUDA.
     batches = val_batches(resolve_eval_files(cfg, None, "val"), seq_len=cfg.data.seq_len, batch_size=8,
-                          max_tokens=cfg.data.val_tokens)
+                          max_tokens=cfg.data.val_tokens, device=next(model.parameters()).device)
     return torch.cat([model(x, y, reduction="none", windows=windows) for x, y in batches]).double().mean().item()
 
 

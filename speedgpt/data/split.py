@@ -3,12 +3,12 @@ documents into shards of bounded size (`ShardWriter`)."""
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 from pathlib import Path
 
 import numpy as np
 
+from ..atomic import sha256_file
 from .shards import write_shard
 
 
@@ -37,19 +37,11 @@ class ShardWriter:
             return
         path = self.out_dir / f"{self.split}_{len(self.shards):06d}.bin"
         n = write_shard(path, np.concatenate(self.pending))
-        self.shards.append({"file": path.name, "tokens": n, "sha256": _sha256(path)})
+        self.shards.append({"file": path.name, "tokens": n, "sha256": sha256_file(path)})
         self.pending, self.n_pending = [], 0
 
     def summary(self) -> dict:
         return {"documents": self.documents, "tokens": self.tokens, "shards": self.shards}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 class Splitter:

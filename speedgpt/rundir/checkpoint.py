@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import faults
-from ..atomic import atomic_write, publish_dir
+from ..atomic import atomic_write, publish_dir, sha256_file
 
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp-"
@@ -115,14 +115,6 @@ def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: 
     return final
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES, fix: str = "") -> None:
     """Check tensor files of checkpoint `path` against the size and SHA-256 in its state.json.
     Checkpoints written before checksums existed have no record and are not checked. `fix` ends
@@ -138,7 +130,7 @@ def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES,
         if size != rec["bytes"]:
             raise CheckpointError(f"checkpoint file {f} is {'truncated' if size < rec['bytes'] else 'too long'}: "
                                   f"{size:,} bytes, {rec['bytes']:,} were written; {fix}")
-        if _sha256_file(f) != rec["sha256"]:
+        if sha256_file(f) != rec["sha256"]:
             raise CheckpointError(f"checkpoint file {f} is corrupt: its SHA-256 differs from the one recorded at "
                                   f"save; {fix}")
 
