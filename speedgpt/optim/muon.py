@@ -174,7 +174,8 @@ class Muon(torch.optim.Optimizer):
         state = self.state[p]
         if "second_momentum_buffer" not in state:
             shape, dtype = self.state_layout(p)["second_momentum_buffer"]
-            state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=p.device)
+            # On the update's device: under FSDP (ShardedMuon) p is a shard and the update a whole matrix.
+            state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=update.device)
         return normuon_normalize(update, state["second_momentum_buffer"], group["normuon_beta2"])
 
     def update_for(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ..parallel.fsdp import full_tensor, is_sharded, shard_like
-from .muon import Muon, normuon_normalize, orthogonalize
+from .muon import Muon, orthogonalize
 
 
 def _rows(n: int, world: int) -> list[int]:
@@ -94,12 +94,3 @@ class ShardedMuon(Muon):
             out.copy_(inp)
             return
         dist.all_to_all_single(out, inp, output_split_sizes=out_sizes, input_split_sizes=in_sizes, group=pg)
-
-    def normalize(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> torch.Tensor:
-        if not group["normuon"]:
-            return update
-        state = self.state[p]
-        if "second_momentum_buffer" not in state:
-            shape, dtype = self.state_layout(p)["second_momentum_buffer"]
-            state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=update.device)
-        return normuon_normalize(update, state["second_momentum_buffer"], group["normuon_beta2"])
