@@ -235,30 +235,28 @@ def write_plots(out: Path, results: list[RunResult], front: dict) -> list[Path]:
     xs = [row["flops"] for row in front["rows"]]
     smooth = np.geomspace(min(xs), max(xs), 50)
     ax.plot(xs, [row["loss"] for row in front["rows"]], "k--", lw=1, label="frontier")
-    fit = front["loss_fit"]
-    if fit:
-        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="final val loss", title="loss against compute")
-    ax.legend()
-    fig.tight_layout()
-    paths.append(out / "frontier.png")
-    with atomic_file(paths[-1]) as f:
-        fig.savefig(f, dpi=120, format="png")
-    plt.close(fig)
+    paths.append(_finish_plot(fig, ax, front["loss_fit"], smooth, out / "frontier.png"))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(xs, [row["params_opt"] for row in front["rows"]], "o", label="N_opt")
-    fit = front["params_fit"]
-    if fit:
-        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
     ax.set(xscale="log", yscale="log", xlabel="training FLOPs", ylabel="scaling parameters",
            title="compute-optimal model size")
+    paths.append(_finish_plot(fig, ax, front["params_fit"], smooth, out / "optimal_params.png"))
+    return paths
+
+
+def _finish_plot(fig, ax, fit: dict | None, smooth, path: Path) -> Path:
+    """Draw a fitted power law (when there is one), then write the figure atomically and close it."""
+    import matplotlib.pyplot as plt
+
+    if fit:
+        ax.plot(smooth, fit["k"] * smooth ** fit["a"], "r:", label=f"fit C^{fit['a']:.3f}")
     ax.legend()
     fig.tight_layout()
-    paths.append(out / "optimal_params.png")
-    with atomic_file(paths[-1]) as f:
+    with atomic_file(path) as f:
         fig.savefig(f, dpi=120, format="png")
     plt.close(fig)
-    return paths
+    return path
 
 
 def analyze(out: Path, echo=print) -> dict:

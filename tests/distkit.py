@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import torch
 
@@ -29,3 +31,11 @@ def spawn_local(fn, world_size: int, *args) -> None:
     import torch.multiprocessing as mp
 
     mp.spawn(_local_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
+
+
+def copy_without_checkpoint(run_dir: Path, dest: Path, step: int) -> Path:
+    """A copy of run_dir without its checkpoint of `step` (and without metrics), to resume from the one before."""
+    shutil.copytree(run_dir, dest)
+    shutil.rmtree(dest / "checkpoints" / f"step_{step:06d}")
+    (dest / "metrics.jsonl").unlink(missing_ok=True)
+    return dest

@@ -8,13 +8,12 @@ micro-steps), both continuing with its losses (rtol 2e-4: fp32 reduction order);
 `speedgpt export` consolidates its last checkpoint into the weights the run ended with.
 """
 
-import shutil
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from distkit import spawn_local
+from distkit import copy_without_checkpoint, spawn_local
 from speedgpt.config import apply_overrides, config_from_plain
 from speedgpt.rundir.dcp import read_model_state
 from test_parallel_fsdp import assert_same_init
@@ -42,10 +41,7 @@ def run(cfg, world, run_dir, tmp, resume=False, check_init=False):
 
 
 def step2_copy(run_dir, dest):
-    shutil.copytree(run_dir, dest)
-    shutil.rmtree(dest / "checkpoints" / "step_000004")
-    (dest / "metrics.jsonl").unlink(missing_ok=True)
-    return dest
+    return copy_without_checkpoint(run_dir, dest, 4)
 
 
 def test_dcp_fsdp_4_ranks_resumes_on_2_and_into_ddp_and_exports(tmp_path, monkeypatch):

@@ -8,14 +8,13 @@ One scenario, run once (the runs are the expensive part):
 """
 
 import json
-import shutil
 
 import numpy as np
 import torch
 
 from speedgpt.config import apply_overrides, config_from_plain, load_preset
 from speedgpt.data.shards import write_shard
-from distkit import spawn_local
+from distkit import copy_without_checkpoint, spawn_local
 from speedgpt.train.loop import train
 
 BOS = 50256
@@ -71,11 +70,7 @@ def run_two(cfg, run_dir, tmp, resume=False):
 
 
 def resume_copy(run_dir, dest):
-    """A copy of run_dir whose latest checkpoint is step 3."""
-    shutil.copytree(run_dir, dest)
-    shutil.rmtree(dest / "checkpoints" / "step_000006")
-    (dest / "metrics.jsonl").unlink(missing_ok=True)
-    return dest
+    return copy_without_checkpoint(run_dir, dest, 6)
 
 
 def test_two_ranks_match_one_rank_and_resume_across_world_sizes(tmp_path, monkeypatch):
