@@ -214,6 +214,22 @@ class ScheduleConfig:
 
 
 @dataclass
+class StageConfig:
+    """One row of a stage table (train.stages): a span of the run with its own batch, shapes, windows,
+    multi-token-prediction weights and lr multiplier. Zeros fall back to the run's own keys."""
+    share: float = 0.0  # this stage's share of train.steps; the shares of a table add up to 1
+    batch_tokens: int = 0  # global tokens per optimizer step in this stage; 0: train.batch_tokens
+    seq_len: int = 0  # tokens per training row in this stage; 0: data.seq_len
+    window_long: int = 0  # long attention window in tokens for the whole stage; 0: the schedule's windows
+    window_short: int = 0  # short window in tokens; 0: schedule.short_window_frac of window_long
+    # Multi-token prediction: weight k scores the token k + 1 ahead (weight 0 is next-token, always 1).
+    # [1.0] (or []) is plain next-token training. mtp_weights_end (same length) ramps linearly to it.
+    mtp_weights: list[float] = field(default_factory=list)
+    mtp_weights_end: list[float] = field(default_factory=list)
+    lr_mul: float = 1.0  # multiplies every learning rate in this stage, on top of the lr schedule
+
+
+@dataclass
 class TrainConfig:
     steps: int = 1000  # ignored when tokens_per_param or flops_budget sets the horizon
     batch_tokens: int = 524_288  # global tokens per optimizer step; 0: derived from the horizon (budget.py)
@@ -256,6 +272,9 @@ class TrainConfig:
     warmup_steps: int = 0  # compile/kernel warmup steps on real data, then exact state reset
     time_budget_s: float = 0.0  # stop early (with a final eval and checkpoint) after this much training time
     peak_flops: float = 0.0  # bf16 peak for MFU; 0: the device's table value
+    # Training stages (speedgpt/stages.py): [[train.stages]] tables in a preset; empty: one stage made
+    # of the keys above (today's behaviour).
+    stages: list[StageConfig] = field(default_factory=list)
 
 
 @dataclass
@@ -301,6 +320,16 @@ def _field_types(cls: type) -> dict[str, Any]:
 def _coerce(key: str, value: Any, typ: Any) -> Any:
     """Check `value` against the field type; accept ints for floats. Raise ConfigError naming key."""
     origin = typing.get_origin(typ)
+    if dataclasses.is_dataclass(typ):  # a table of keys (a row of train.stages)
+        if isinstance(value, typ):
+            value = dataclasses.asdict(value)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a table of keys ({', '.join(_field_types(typ))}), got {value!r}")
+        types_ = _field_types(typ)
+        unknown = [k for k in value if k not in types_]
+        if unknown:
+            raise ConfigError(f"unknown config key '{key}.{unknown[0]}'; known keys: {', '.join(types_)}")
+        return typ(**{k: _coerce(f"{key}.{k}", v, types_[k]) for k, v in value.items()})
     if origin is list:
         (item_t,) = typing.get_args(typ)
         if not isinstance(value, list):
@@ -354,7 +383,8 @@ def config_from_plain(d: dict[str, Any]) -> Config:
     """Rebuild a Config from `Config.to_dict()` output (e.g. one sent to another process)."""
     out = Config(preset=d.get("preset", ""))
     for section, cls in SECTIONS.items():
-        setattr(out, section, cls(**{k: (list(v) if isinstance(v, list) else v)
+        types_ = _field_types(cls)
+        setattr(out, section, cls(**{k: (_coerce(f"{section}.{k}", v, types_[k]) if isinstance(v, list) else v)
                                      for k, v in d.get(section, {}).items()}))
     return out
 
@@ -425,7 +455,12 @@ def to_toml(cfg: Config) -> str:
     lines = [f"preset = {_toml_value(d.pop('preset'))}"]
     for section, values in d.items():
         lines.append(f"\n[{section}]")
-        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items()]
+        tables = {k: v for k, v in values.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in tables]
+        for k, rows in tables.items():  # arrays of tables (train.stages) after the section's plain keys
+            for row in rows:
+                lines.append(f"\n[[{section}.{k}]]")
+                lines += [f"{rk} = {_toml_value(rv)}" for rk, rv in row.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -463,6 +498,9 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     _check_schedule(cfg.schedule)
     _check_optim(cfg.optim)
     _check_parallel(cfg.parallel, cfg.train)
+    from .stages import check_stages  # (stages.py builds on this module)
+
+    check_stages(cfg, world_size)
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:

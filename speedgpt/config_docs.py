@@ -124,6 +124,21 @@ DESCRIPTIONS: dict[str, str] = {
     "train.warmup_steps": "compile/kernel warmup steps on real data, then an exact state reset",
     "train.time_budget_s": "stop early (final eval and checkpoint) after this much training time; 0: no limit",
     "train.peak_flops": "bf16 peak FLOP/s for MFU; 0: the device's table value",
+    "train.stages": "training stages ([[train.stages]] tables, speedgpt/stages.py): spans of the run with their own "
+                    "batch, row length, windows, MTP weights and lr; empty: one stage of the keys above",
+    # one row of train.stages
+    "train.stages.share": "the stage's share of train.steps (> 0; the shares add up to 1)",
+    "train.stages.batch_tokens": "global tokens per optimizer step in the stage; 0: train.batch_tokens. A micro-step "
+                                 "holds at most train.micro_batch_size x data.seq_len tokens (all rows when 0)",
+    "train.stages.seq_len": "tokens per training row in the stage, which also bounds how much of one document a row "
+                            "holds; 0: data.seq_len",
+    "train.stages.window_long": "long attention window (tokens, a multiple of schedule.window_block) for the whole "
+                                "stage; 0: the window schedule's",
+    "train.stages.window_short": "short attention window (tokens); 0: schedule.short_window_frac of window_long",
+    "train.stages.mtp_weights": "multi-token prediction: weight k scores the token k+1 ahead with the one lm_head "
+                                "(first weight 1.0); [] or [1.0]: next-token only (validation always is)",
+    "train.stages.mtp_weights_end": "the MTP weights at the stage's end, reached linearly (same length); []: constant",
+    "train.stages.lr_mul": "multiplies every learning rate in the stage, on top of the lr schedule",
     # run
     "run.name": "run name (legend label, default run directory name)",
     "run.dir": "run directory; empty: runs/<name>-<time>",
@@ -159,6 +174,15 @@ def config_keys(cfg=None) -> list[tuple[str, object]]:
     return keys
 
 
+def stage_keys() -> list[str]:
+    """The keys of one train.stages row, as "train.stages.<key>"."""
+    import dataclasses
+
+    from .config import StageConfig
+
+    return [f"train.stages.{f.name}" for f in dataclasses.fields(StageConfig)]
+
+
 def describe_config(cfg) -> str:
     """Every key as `section.key = value  # description`, defaults of Config() marked where they differ."""
     from .config import Config
@@ -169,6 +193,8 @@ def describe_config(cfg) -> str:
         shown = _toml_value(value)
         changed = "" if value == defaults[key] else f" (default {_toml_value(defaults[key])})"
         lines.append(f"{key} = {shown}{changed}\n    {DESCRIPTIONS.get(key, '(no description)')}")
+        if key == "train.stages":  # the keys of a row, described under the table
+            lines += [f"  {k.rsplit('.', 1)[1]}: {DESCRIPTIONS[k]}" for k in stage_keys()]
     return "\n".join(lines)
 
 

@@ -1,11 +1,11 @@
 """Every config key has exactly one description, in speedgpt/config_docs.py (what `speedgpt config` prints)."""
 
 from speedgpt.config import load_preset, preset_names
-from speedgpt.config_docs import DESCRIPTIONS, config_keys, describe_config
+from speedgpt.config_docs import DESCRIPTIONS, config_keys, describe_config, stage_keys
 
 
 def test_every_config_key_has_a_description():
-    keys = [key for key, _ in config_keys()]
+    keys = [key for key, _ in config_keys()] + stage_keys()  # a train.stages row's keys too
     missing = [key for key in keys if not DESCRIPTIONS.get(key, "").strip()]
     assert not missing, f"add a line for these keys to speedgpt/config_docs.py: {missing}"
     stale = sorted(set(DESCRIPTIONS) - set(keys))

@@ -423,6 +423,13 @@ class TokenLoader:
                           f"data.on_bad_shard=skip): {hit.error}", stacklevel=2)
         return dataclasses.replace(state, pos=pos)
 
+    def set_grad_accum(self, grad_accum: int) -> None:
+        """Batches per optimizer step from the next batch on (a stage boundary changes it); call
+        between optimizer steps. Only record28 packing reads it (its shard change at a step's start)."""
+        if grad_accum < 1:
+            raise ValueError(f"grad_accum={grad_accum} must be >= 1")
+        self.grad_accum, self._micro = grad_accum, 0
+
     def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
 

@@ -20,6 +20,7 @@ from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
 from .kernels.softcap_ce import softcap_cross_entropy
 from .moe import MoE
+from .mtp import multi_token_loss
 from .rotary import Rotary
 from .runtime import ModelRuntime
 
@@ -180,9 +181,11 @@ class GPT(nn.Module):
 
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 reduction: str = "mean", windows=None,
-                kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
+                kv_cache: KVCache | None = None, ctx: AttnContext | None = None,
+                mtp_weights: torch.Tensor | None = None) -> torch.Tensor:
         """The loss (targets given; `reduction` as in F.cross_entropy) or the softcapped fp32 logits.
-        `windows` (long, short) override the runtime's; `ctx` (masks) is built here unless given."""
+        `windows` (long, short) override the runtime's; `ctx` (masks) is built here unless given;
+        `mtp_weights` (K > 1 of them, a mean loss): multi-token prediction (model/mtp.py)."""
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
@@ -209,6 +212,9 @@ class GPT(nn.Module):
         x = norm(x)
         if targets_BT is None:
             return self.softcap(self.head(x).float())
+        if mtp_weights is not None and mtp_weights.size(0) > 1 and reduction == "mean":
+            # Scores K tokens ahead from the logits, so no fused loss path (those never form them).
+            return multi_token_loss(self.softcap(self.head(x).float()), targets_BT, mtp_weights)
         return self.loss(x, targets_BT, reduction)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:

@@ -105,16 +105,20 @@ def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int 
     the windows of training step `step` (default: the last, whose windows the finished model was
     trained with) as forward's default, and the FP8 head's gradient scale for a rank's share of the
     step's tokens."""
-    from ..optim.schedules import attention_windows
+    from ..stages import stage_plan, windows_at
 
     total = cfg.train.steps
     step = total if step is None else min(step, total)
+    plan = stage_plan(cfg)
+    # The smallest step of a stage table has the largest logit gradients: the FP8 head's scale fits it.
     rt = runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
-                     windows=attention_windows(cfg.schedule, step, total),
-                     grad_tokens=cfg.train.batch_tokens / world_size)
+                     windows=windows_at(cfg, step, plan),
+                     grad_tokens=plan.min_batch_tokens() / world_size)
     return rt.replace(activation_checkpointing=cfg.parallel.activation_checkpointing)
 
 
 def max_seq_len(cfg: Config) -> int:
     """The longest sequence a run's model sees (rotary tables are built for it)."""
-    return max(cfg.data.seq_len, cfg.data.val_seq_len or 0)
+    from ..stages import stage_plan
+
+    return max(cfg.data.seq_len, cfg.data.val_seq_len or 0, stage_plan(cfg).max_seq_len())

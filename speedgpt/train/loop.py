@@ -23,13 +23,14 @@ from ..config import Config, ConfigError, micro_batch_rows, validate
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
-from ..optim.schedules import attention_windows, lr_multiplier, muon_momentum, muon_weight_decay
+from ..optim.schedules import lr_multiplier, muon_momentum, muon_weight_decay
 from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import DistInfo, barrier, init_distributed, mean_over_ranks, teardown
 from .. import faults
 from ..rundir import RunDir, default_run_dir
 from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
 from ..rundir.env import environment_snapshot
+from ..stages import Stage, stage_micro_batch, stage_plan, windows_at
 from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
 from .preempt import StopRequest, TrainingStopped
@@ -104,7 +105,16 @@ class Trainer:
         self.lr_scale = 1.0  # lowered by each numerics rollback; part of the checkpointed state
         self.rollbacks = 0
         self.device = self.dist.device
+        # The run's own micro-batching (validation uses it); a stage table's steps have their own (train_step).
         self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
+        self.plan = stage_plan(cfg)
+        self.stage: Stage | None = None  # the stage the loop last set up; None: none yet (start, resume, warmup)
+        # Called as hook(trainer, previous, stage) when training enters another stage (previous None after
+        # the start, a resume or the warmup's reset): a switch that changes the model at a stage boundary
+        # (untying the embedding from the head, say) sets itself up for `stage` here. Hooks must leave
+        # the model in a state that depends only on the stage and the state dict, so resume stays exact.
+        self.stage_hooks: list = []
+        self._flops_per_token: dict[int, float] = {}
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -123,9 +133,10 @@ class Trainer:
             self.rundir.write_env(environment_snapshot(self.device))
         barrier()
         self.train_files, self.val_files = resolve_data_files(cfg, self.dist, self.log)
-        check_capacity(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
-                       world_size=self.dist.world_size, grad_accum=self.grad_accum,
-                       lenient=d.on_bad_shard == "skip")
+        for stage in self.plan.stages:
+            rows, accum = stage_micro_batch(cfg, stage, self.dist.world_size)
+            check_capacity(self.train_files, seq_len=stage.seq_len, batch_size=rows,
+                           world_size=self.dist.world_size, grad_accum=accum, lenient=d.on_bad_shard == "skip")
         self.val_tokens = self.usable_val_tokens()
         self.loader = TokenLoader(self.train_files, seq_len=d.seq_len, batch_size=self.micro_batch,
                                   rank=self.dist.rank, world_size=self.dist.world_size, device=self.device,
@@ -147,7 +158,9 @@ class Trainer:
             self.model = model_from_config(cfg, self.device, world_size=self.dist.world_size)
         rt = self.model.runtime
         block = rt.window_block
-        for key, length in (("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)):
+        lengths = [("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)]
+        lengths += [(f"train.stages[{s.index}].seq_len", s.seq_len) for s in self.plan.stages if self.plan.from_table]
+        for key, length in lengths:
             if rt.attn_backend == "flex" and length % block:
                 raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
                                   f"FlexAttention; use {max(block, length // block * block)} or "
@@ -163,6 +176,7 @@ class Trainer:
             self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
         self.forward = self.compiled_forward()
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
+        self._mtp_tensors = self.mtp_weight_tensors()
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
@@ -178,8 +192,13 @@ class Trainer:
         if self.has_experts:
             self.log(f"experts: {self.model.active_params() / 1e6:.1f}M parameters active per token "
                      f"(MFU counts these)")
-        self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
-                 f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
+        if self.plan.from_table:
+            for line in self.plan.describe(cfg, self.dist.world_size):
+                self.log(line)
+            self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
+        else:
+            self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
+                     f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {d.seq_len} tokens")
         if self.resume:
             self.load_latest()
         elif cfg.train.on_nonfinite == "rollback":
@@ -250,9 +269,37 @@ class Trainer:
         return tokens
 
     # ------------------------------------------------------------------------------------------
+    def mtp_weight_tensors(self) -> list[torch.Tensor | None]:
+        """Every step's multi-token-prediction weights as its own device tensor, made once before
+        training (None for steps that predict the next token only): no host-to-device copy, and so
+        no sync, inside the timed steps."""
+        if not self.plan.has_mtp:
+            return []
+        out: list[torch.Tensor | None] = []
+        for stage in self.plan.stages:
+            if stage.predicts == 1:
+                out += [None] * stage.steps
+                continue
+            table = torch.tensor([stage.mtp_weights_at(step) for step in range(stage.start, stage.end)],
+                                 dtype=torch.float32, device=self.device)
+            out += [row.clone() for row in table]  # separate tensors: a compiled graph sees the same layout each step
+        return out
+
+    def enter_stage(self, step: int) -> Stage:
+        """The stage of `step`, set up (loader micro-batching, stage hooks) when it is not the current one."""
+        stage = self.plan.stage_at(step)
+        if stage is not self.stage:
+            previous, self.stage = self.stage, stage
+            _, accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
+            self.loader.set_grad_accum(accum)
+            for hook in self.stage_hooks:
+                hook(self, previous, stage)
+        return stage
+
     def set_hyperparameters(self, step: int):
         cfg = self.cfg
-        mult = lr_multiplier(cfg.schedule, step, cfg.train.steps)
+        # A stage's lr_mul scales the schedule (x 1.0 exactly without a stage table)
+        mult = lr_multiplier(cfg.schedule, step, cfg.train.steps) * self.plan.stage_at(step).lr_mul
         for opt in self.optimizers:
             for group in opt.param_groups:
                 group["lr"] = group["initial_lr"] * mult
@@ -269,7 +316,7 @@ class Trainer:
         tokens; under compile a device tensor. Training step k and the validation after k steps both
         use them, so validation scores the model with the windows it is trained at (as record #28)."""
         cfg = self.cfg
-        windows = attention_windows(cfg.schedule, step, cfg.train.steps)
+        windows = windows_at(cfg, step, self.plan)
         if not cfg.train.compile:
             return windows
         # A compiled graph specializes on Python ints: windows enter as device tensors so the growing
@@ -284,6 +331,9 @@ class Trainer:
             os._exit(1)  # a crashed worker (fault suite)
         if faults.fires("sigterm", step, rank):
             os.kill(os.getpid(), signal.SIGTERM)
+        stage = self.enter_stage(step)
+        rows, grad_accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
+        mtp_weights = self._mtp_tensors[step] if self._mtp_tensors else None
         windows = self.set_hyperparameters(step)
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
@@ -291,12 +341,15 @@ class Trainer:
                     group["lr"] *= self.lr_scale
         total = torch.zeros((), device=self.device)
         self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
-        for i in range(self.grad_accum):
-            inputs, targets = self.loader.next_batch()
-            loss = self.forward(inputs, targets, windows=windows) / self.grad_accum
+        for i in range(grad_accum):
+            inputs, targets = self.loader.next_batch(rows, stage.seq_len)
+            if mtp_weights is None:
+                loss = self.forward(inputs, targets, windows=windows) / grad_accum
+            else:
+                loss = self.forward(inputs, targets, windows=windows, mtp_weights=mtp_weights) / grad_accum
             if i == 0 and faults.fires("nan", step, rank):
                 loss = loss * float("nan")
-            self.grad_sync.prepare(final=i == self.grad_accum - 1)  # only the last backward communicates
+            self.grad_sync.prepare(final=i == grad_accum - 1)  # only the last backward communicates
             loss.backward()
             total += loss.detach()
         norm = None
@@ -415,6 +468,7 @@ class Trainer:
         torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
         self.step, self.tokens, self.train_time = state["step"], state["tokens"], state["train_time_s"]
         self.lr_scale = state.get("lr_scale", 1.0)
+        self.stage = None  # set up again from the resumed step
         self.guard.reset()
         self.log(f"resumed from {path} at step {self.step} ({self.tokens:,} tokens)")
         self.metrics.log({"event": "resume", "step": self.step, "tokens": self.tokens, "time_s": self.train_time})
@@ -429,18 +483,33 @@ class Trainer:
         model_state = copy.deepcopy(self.model.state_dict())
         optim_states = copy.deepcopy(self.optimizers.state_dict())
         loader_state = self.loader.state_dict()
-        total = self.cfg.train.steps
-        # Visit steps across the schedule so every window size the run will use gets compiled.
-        for i in range(n):
-            self.train_step(min(total - 1, (i * total) // n))
+        for step in self.warmup_schedule():
+            self.train_step(step)
         self.evaluate()
         self.model.load_state_dict(model_state)
         self.optimizers.load_state_dict(optim_states)
         self.loader.load_state_dict(loader_state)
+        self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter() - t0
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """The model's training FLOPs per token at a row length (cached: a stage table has a few)."""
+        if seq_len not in self._flops_per_token:
+            self._flops_per_token[seq_len] = self.model.flops_per_token(seq_len)
+        return self._flops_per_token[seq_len]
+
+    def warmup_schedule(self) -> list[int]:
+        """The steps the warmup trains: train.warmup_steps spread over the run, so every window size the
+        run will use gets compiled, plus the first step of every later stage (its batch, row length and
+        MTP weight count are new shapes), in order."""
+        n, total = self.cfg.train.warmup_steps, self.cfg.train.steps
+        spread = [min(total - 1, (i * total) // n) for i in range(n)]
+        if not self.plan.from_table:
+            return spread
+        return sorted(set(spread) | {stage.start for stage in self.plan.stages})
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -458,20 +527,18 @@ class Trainer:
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         result = TrainResult(self.run_dir, self.step, self.tokens, self.train_time, None)
-        tokens_per_step = t.batch_tokens
-        flops_per_token = self.model.flops_per_token(cfg.data.seq_len)
         if self.step == 0 and t.val_every:
             self.record_validation(result)  # the starting point of the curves
-        last_log_time, last_log_step = self.train_time, self.step
+        last_log_time, last_log_step, last_log_tokens = self.train_time, self.step, self.tokens
         t_start = time.perf_counter() - self.train_time
         first_step = self.step  # result.train_losses[i] is step first_step + i
         stop = False
         while self.step < t.steps and not stop:
             self.stop_request.step = self.step
             loss = self.train_step(self.step)
+            self.tokens += self.stage.batch_tokens
             self.step += 1
             self.stop_request.step = self.step  # a signal from here on arrives before the next step
-            self.tokens += tokens_per_step
             self.train_time = time.perf_counter() - t_start
             result.train_losses.append(loss)
             if t.time_budget_s and self.budget_spent():
@@ -488,7 +555,7 @@ class Trainer:
                 if rolled_back:
                     del result.train_losses[self.step - first_step:]
                     t_start = time.perf_counter() - self.train_time
-                    last_log_time, last_log_step = self.train_time, self.step
+                    last_log_time, last_log_step, last_log_tokens = self.train_time, self.step, self.tokens
                     continue
             if signalled:
                 self.sync_device()
@@ -503,11 +570,12 @@ class Trainer:
                 self.train_time = time.perf_counter() - t_start
                 n = max(1, self.step - last_log_step)
                 dt = (self.train_time - last_log_time) / n
-                last_log_time, last_log_step = self.train_time, self.step
+                tokens_per_step = (self.tokens - last_log_tokens) / n  # a stage boundary can lie in between
+                last_log_time, last_log_step, last_log_tokens = self.train_time, self.step, self.tokens
                 # The mean over the steps since the last log (over the global batch): a smoother curve
                 # than one step's loss, for the same single host sync.
                 window = self.window_mean(torch.stack(result.train_losses[-n:]))
-                self.log_train(window.item(), dt, tokens_per_step, flops_per_token)
+                self.log_train(window.item(), dt, tokens_per_step, self.flops_per_token(self.stage.seq_len))
             if (t.val_every and self.step % t.val_every == 0) or last:
                 self.sync_device()  # queued training kernels count as training, not as evaluation
                 # ...and so in the val record's time_s, which equal-time comparisons read (a step that

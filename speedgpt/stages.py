@@ -1,0 +1,200 @@
+"""Training stages: a run cut into spans, each with its own batch, row length, attention windows,
+multi-token-prediction weights and lr multiplier (the later speedrun records' stage tables).
+
+The table is config data (`[[train.stages]]` in a preset, `train.stages` in a run's config.toml).
+`stage_plan(cfg)` resolves it once into `Stage`s with concrete step ranges; everything a step needs
+from it (its stage, windows, MTP weights, lr multiplier, micro-batching) is then a pure function of
+the step, so a resumed run lands in the right stage without storing anything. A config without a
+table is one stage made of the run's own keys: the loop runs exactly as it did before stages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import Config, ConfigError, micro_batch_rows
+
+# The shares of a table must add up to 1 within this (they are written as decimals like 0.33).
+SHARE_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One resolved stage: steps [start, end) and concrete values for each of its keys."""
+
+    index: int
+    start: int
+    end: int
+    batch_tokens: int
+    seq_len: int
+    windows: tuple[int, int] | None  # (long, short) tokens for the whole stage; None: the window schedule's
+    mtp_weights: tuple[float, ...]  # at the stage's first step; (1.0,): next-token prediction only
+    mtp_weights_end: tuple[float, ...]  # at its last step (linear in between)
+    lr_mul: float
+
+    @property
+    def steps(self) -> int:
+        return self.end - self.start
+
+    def mtp_weights_at(self, step: int) -> tuple[float, ...]:
+        """The weights of `step`: linear from mtp_weights at the stage's first step to mtp_weights_end
+        at its end (the record's [1, .5, .25 -> 0]), constant when both are the same."""
+        if self.mtp_weights == self.mtp_weights_end:
+            return self.mtp_weights
+        t = (step - self.start) / self.steps
+        return tuple(a + (b - a) * t for a, b in zip(self.mtp_weights, self.mtp_weights_end))
+
+    @property
+    def predicts(self) -> int:
+        """Tokens ahead the loss scores (1: next-token only)."""
+        return len(self.mtp_weights)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    stages: tuple[Stage, ...]
+    from_table: bool  # False: the run has no train.stages (one implicit stage)
+
+    def stage_at(self, step: int) -> Stage:
+        """The stage that trains step `step` (steps at or past the end: the last stage, whose windows
+        the finished model is validated and sampled with)."""
+        for stage in self.stages:
+            if step < stage.end:
+                return stage
+        return self.stages[-1]
+
+    @property
+    def has_mtp(self) -> bool:
+        return any(s.predicts > 1 for s in self.stages)
+
+    def max_seq_len(self) -> int:
+        return max(s.seq_len for s in self.stages)
+
+    def min_batch_tokens(self) -> int:
+        return min(s.batch_tokens for s in self.stages)
+
+    def describe(self, cfg: Config, world_size: int = 1) -> list[str]:
+        """The resolved table, one line per stage, as printed at the start of a run."""
+        lines = [f"stages: {len(self.stages)} over {cfg.train.steps} steps"]
+        for s in self.stages:
+            rows, accum = stage_micro_batch(cfg, s, world_size)
+            windows = f"{s.windows[0]}/{s.windows[1]}" if s.windows else "schedule"
+            mtp = _fmt(s.mtp_weights) + ("" if s.mtp_weights == s.mtp_weights_end else f"->{_fmt(s.mtp_weights_end)}")
+            lines.append(f"  stage {s.index}: steps {s.start}-{s.end - 1} | batch {s.batch_tokens} tokens = "
+                         f"{world_size} rank(s) x {accum} micro-step(s) x {rows} row(s) x {s.seq_len} | windows "
+                         f"{windows} | mtp {mtp} | lr x{s.lr_mul:g}")
+        return lines
+
+    def as_records(self) -> list[dict]:
+        """The resolved table as plain dicts (the run's metrics.jsonl keeps it)."""
+        return [{"stage": s.index, "start": s.start, "end": s.end, "batch_tokens": s.batch_tokens,
+                 "seq_len": s.seq_len, "windows": list(s.windows) if s.windows else None,
+                 "mtp_weights": list(s.mtp_weights), "mtp_weights_end": list(s.mtp_weights_end),
+                 "lr_mul": s.lr_mul} for s in self.stages]
+
+
+def _fmt(weights: tuple[float, ...]) -> str:
+    return "[" + ", ".join(f"{w:g}" for w in weights) + "]"
+
+
+def stage_plan(cfg: Config) -> StagePlan:
+    """Resolve train.stages into step ranges and concrete values (raises ConfigError on a bad table)."""
+    t, d = cfg.train, cfg.data
+    if not t.stages:
+        return StagePlan((Stage(0, 0, t.steps, t.batch_tokens, d.seq_len, None, (1.0,), (1.0,), 1.0),), False)
+    total_share = sum(s.share for s in t.stages)
+    if any(s.share <= 0 for s in t.stages) or abs(total_share - 1.0) > SHARE_TOLERANCE:
+        raise ConfigError(f"train.stages: every stage needs a share > 0 and the shares must add up to 1 "
+                          f"(they add up to {total_share:g}); fix the stages' share values")
+    stages, start, cumulative = [], 0, 0.0
+    for i, s in enumerate(t.stages):
+        cumulative += s.share
+        end = t.steps if i == len(t.stages) - 1 else round(cumulative * t.steps)
+        if end <= start:
+            raise ConfigError(f"train.stages[{i}] gets no step of train.steps={t.steps} (share {s.share:g}); "
+                              f"raise its share or train.steps")
+        weights = tuple(s.mtp_weights) or (1.0,)
+        weights_end = tuple(s.mtp_weights_end) or weights
+        stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len,
+                            _stage_windows(cfg, i), weights, weights_end, s.lr_mul))
+        start = end
+    return StagePlan(tuple(stages), True)
+
+
+def _stage_windows(cfg: Config, i: int) -> tuple[int, int] | None:
+    s, sched = cfg.train.stages[i], cfg.schedule
+    if not s.window_long:
+        if s.window_short:
+            raise ConfigError(f"train.stages[{i}].window_short={s.window_short} needs window_long too "
+                              f"(0 leaves both to the window schedule)")
+        return None
+    block = sched.window_block
+    short = s.window_short or max(block, int(s.window_long // block * sched.short_window_frac) * block)
+    for key, value in (("window_long", s.window_long), ("window_short", short)):
+        if value < block or value % block:
+            raise ConfigError(f"train.stages[{i}].{key}={value} must be a positive multiple of "
+                              f"schedule.window_block={block}")
+    if short > s.window_long:
+        raise ConfigError(f"train.stages[{i}].window_short={short} exceeds window_long={s.window_long}")
+    return s.window_long, short
+
+
+def windows_at(cfg: Config, step: int, plan: StagePlan | None = None) -> tuple[int, int]:
+    """(long, short) attention windows of training step `step`: its stage's, or the window schedule's."""
+    from .optim.schedules import attention_windows
+
+    stage = (plan or stage_plan(cfg)).stage_at(step)
+    return stage.windows or attention_windows(cfg.schedule, step, cfg.train.steps)
+
+
+def stage_micro_batch(cfg: Config, stage: Stage, world_size: int = 1) -> tuple[int, int]:
+    """(rows per micro-step per rank, gradient-accumulation steps) of a stage. Without a table, the
+    run's own (`micro_batch_rows`). With one, a micro-step holds at most the tokens of the run's own
+    micro-step (train.micro_batch_size rows of data.seq_len; all of a rank's rows when that is 0), so
+    a stage with shorter rows takes more of them and memory stays bounded: the rows are the largest
+    divisor of the rank's rows within that cap."""
+    if not cfg.train.stages:
+        return micro_batch_rows(cfg, world_size)
+    rows_global = stage.batch_tokens // stage.seq_len
+    if stage.batch_tokens % stage.seq_len or rows_global % world_size:
+        raise ConfigError(f"train.stages[{stage.index}]: batch_tokens={stage.batch_tokens} must be a whole number "
+                          f"of rows of seq_len={stage.seq_len}, and the rows a multiple of {world_size} rank(s)")
+    rows_rank = rows_global // world_size
+    mb = cfg.train.micro_batch_size
+    cap = max(1, mb * cfg.data.seq_len // stage.seq_len) if mb else rows_rank
+    rows = max(r for r in range(1, min(cap, rows_rank) + 1) if rows_rank % r == 0)
+    return rows, rows_rank // rows
+
+
+def check_stages(cfg: Config, world_size: int = 1) -> None:
+    """Raise ConfigError for the first inconsistent stage (called by config.validate)."""
+    t = cfg.train
+    if not t.stages:
+        return
+    if t.tokens_per_param or t.flops_budget:
+        raise ConfigError("train.stages with a budget (train.tokens_per_param / train.flops_budget) is not "
+                          "supported: the batch changes per stage; set train.steps instead")
+    for i, s in enumerate(t.stages):
+        for key in ("batch_tokens", "seq_len", "window_long", "window_short"):
+            if getattr(s, key) < 0:
+                raise ConfigError(f"train.stages[{i}].{key}={getattr(s, key)} must be >= 0 (0: the run's own)")
+        if (s.seq_len or cfg.data.seq_len) < 2:
+            raise ConfigError(f"train.stages[{i}].seq_len={s.seq_len} must be at least 2")
+        if not (s.lr_mul > 0 and math.isfinite(s.lr_mul)):
+            raise ConfigError(f"train.stages[{i}].lr_mul={s.lr_mul} must be > 0")
+        weights = s.mtp_weights or [1.0]
+        if weights[0] != 1.0 or (s.mtp_weights_end and s.mtp_weights_end[0] != 1.0):
+            raise ConfigError(f"train.stages[{i}]: the first MTP weight (the next token's) must be 1.0, got "
+                              f"{s.mtp_weights} -> {s.mtp_weights_end}; scale the loss with lr_mul instead")
+        if s.mtp_weights_end and len(s.mtp_weights_end) != len(weights):
+            raise ConfigError(f"train.stages[{i}].mtp_weights_end={s.mtp_weights_end} must have as many weights as "
+                              f"mtp_weights={weights} (or be empty)")
+        if any(not (w >= 0 and math.isfinite(w)) for w in [*weights, *s.mtp_weights_end]):
+            raise ConfigError(f"train.stages[{i}]: MTP weights must be finite and >= 0")
+    plan = stage_plan(cfg)
+    for stage in plan.stages:
+        stage_micro_batch(cfg, stage, world_size)
+        if stage.predicts >= stage.seq_len:
+            raise ConfigError(f"train.stages[{stage.index}]: {stage.predicts} MTP weights need rows longer than "
+                              f"seq_len={stage.seq_len}")
