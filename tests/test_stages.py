@@ -1,0 +1,163 @@
+"""Training stages (speedgpt/stages.py, train.stages): the table as config data, its resolution, the
+loop's per-stage shapes, warmup over every stage, no recompile mid-run, and exact resume across a
+stage boundary."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from speedgpt.config import ConfigError, apply_overrides, load_toml, save_toml, validate
+from speedgpt.optim.schedules import lr_multiplier
+from speedgpt.rundir.checkpoint import list_checkpoints
+from speedgpt.stages import stage_micro_batch, stage_plan, windows_at
+from speedgpt.train.loop import Trainer, train
+
+# 12 steps: stage 0 = steps 0-5 (half batch, half rows, MTP over 3 tokens ramping down, a fixed window),
+# stage 1 = 6-8 (two tokens ahead), stage 2 = 9-11 (plain, half the lr).
+TABLE = ("--train.stages=["
+         "{share=0.5, batch_tokens=256, seq_len=32, window_long=32, mtp_weights=[1.0, 0.5, 0.25], "
+         "mtp_weights_end=[1.0, 0.5, 0.0]},"
+         "{share=0.25, mtp_weights=[1.0, 0.5]},"
+         "{share=0.25, lr_mul=0.5}]")
+
+
+@pytest.fixture
+def staged_cfg(tiny_cfg):
+    return apply_overrides(tiny_cfg, [TABLE])
+
+
+def test_table_resolves_to_step_ranges_and_values(staged_cfg):
+    plan = stage_plan(staged_cfg)
+    assert [(s.start, s.end) for s in plan.stages] == [(0, 6), (6, 9), (9, 12)]
+    s0, s1, s2 = plan.stages
+    assert (s0.batch_tokens, s0.seq_len, s0.windows) == (256, 32, (32, 16))
+    assert (s1.batch_tokens, s1.seq_len, s1.windows) == (512, 64, None)  # zeros: the run's own keys
+    assert s0.mtp_weights_at(0) == (1.0, 0.5, 0.25) and s0.mtp_weights_at(3) == (1.0, 0.5, 0.125)
+    assert s1.mtp_weights_at(7) == (1.0, 0.5) and s2.predicts == 1 and s2.lr_mul == 0.5
+    assert plan.stage_at(5) is s0 and plan.stage_at(6) is s1 and plan.stage_at(12) is s2
+    assert windows_at(staged_cfg, 0) == (32, 16) and windows_at(staged_cfg, 7) == (64, 32)  # the schedule's
+    assert plan.has_mtp and plan.max_seq_len() == 64 and plan.min_batch_tokens() == 256
+
+
+def test_no_table_is_one_stage_of_the_run_itself(tiny_cfg):
+    plan = stage_plan(tiny_cfg)
+    (s,) = plan.stages
+    assert not plan.from_table and not plan.has_mtp
+    assert (s.start, s.end, s.batch_tokens, s.seq_len, s.windows, s.lr_mul) == (0, 12, 512, 64, None, 1.0)
+    assert stage_micro_batch(tiny_cfg, s) == (8, 1)
+
+
+def test_table_round_trips_through_the_run_config(staged_cfg, tmp_path):
+    save_toml(staged_cfg, tmp_path / "config.toml")
+    text = (tmp_path / "config.toml").read_text()
+    assert text.count("[[train.stages]]") == 3
+    assert load_toml(tmp_path / "config.toml") == staged_cfg
+
+
+@pytest.mark.parametrize("table, fix", [
+    ("[{share=0.5}, {share=0.4}]", "add up to 1"),
+    ("[{share=0.99}, {share=0.01}]", "gets no step"),
+    ("[{share=1.0, batch_tokens=500}]", "whole number of rows"),
+    ("[{share=1.0, window_long=40}]", "multiple of schedule.window_block"),
+    ("[{share=1.0, mtp_weights=[0.5, 0.5]}]", "must be 1.0"),
+    ("[{share=1.0, mtp_weights=[1.0, 0.5], mtp_weights_end=[1.0]}]", "as many weights"),
+    ("[{share=1.0, lr_mul=0.0}]", "lr_mul"),
+    ("[{share=1.0, batch=3}]", "unknown config key 'train.stages[0].batch'"),
+])
+def test_bad_tables_name_the_fix(tiny_cfg, table, fix):
+    with pytest.raises(ConfigError, match=fix.replace("[", r"\[").replace(".", r"\.")):
+        validate(apply_overrides(tiny_cfg, [f"--train.stages={table}"]))
+
+
+def test_micro_batch_stays_within_the_runs_own_micro_step(tiny_cfg):
+    cfg = apply_overrides(tiny_cfg, ["--train.micro_batch_size=2",  # 2 rows of 64: 128 tokens per micro-step
+                                     "--train.stages=[{share=0.5, seq_len=32}, {share=0.5, batch_tokens=384, seq_len=32}]"])
+    a, b = stage_plan(cfg).stages
+    assert stage_micro_batch(cfg, a) == (4, 4)  # 16 rows of 32 per step, 4 rows (128 tokens) per micro-step
+    assert stage_micro_batch(cfg, b) == (4, 3)  # 12 rows: the largest divisor within the cap
+    assert stage_micro_batch(cfg, b, world_size=2) == (3, 2)
+
+
+class Recorder(Trainer):
+    """Records the shape of every training batch and the stage hooks' calls."""
+
+    def setup(self):
+        super().setup()
+        self.shapes: list[tuple[int, int, tuple[int, int]]] = []  # (step, micro-steps, (rows, seq_len))
+        self.hook_calls: list[tuple[int | None, int]] = []
+        self.stage_hooks.append(lambda tr, prev, stage: tr.hook_calls.append(
+            (prev.index if prev is not None else None, stage.index)))
+        next_batch = self.loader.next_batch
+
+        def spy(rows, seq_len):
+            inputs, targets = next_batch(rows, seq_len)
+            self.shapes.append(tuple(inputs.shape))
+            return inputs, targets
+
+        self.loader.next_batch = spy
+
+
+def test_loop_changes_shapes_at_stage_boundaries(staged_cfg, tmp_path):
+    tr = Recorder(staged_cfg, run_dir=tmp_path / "run", quiet=True)
+    result = tr.run()
+    assert result.steps == 12 and result.tokens == 6 * 256 + 6 * 512
+    assert tr.shapes == [(8, 32)] * 6 + [(8, 64)] * 6  # all rows at once (micro_batch_size 0)
+    assert tr.hook_calls == [(None, 0), (0, 1), (1, 2)]
+    group = tr.optimizers.muon.param_groups[0]  # as the last step (11, stage 2) left it: lr_mul 0.5 on the schedule
+    assert group["lr"] == group["initial_lr"] * lr_multiplier(staged_cfg.schedule, 11, 12) * 0.5
+    assert all(torch.isfinite(torch.tensor(result.train_losses)))
+
+
+def test_warmup_visits_every_stage_and_resets_exactly(staged_cfg, tmp_path):
+    warm_cfg = apply_overrides(staged_cfg, ["--train.warmup_steps=2"])
+    tr = Recorder(warm_cfg, run_dir=tmp_path / "warm", quiet=True)
+    warm = tr.run()
+    assert tr.warmup_schedule() == [0, 6, 9]
+    assert tr.shapes[:3] == [(8, 32), (8, 64), (8, 64)]  # each stage's first step, before the run
+    assert tr.hook_calls[:4] == [(None, 0), (0, 1), (1, 2), (None, 0)]  # re-entered stage 0 after the reset
+    cold = train(staged_cfg, run_dir=tmp_path / "cold", quiet=True)
+    assert warm.train_losses == cold.train_losses  # the warmup leaves no trace in the numbers
+
+
+@pytest.mark.parametrize("resume_at", [4, 6])  # inside stage 0, and exactly at stage 1's first step
+def test_resume_across_a_stage_boundary_is_bit_equal(staged_cfg, tmp_path, resume_at):
+    cfg = apply_overrides(staged_cfg, ["--train.checkpoint_every=2", "--train.keep_checkpoints=0"])
+    full = train(cfg, run_dir=tmp_path / "run", quiet=True)
+    for ckpt in list_checkpoints(tmp_path / "run" / "checkpoints"):
+        if int(ckpt.name.split("_")[1]) > resume_at:
+            shutil.rmtree(ckpt)  # as if the run had died after step `resume_at`'s checkpoint
+    tr = Recorder(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
+    resumed = tr.run()
+    assert resumed.steps == 12 and resumed.tokens == full.tokens
+    assert resumed.train_losses == full.train_losses[resume_at:]  # bitwise on CPU
+    assert resumed.val_loss == full.val_loss
+    assert tr.hook_calls[0] == (None, 0 if resume_at < 6 else 1)
+
+
+def test_no_stage_recompiles_after_the_warmup(staged_cfg, tmp_path, monkeypatch):
+    """Compiled (dynamo with the eager backend, so the test needs no C++ compiler): the warmup compiles
+    every stage's graphs; the timed run adds none, though MTP weights and windows change values."""
+    from torch._dynamo.utils import counters
+
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend="eager", **kw))
+    cfg = apply_overrides(staged_cfg, ["--train.compile=true", "--train.warmup_steps=1"])
+
+    class Probe(Trainer):
+        def warmup_then_reset(self):
+            out = super().warmup_then_reset()
+            self.graphs_after_warmup = counters["stats"]["unique_graphs"]
+            return out
+
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        tr = Probe(cfg, run_dir=tmp_path / "run", quiet=True)
+        tr.run()
+        assert tr.graphs_after_warmup >= 3  # stage 0, stage 1 (MTP over 2), stage 2 (plain)
+        assert counters["stats"]["unique_graphs"] == tr.graphs_after_warmup
+    finally:
+        torch._dynamo.reset()
