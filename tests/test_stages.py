@@ -9,11 +9,12 @@ import shutil
 import pytest
 import torch
 
-from speedgpt.config import ConfigError, apply_overrides, load_toml, save_toml, validate
+from conftest import TINY_OVERRIDES
+from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml, validate
 from speedgpt.optim.schedules import lr_multiplier
 from speedgpt.rundir.checkpoint import list_checkpoints
 from speedgpt.stages import stage_micro_batch, stage_plan, windows_at
-from speedgpt.train.loop import Trainer, train
+from speedgpt.train.loop import Trainer
 
 # 12 steps: stage 0 = steps 0-5 (half batch, half rows, MTP over 3 tokens ramping down, a fixed window),
 # stage 1 = 6-8 (two tokens ahead), stage 2 = 9-11 (plain, half the lr).
@@ -100,41 +101,50 @@ class Recorder(Trainer):
         self.loader.next_batch = spy
 
 
-def test_loop_changes_shapes_at_stage_boundaries(staged_cfg, tmp_path):
-    tr = Recorder(staged_cfg, run_dir=tmp_path / "run", quiet=True)
-    result = tr.run()
+@pytest.fixture(scope="module")
+def full_run(text_shards, tmp_path_factory):
+    """One uninterrupted staged run with a checkpoint every 2 steps, shared by the tests below."""
+    cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}", TABLE,
+                                                                     "--train.checkpoint_every=2",
+                                                                     "--train.keep_checkpoints=0"])
+    run_dir = tmp_path_factory.mktemp("staged") / "run"
+    tr = Recorder(cfg, run_dir=run_dir, quiet=True)
+    return cfg, tr, tr.run()
+
+
+def test_loop_changes_shapes_at_stage_boundaries(full_run):
+    cfg, tr, result = full_run
     assert result.steps == 12 and result.tokens == 6 * 256 + 6 * 512
     assert tr.shapes == [(8, 32)] * 6 + [(8, 64)] * 6  # all rows at once (micro_batch_size 0)
     assert tr.hook_calls == [(None, 0), (0, 1), (1, 2)]
     group = tr.optimizers.muon.param_groups[0]  # as the last step (11, stage 2) left it: lr_mul 0.5 on the schedule
-    assert group["lr"] == group["initial_lr"] * lr_multiplier(staged_cfg.schedule, 11, 12) * 0.5
+    assert group["lr"] == group["initial_lr"] * lr_multiplier(cfg.schedule, 11, 12) * 0.5
     assert all(torch.isfinite(torch.tensor(result.train_losses)))
 
 
-def test_warmup_visits_every_stage_and_resets_exactly(staged_cfg, tmp_path):
-    warm_cfg = apply_overrides(staged_cfg, ["--train.warmup_steps=2"])
-    tr = Recorder(warm_cfg, run_dir=tmp_path / "warm", quiet=True)
+def test_warmup_visits_every_stage_and_resets_exactly(full_run, tmp_path):
+    cfg, _, cold = full_run
+    tr = Recorder(apply_overrides(cfg, ["--train.warmup_steps=2"]), run_dir=tmp_path / "warm", quiet=True)
     warm = tr.run()
     assert tr.warmup_schedule() == [0, 6, 9]
     assert tr.shapes[:3] == [(8, 32), (8, 64), (8, 64)]  # each stage's first step, before the run
     assert tr.hook_calls[:4] == [(None, 0), (0, 1), (1, 2), (None, 0)]  # re-entered stage 0 after the reset
-    cold = train(staged_cfg, run_dir=tmp_path / "cold", quiet=True)
     assert warm.train_losses == cold.train_losses  # the warmup leaves no trace in the numbers
 
 
-@pytest.mark.parametrize("resume_at", [4, 6])  # inside stage 0, and exactly at stage 1's first step
-def test_resume_across_a_stage_boundary_is_bit_equal(staged_cfg, tmp_path, resume_at):
-    cfg = apply_overrides(staged_cfg, ["--train.checkpoint_every=2", "--train.keep_checkpoints=0"])
-    full = train(cfg, run_dir=tmp_path / "run", quiet=True)
-    for ckpt in list_checkpoints(tmp_path / "run" / "checkpoints"):
-        if int(ckpt.name.split("_")[1]) > resume_at:
-            shutil.rmtree(ckpt)  # as if the run had died after step `resume_at`'s checkpoint
-    tr = Recorder(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
-    resumed = tr.run()
-    assert resumed.steps == 12 and resumed.tokens == full.tokens
-    assert resumed.train_losses == full.train_losses[resume_at:]  # bitwise on CPU
-    assert resumed.val_loss == full.val_loss
-    assert tr.hook_calls[0] == (None, 0 if resume_at < 6 else 1)
+def test_resume_across_a_stage_boundary_is_bit_equal(full_run):
+    cfg, first, full = full_run
+    # Exactly at stage 1's first step, then inside stage 0: each resumed run crosses the later boundaries.
+    for resume_at in (6, 4):
+        for ckpt in list_checkpoints(first.run_dir / "checkpoints"):
+            if int(ckpt.name.split("_")[1]) > resume_at:
+                shutil.rmtree(ckpt)  # as if the run had died after step `resume_at`'s checkpoint
+        tr = Recorder(cfg, run_dir=first.run_dir, resume=True, quiet=True)
+        resumed = tr.run()
+        assert resumed.steps == 12 and resumed.tokens == full.tokens
+        assert resumed.train_losses == full.train_losses[resume_at:]  # bitwise on CPU
+        assert resumed.val_loss == full.val_loss
+        assert tr.hook_calls[0] == (None, 0 if resume_at < 6 else 1)
 
 
 def test_no_stage_recompiles_after_the_warmup(staged_cfg, tmp_path, monkeypatch):

@@ -518,7 +518,7 @@ class Trainer:
             return self._run()
 
     def _run(self) -> TrainResult:
-        cfg, t = self.cfg, self.cfg.train
+        t = self.cfg.train
         warm_s = self.warmup_then_reset()
         if warm_s:
             self.log(f"compile + warmup: {warm_s:.1f}s (not counted in training time)")
