@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .ab_stats import describe, paired
 from .atomic import atomic_file, atomic_write
+from .stages import resolve_stage_table
 
 ARMS = ("a", "b")
 STATUS_FILE = "ab_status.json"  # written into a run dir when the run failed
@@ -170,7 +171,8 @@ def make_plan(*, preset: str, common: list[str], a: str, b: str, seeds: int, out
             overrides = [*extra, *common, *arm.overrides, f"--train.seed={s}"]
             argv = ["--preset", arm.preset, *overrides, "--run-dir", str(run_dir)]
             cfg = _resolve(Arm(k, arm.preset, overrides, arm.text), [])
-            runs.append(Run(k, s, i, run_dir, argv, cfg.train.steps, _comparable(cfg.to_dict())))
+            # (a run saves its stage table resolved: compare with that)
+            runs.append(Run(k, s, i, run_dir, argv, cfg.train.steps, _comparable(resolve_stage_table(cfg).to_dict())))
     return Plan(arms, common, seed_list, runs, out, {k: c.to_dict() for k, c in cfgs.items()})
 
 

@@ -10,6 +10,7 @@ table is one stage made of the run's own keys: the loop runs exactly as it did b
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -120,6 +121,21 @@ def stage_plan(cfg: Config) -> StagePlan:
                             _stage_windows(cfg, i), weights, weights_end, s.lr_mul))
         start = end
     return StagePlan(tuple(stages), True)
+
+
+def resolve_stage_table(cfg: Config) -> Config:
+    """A copy of cfg whose train.stages rows hold concrete values (the run's batch and row length in
+    place of zeros, the short window, the weights at both ends): the table the run's config.toml keeps.
+    Windows left at 0 stay 0 (they follow the window schedule)."""
+    if not cfg.train.stages:
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    for row, stage in zip(cfg.train.stages, stage_plan(cfg).stages):
+        row.batch_tokens, row.seq_len = stage.batch_tokens, stage.seq_len
+        if stage.windows:
+            row.window_long, row.window_short = stage.windows
+        row.mtp_weights, row.mtp_weights_end = list(stage.mtp_weights), list(stage.mtp_weights_end)
+    return cfg
 
 
 def _stage_windows(cfg: Config, i: int) -> tuple[int, int] | None:

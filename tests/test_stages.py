@@ -13,7 +13,7 @@ from conftest import TINY_OVERRIDES
 from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml, validate
 from speedgpt.optim.schedules import lr_multiplier
 from speedgpt.rundir.checkpoint import list_checkpoints
-from speedgpt.stages import stage_micro_batch, stage_plan, windows_at
+from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from speedgpt.train.loop import Trainer
 
 # 12 steps: stage 0 = steps 0-5 (half batch, half rows, MTP over 3 tokens ramping down, a fixed window),
@@ -56,6 +56,16 @@ def test_table_round_trips_through_the_run_config(staged_cfg, tmp_path):
     text = (tmp_path / "config.toml").read_text()
     assert text.count("[[train.stages]]") == 3
     assert load_toml(tmp_path / "config.toml") == staged_cfg
+
+
+def test_run_config_keeps_the_resolved_table(staged_cfg):
+    resolved = resolve_stage_table(staged_cfg)
+    s0, s1, s2 = resolved.train.stages
+    assert (s0.window_long, s0.window_short, s0.mtp_weights_end) == (32, 16, [1.0, 0.5, 0.0])
+    assert (s1.batch_tokens, s1.seq_len, s1.window_long, s1.mtp_weights_end) == (512, 64, 0, [1.0, 0.5])
+    assert (s2.mtp_weights, s2.mtp_weights_end, s2.lr_mul) == ([1.0], [1.0], 0.5)
+    assert stage_plan(resolved) == stage_plan(staged_cfg)  # the same run
+    assert staged_cfg.train.stages[1].batch_tokens == 0  # a copy: the given config is left as it was
 
 
 @pytest.mark.parametrize("table, fix", [

@@ -30,7 +30,7 @@ from .. import faults
 from ..rundir import RunDir, default_run_dir
 from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
 from ..rundir.env import environment_snapshot
-from ..stages import Stage, stage_micro_batch, stage_plan, windows_at
+from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
 from .preempt import StopRequest, TrainingStopped
@@ -91,9 +91,9 @@ class Trainer:
         # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
         # the resolved config is the one saved in the run dir and printed below.
         cfg, budget_lines = resolve_budget(cfg)
-        self.cfg = cfg
         self.dist = init_distributed(cfg.train.device)
         validate(cfg, self.dist.world_size)
+        self.cfg = cfg = resolve_stage_table(cfg)  # saved with concrete values, like the budget's
         self.quiet = quiet or not self.dist.is_main
         for line in budget_lines:
             self.log(line)
