@@ -220,6 +220,9 @@ class StageConfig:
     share: float = 0.0  # this stage's share of train.steps; the shares of a table add up to 1
     batch_tokens: int = 0  # global tokens per optimizer step in this stage; 0: train.batch_tokens
     seq_len: int = 0  # tokens per training row in this stage; 0: data.seq_len
+    # Longest document piece in a row (greedy packing): each document is cut to at most this many tokens
+    # and its tail skipped, as the later records' max_doc_len / train_max_seq_len; 0: no cap.
+    max_doc_len: int = 0
     window_long: int = 0  # long attention window in tokens for the whole stage; 0: the schedule's windows
     window_short: int = 0  # short window in tokens; 0: schedule.short_window_frac of window_long
     # Multi-token prediction: weight k scores the token k + 1 ahead (weight 0 is next-token, always 1).

@@ -132,6 +132,8 @@ DESCRIPTIONS: dict[str, str] = {
                                  "holds at most train.micro_batch_size x data.seq_len tokens (all rows when 0)",
     "train.stages.seq_len": "tokens per training row in the stage, which also bounds how much of one document a row "
                             "holds; 0: data.seq_len",
+    "train.stages.max_doc_len": "cut every document to at most this many tokens in the stage's rows, its tail "
+                                "skipped (the records' max_doc_len; greedy packing); 0: no cap",
     "train.stages.window_long": "long attention window (tokens, a multiple of schedule.window_block) for the whole "
                                 "stage; 0: the window schedule's",
     "train.stages.window_short": "short attention window (tokens); 0: schedule.short_window_frac of window_long",

@@ -29,6 +29,7 @@ class Stage:
     end: int
     batch_tokens: int
     seq_len: int
+    max_doc_len: int  # 0: documents are not cut (beyond the row's own length)
     windows: tuple[int, int] | None  # (long, short) tokens for the whole stage; None: the window schedule's
     mtp_weights: tuple[float, ...]  # at the stage's first step; (1.0,): next-token prediction only
     mtp_weights_end: tuple[float, ...]  # at its last step (linear in between)
@@ -82,15 +83,16 @@ class StagePlan:
             rows, accum = stage_micro_batch(cfg, s, world_size)
             windows = f"{s.windows[0]}/{s.windows[1]}" if s.windows else "schedule"
             mtp = _fmt(s.mtp_weights) + ("" if s.mtp_weights == s.mtp_weights_end else f"->{_fmt(s.mtp_weights_end)}")
+            docs = f" | documents <= {s.max_doc_len}" if s.max_doc_len else ""
             lines.append(f"  stage {s.index}: steps {s.start}-{s.end - 1} | batch {s.batch_tokens} tokens = "
-                         f"{world_size} rank(s) x {accum} micro-step(s) x {rows} row(s) x {s.seq_len} | windows "
+                         f"{world_size} rank(s) x {accum} micro-step(s) x {rows} row(s) x {s.seq_len}{docs} | windows "
                          f"{windows} | mtp {mtp} | lr x{s.lr_mul:g}")
         return lines
 
     def as_records(self) -> list[dict]:
         """The resolved table as plain dicts (the run's metrics.jsonl keeps it)."""
         return [{"stage": s.index, "start": s.start, "end": s.end, "batch_tokens": s.batch_tokens,
-                 "seq_len": s.seq_len, "windows": list(s.windows) if s.windows else None,
+                 "seq_len": s.seq_len, "max_doc_len": s.max_doc_len, "windows": list(s.windows) if s.windows else None,
                  "mtp_weights": list(s.mtp_weights), "mtp_weights_end": list(s.mtp_weights_end),
                  "lr_mul": s.lr_mul} for s in self.stages]
 
@@ -103,7 +105,7 @@ def stage_plan(cfg: Config) -> StagePlan:
     """Resolve train.stages into step ranges and concrete values (raises ConfigError on a bad table)."""
     t, d = cfg.train, cfg.data
     if not t.stages:
-        return StagePlan((Stage(0, 0, t.steps, t.batch_tokens, d.seq_len, None, (1.0,), (1.0,), 1.0),), False)
+        return StagePlan((Stage(0, 0, t.steps, t.batch_tokens, d.seq_len, 0, None, (1.0,), (1.0,), 1.0),), False)
     total_share = sum(s.share for s in t.stages)
     if any(s.share <= 0 for s in t.stages) or abs(total_share - 1.0) > SHARE_TOLERANCE:
         raise ConfigError(f"train.stages: every stage needs a share > 0 and the shares must add up to 1 "
@@ -117,7 +119,7 @@ def stage_plan(cfg: Config) -> StagePlan:
                               f"raise its share or train.steps")
         weights = tuple(s.mtp_weights) or (1.0,)
         weights_end = tuple(s.mtp_weights_end) or weights
-        stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len,
+        stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len, s.max_doc_len,
                             _stage_windows(cfg, i), weights, weights_end, s.lr_mul))
         start = end
     return StagePlan(tuple(stages), True)
@@ -192,11 +194,14 @@ def check_stages(cfg: Config, world_size: int = 1) -> None:
         raise ConfigError("train.stages with a budget (train.tokens_per_param / train.flops_budget) is not "
                           "supported: the batch changes per stage; set train.steps instead")
     for i, s in enumerate(t.stages):
-        for key in ("batch_tokens", "seq_len", "window_long", "window_short"):
+        for key in ("batch_tokens", "seq_len", "max_doc_len", "window_long", "window_short"):
             if getattr(s, key) < 0:
                 raise ConfigError(f"train.stages[{i}].{key}={getattr(s, key)} must be >= 0 (0: the run's own)")
         if (s.seq_len or cfg.data.seq_len) < 2:
             raise ConfigError(f"train.stages[{i}].seq_len={s.seq_len} must be at least 2")
+        if s.max_doc_len and cfg.data.packing != "greedy":
+            raise ConfigError(f"train.stages[{i}].max_doc_len={s.max_doc_len} works with data.packing=greedy only; "
+                              f"use --data.packing=greedy or leave max_doc_len at 0")
         if not (s.lr_mul > 0 and math.isfinite(s.lr_mul)):
             raise ConfigError(f"train.stages[{i}].lr_mul={s.lr_mul} must be > 0")
         weights = s.mtp_weights or [1.0]

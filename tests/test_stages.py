@@ -103,8 +103,8 @@ class Recorder(Trainer):
             (prev.index if prev is not None else None, stage.index)))
         next_batch = self.loader.next_batch
 
-        def spy(rows, seq_len):
-            inputs, targets = next_batch(rows, seq_len)
+        def spy(rows, seq_len, max_doc_len):
+            inputs, targets = next_batch(rows, seq_len, max_doc_len)
             self.shapes.append(tuple(inputs.shape))
             return inputs, targets
 

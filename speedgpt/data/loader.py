@@ -259,6 +259,31 @@ class _Planner:
         nxt = stream.next_bos(start + row_len - 1)
         return _Row(epoch, start, start + row_len, False), epoch, nxt, cropped + max(nxt - start - row_len, 0)
 
+    def next_row_capped(self, epoch: int, pos: int, row_len: int, max_doc: int) -> tuple[list[tuple], int, int, int]:
+        """A row of whole documents cut to at most `max_doc` tokens each (the later records' maximum
+        document length): (pieces, next epoch, next position, tokens cropped). Every piece starts at a
+        BOS; a document's tokens past `max_doc`, and those of the document the row's end cuts, are
+        skipped, and the next row starts at the next document (record #29 on)."""
+        pieces: list[tuple] = []
+        filled = cropped = wraps = 0
+        while filled < row_len:
+            stream = self.stream(epoch)
+            start = stream.next_bos(pos) if pos < stream.total else stream.total
+            cropped += start - pos
+            if start >= stream.total:  # the epoch is used up: the next pass begins
+                epoch, pos, wraps = epoch + 1, 0, wraps + 1
+                if wraps > 2:
+                    raise ValueError(f"the data ({stream.total:,} tokens) cannot fill a row of {row_len} tokens from "
+                                     f"documents cut to {max_doc} tokens (does it hold BOS tokens?); use more data")
+                continue
+            doc_end = stream.next_bos(start + 1)
+            end = min(doc_end, start + max_doc, start + row_len - filled)
+            pieces.append((epoch, start, end, False))
+            filled += end - start
+            cropped += doc_end - end
+            pos = doc_end
+        return pieces, epoch, pos, cropped
+
     def record28_step_start(self, epoch: int, pos: int, window: int) -> int:
         """Record #28's shard change, checked at each optimizer step's start: when the current shard has
         no more than `window` + 1 tokens left after `pos`, the step starts at the next shard."""
@@ -359,12 +384,18 @@ class TokenLoader:
                 stacklevel=3,
             )
 
-    def _plan(self, state, n_rows: int, row_len: int):
+    def _plan(self, state, n_rows: int, row_len: int, max_doc: int = 0):
         """(rows, each a list of pieces (epoch, start, end, continued), and the state after them)."""
         if self._bestfit is not None:
             return self._bestfit.plan(state, n_rows, row_len)
         epoch, pos, cropped = state.epoch, state.pos, state.cropped
         rows = []
+        if max_doc:
+            for _ in range(n_rows):
+                pieces, epoch, pos, crop = self._planner.next_row_capped(epoch, pos, row_len, max_doc)
+                rows.append(pieces)
+                cropped += crop
+            return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
         next_row = self._planner.next_row_record28 if self.packing == "record28" else self._planner.next_row
         for _ in range(n_rows):
             row, epoch, pos, crop = next_row(epoch, pos, row_len)
@@ -372,13 +403,13 @@ class TokenLoader:
             cropped += crop
         return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
 
-    def _build(self, state, batch_size: int, seq_len: int):
+    def _build(self, state, batch_size: int, seq_len: int, max_doc: int = 0):
         row_len = seq_len + 1
         skipped: dict[str, int] = {}
         with self._lock:
             while True:
                 try:
-                    buf, end_state = self._plan_and_copy(state, batch_size, row_len)
+                    buf, end_state = self._plan_and_copy(state, batch_size, row_len, max_doc)
                     break
                 except _BadShardHit as hit:
                     state = self._skip_shard(hit, state, skipped)
@@ -388,8 +419,8 @@ class TokenLoader:
         np.copyto(targets.numpy(), buf[:, 1:], casting="unsafe")
         return inputs, targets, end_state, skipped
 
-    def _plan_and_copy(self, state, batch_size: int, row_len: int):
-        rows, state = self._plan(state, self.world_size * batch_size, row_len)
+    def _plan_and_copy(self, state, batch_size: int, row_len: int, max_doc: int = 0):
+        rows, state = self._plan(state, self.world_size * batch_size, row_len, max_doc)
         buf = np.empty((batch_size, row_len), dtype=np.uint16)
         for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
             at = 0
@@ -430,14 +461,21 @@ class TokenLoader:
             raise ValueError(f"grad_accum={grad_accum} must be >= 1")
         self.grad_accum, self._micro = grad_accum, 0
 
-    def next_batch(self, batch_size: int | None = None, seq_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def next_batch(self, batch_size: int | None = None, seq_len: int | None = None,
+                   max_doc_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """inputs (B, T) int32 and targets (B, T) int64 on ``device``; every row's first input token is BOS.
 
         batch_size/seq_len may change between calls (batch-size and sequence-length schedules).
+        ``max_doc_len`` > 0 (greedy packing): rows of whole documents, each cut to at most that many
+        tokens (``_Planner.next_row_capped``); it may change between calls too.
         """
         batch_size = self.batch_size if batch_size is None else batch_size
         seq_len = self.seq_len if seq_len is None else seq_len
         _check_shape(batch_size, seq_len)
+        if max_doc_len and self.packing != "greedy":
+            raise ValueError(f"max_doc_len works with packing='greedy' only, not {self.packing!r}")
+        if max_doc_len < 0:
+            raise ValueError(f"max_doc_len={max_doc_len} must be >= 0 (0: no cap)")
         if self.packing == "record28":
             if self._micro % self.grad_accum == 0:  # the record's window: 2 x the step's tokens on all ranks
                 st = self._state
@@ -445,7 +483,7 @@ class TokenLoader:
                 pos = self._planner.record28_step_start(st.epoch, st.pos, window)
                 self._state = _GreedyState(st.epoch, pos, st.row_tokens, st.cropped + pos - st.pos)
             self._micro += 1
-        key = (self._state, batch_size, seq_len)
+        key = (self._state, batch_size, seq_len, max_doc_len)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
             inputs, targets, state, skipped = pending[1].result()
@@ -458,7 +496,8 @@ class TokenLoader:
         self.skipped_shards.update(skipped)
         if self._executor is not None:
             # Guess that the next call asks for the same shape; a wrong guess only costs a rebuild.
-            self._pending = ((state, batch_size, seq_len), self._executor.submit(self._build, state, batch_size, seq_len))
+            key = (state, batch_size, seq_len, max_doc_len)
+            self._pending = (key, self._executor.submit(self._build, *key))
         if state.epoch > previous_epoch and self.on_epoch is not None:
             self.on_epoch(state.epoch)
         if self.device.type != "cpu":

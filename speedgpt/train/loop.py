@@ -342,7 +342,7 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
         for i in range(grad_accum):
-            inputs, targets = self.loader.next_batch(rows, stage.seq_len)
+            inputs, targets = self.loader.next_batch(rows, stage.seq_len, stage.max_doc_len)
             if mtp_weights is None:
                 loss = self.forward(inputs, targets, windows=windows) / grad_accum
             else:
