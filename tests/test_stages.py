@@ -16,10 +16,11 @@ from speedgpt.rundir.checkpoint import list_checkpoints
 from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from speedgpt.train.loop import Trainer
 
-# 12 steps: stage 0 = steps 0-5 (half batch, half rows, MTP over 3 tokens ramping down, a fixed window),
+# 12 steps: stage 0 = steps 0-5 (half batch, half rows, documents cut to 16 tokens, MTP over 3 tokens
+# ramping down, a fixed window),
 # stage 1 = 6-8 (two tokens ahead), stage 2 = 9-11 (plain, half the lr).
 TABLE = ("--train.stages=["
-         "{share=0.5, batch_tokens=256, seq_len=32, window_long=32, mtp_weights=[1.0, 0.5, 0.25], "
+         "{share=0.5, batch_tokens=256, seq_len=32, max_doc_len=16, window_long=32, mtp_weights=[1.0, 0.5, 0.25], "
          "mtp_weights_end=[1.0, 0.5, 0.0]},"
          "{share=0.25, mtp_weights=[1.0, 0.5]},"
          "{share=0.25, lr_mul=0.5}]")
@@ -34,7 +35,7 @@ def test_table_resolves_to_step_ranges_and_values(staged_cfg):
     plan = stage_plan(staged_cfg)
     assert [(s.start, s.end) for s in plan.stages] == [(0, 6), (6, 9), (9, 12)]
     s0, s1, s2 = plan.stages
-    assert (s0.batch_tokens, s0.seq_len, s0.windows) == (256, 32, (32, 16))
+    assert (s0.batch_tokens, s0.seq_len, s0.max_doc_len, s0.windows) == (256, 32, 16, (32, 16))
     assert (s1.batch_tokens, s1.seq_len, s1.windows) == (512, 64, None)  # zeros: the run's own keys
     assert s0.mtp_weights_at(0) == (1.0, 0.5, 0.25) and s0.mtp_weights_at(3) == (1.0, 0.5, 0.125)
     assert s1.mtp_weights_at(7) == (1.0, 0.5) and s2.predicts == 1 and s2.lr_mul == 0.5
@@ -76,6 +77,7 @@ def test_run_config_keeps_the_resolved_table(staged_cfg):
     ("[{share=1.0, mtp_weights=[0.5, 0.5]}]", "must be 1.0"),
     ("[{share=1.0, mtp_weights=[1.0, 0.5], mtp_weights_end=[1.0]}]", "as many weights"),
     ("[{share=1.0, lr_mul=0.0}]", "lr_mul"),
+    ("[{share=1.0, max_doc_len=-1}]", "must be >= 0"),
     ("[{share=1.0, batch=3}]", "unknown config key 'train.stages[0].batch'"),
 ])
 def test_bad_tables_name_the_fix(tiny_cfg, table, fix):
