@@ -336,7 +336,8 @@ def _coerce(key: str, value: Any, typ: Any) -> Any:
     if origin is list:
         (item_t,) = typing.get_args(typ)
         if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list of {item_t.__name__}, got {value!r}; write e.g. {key}=[1,2]")
+            example = "[{share=0.5}, {share=0.5}]" if dataclasses.is_dataclass(item_t) else "[1,2]"
+            raise ConfigError(f"{key}: expected a list of {item_t.__name__}, got {value!r}; write e.g. {key}={example}")
         return [_coerce(f"{key}[{i}]", v, item_t) for i, v in enumerate(value)]
     if typ is bool:
         if isinstance(value, bool):
