@@ -125,11 +125,13 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
-    tok_s = cfg.train.batch_tokens / mean_s
+    # A stage table's steps differ in tokens: the timed steps' mean (the run's own batch without one)
+    tokens_per_step = statistics.mean(trainer.plan.stage_at(s).batch_tokens for s in schedule_steps)
+    tok_s = tokens_per_step / mean_s
     flops = trainer.model.flops_per_token(cfg.data.seq_len)
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
-        "tokens_per_step": cfg.train.batch_tokens,
+        "tokens_per_step": tokens_per_step,
         "step_ms_mean": mean_s * 1e3,
         "step_ms_median": statistics.median(step_times) * 1e3,
         "tok_per_s": tok_s,
