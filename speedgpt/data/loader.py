@@ -20,8 +20,10 @@ batch size, sequence length or world size after the resume.
 ``packing="bestfit"`` fills rows from a buffer of documents instead (data/bestfit.py); its
 state adds the buffer. ``packing="record28"`` cuts rows as modded-nanogpt record #28 does
 (``_Planner.next_row_record28``): no inserted BOS, long documents lose their tail, and a step
-moves on to the next shard when the current one has fewer than twice its tokens left. Both count the tokens they put into rows and the tokens they crop
-(``cropped_share``), and both keep the counts in the state.
+moves on to the next shard when the current one has fewer than twice its tokens left. Greedy rows
+with a maximum document length (``next_batch(..., max_doc_len=N)``, a training stage's key) are
+whole documents cut to N tokens each, tails skipped (``_Planner.next_row_capped``). All count the
+tokens they put into rows and the tokens they crop (``cropped_share``), and keep the counts in the state.
 """
 
 from __future__ import annotations
