@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .config import Config, ConfigError, micro_batch_rows
+from .config import Config, ConfigError, StageConfig, micro_batch_rows
 
 # The shares of a table must add up to 1 within this (they are written as decimals like 0.33).
 SHARE_TOLERANCE = 1e-6
@@ -34,6 +34,9 @@ class Stage:
     mtp_weights: tuple[float, ...]  # at the stage's first step; (1.0,): next-token prediction only
     mtp_weights_end: tuple[float, ...]  # at its last step (linear in between)
     lr_mul: float
+    # The table's row as given (None without a table): a stage hook of the loop reads a key that a
+    # switch adds to StageConfig from here (say, whether the embedding is tied to the head).
+    row: StageConfig | None = field(default=None, compare=False, repr=False)
 
     @property
     def steps(self) -> int:
@@ -120,7 +123,7 @@ def stage_plan(cfg: Config) -> StagePlan:
         weights = tuple(s.mtp_weights) or (1.0,)
         weights_end = tuple(s.mtp_weights_end) or weights
         stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len, s.max_doc_len,
-                            _stage_windows(cfg, i), weights, weights_end, s.lr_mul))
+                            _stage_windows(cfg, i), weights, weights_end, s.lr_mul, row=s))
         start = end
     return StagePlan(tuple(stages), True)
 

@@ -39,6 +39,7 @@ def test_table_resolves_to_step_ranges_and_values(staged_cfg):
     assert (s1.batch_tokens, s1.seq_len, s1.windows) == (512, 64, None)  # zeros: the run's own keys
     assert s0.mtp_weights_at(0) == (1.0, 0.5, 0.25) and s0.mtp_weights_at(3) == (1.0, 0.5, 0.125)
     assert s1.mtp_weights_at(7) == (1.0, 0.5) and s2.predicts == 1 and s2.lr_mul == 0.5
+    assert s2.row is staged_cfg.train.stages[2]  # hooks read keys of the row as given
     assert plan.stage_at(5) is s0 and plan.stage_at(6) is s1 and plan.stage_at(12) is s2
     assert windows_at(staged_cfg, 0) == (32, 16) and windows_at(staged_cfg, 7) == (64, 32)  # the schedule's
     assert plan.has_mtp and plan.max_seq_len() == 64 and plan.min_batch_tokens() == 256

@@ -111,7 +111,8 @@ class Trainer:
         self.stage: Stage | None = None  # the stage the loop last set up; None: none yet (start, resume, warmup)
         # Called as hook(trainer, previous, stage) when training enters another stage (previous None after
         # the start, a resume or the warmup's reset): a switch that changes the model at a stage boundary
-        # (untying the embedding from the head, say) sets itself up for `stage` here. Hooks must leave
+        # (untying the embedding from the head, say) sets itself up for `stage` here, reading its own key
+        # of the stage's table row from `stage.row` (None without a table). Hooks must leave
         # the model in a state that depends only on the stage and the state dict, so resume stays exact.
         self.stage_hooks: list = []
         self._flops_per_token: dict[int, float] = {}
