@@ -374,7 +374,7 @@ class Trainer:
         self.pending_checkpoint = dcp.save(self.rundir.checkpoints, self.step,
                                            dcp.flat_state(self.model, self.optimizers), self.state(),
                                            is_main=self.dist.is_main, keep=self.cfg.train.keep_checkpoints,
-                                           background=background)
+                                           keep_every=self.cfg.train.keep_checkpoint_every, background=background)
         self.last_save_time = time.monotonic()
         return None if background else self.finish_checkpoint()
 
