@@ -225,8 +225,10 @@ def read_records(run_dir: Path) -> list[dict]:
 
 
 def is_finished(run: Run) -> bool:
-    return any(r.get("step") == run.steps and "val_loss" in r and r.get("event") != "eval"
-               for r in read_records(run.run_dir))
+    """Its final validation is logged: after all its steps, or where train.time_budget_s stopped it."""
+    from .rundir.metrics import ended_by
+
+    return ended_by(read_records(run.run_dir), run.steps) is not None
 
 
 def failure_of(run: Run) -> dict | None:
@@ -313,14 +315,19 @@ def crossing(curve: list[tuple[float, float]], target: float) -> float | None:
 
 
 def run_result(run: Run, target: float | None) -> dict:
-    recs = [r for r in read_records(run.run_dir) if "val_loss" in r and r.get("event") != "eval"]
+    from .rundir.metrics import ended_by
+
+    records = read_records(run.run_dir)
+    recs = [r for r in records if "val_loss" in r and r.get("event") != "eval"]
     fail = failure_of(run)
+    how = ended_by(records, run.steps)
     out = {"arm": run.arm, "seed": run.seed, "run_dir": str(run.run_dir), "status": "finished"}
-    if fail or not any(r["step"] == run.steps for r in recs):
+    if fail or how is None:
         out["status"] = fail["status"] if fail else "missing"
         if fail:
             out["error"] = fail.get("last_line", "")
         return out
+    out["ended_by"] = how
     curve = [{"step": r["step"], "tokens": r.get("tokens"), "time_s": r.get("time_s"), "val_loss": r["val_loss"]}
              for r in recs]
     final = curve[-1]
