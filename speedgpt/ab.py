@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .ab_stats import describe, paired
 from .atomic import atomic_file, atomic_write
+from .provenance import short_commit
 
 ARMS = ("a", "b")
 STATUS_FILE = "ab_status.json"  # written into a run dir when the run failed
@@ -498,15 +499,6 @@ def plot(summary: dict, png: Path) -> None:
         FigureCanvasAgg(fig).print_png(f)
 
 
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except Exception:
-        return "unknown"
-
-
 def _device_name(plan: Plan) -> str:
     for run in plan.runs:
         try:
@@ -616,7 +608,7 @@ def main(argv: list[str]) -> int:
     summary["devices"] = devices
     print(format_table(summary))
     atomic_write(out / "summary.json", json.dumps(summary, indent=1))
-    row = notebook_row(summary, _device_name(plan), _git_commit())
+    row = notebook_row(summary, _device_name(plan), short_commit())
     atomic_write(out / "notebook_row.md", NOTEBOOK_HEADER + "\n" + row + "\n")
     try:
         plot(summary, out / "ab.png")

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .atomic import atomic_file, atomic_write
+from .provenance import short_commit, source_version
 
 
 class SweepError(ValueError):
@@ -210,8 +211,8 @@ def _fit_text(fit: dict | None, what: str) -> str:
     return f"{what} = {fit['k']:.4g} x C^{fit['a']:.4f} (r² {fit['r2']:.3f})"
 
 
-def write_markdown(out: Path, results: list[RunResult], front: dict) -> Path:
-    lines = ["# Sweep", "", "| run | depth | budget | scaling params | batch | steps | tokens | FLOPs | val loss | time "
+def write_markdown(out: Path, results: list[RunResult], front: dict, commit: str = "unknown") -> Path:
+    lines = ["# Sweep", "", f"speedgpt commit {commit} (the analysis's; each run's own is in its env.json)", "", "| run | depth | budget | scaling params | batch | steps | tokens | FLOPs | val loss | time "
              "| ended by |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r.budget, r.depth)):
         lines.append(f"| {r.name} | {r.depth} | {r.budget:g} | {r.params:,} | {r.batch_tokens:,} | {r.steps:,} | "
@@ -269,9 +270,10 @@ def analyze(out: Path, echo=print) -> dict:
     if not results:
         raise SweepError(f"no finished run in {out}; run the sweep first (speedgpt sweep --out {out} ...)")
     front = frontier(results)
-    md = write_markdown(out, results, front)
+    version = source_version()  # which code analyzed the runs (provenance.py)
+    md = write_markdown(out, results, front, commit=short_commit(version))
     pngs = write_plots(out, results, front)
-    data = {"runs": [asdict(r) for r in results], "frontier": front}
+    data = {"runs": [asdict(r) for r in results], "frontier": front, "code": version}
     atomic_write(out / "results.json", json.dumps(data, indent=1))
     echo(md.read_text())
     echo(f"sweep: wrote {md}, {', '.join(str(p) for p in pngs)}, {out / 'results.json'}")
