@@ -28,6 +28,7 @@ from pathlib import Path
 
 from .ab_stats import describe, paired
 from .atomic import atomic_file, atomic_write
+from .outdir import OutDirError, make_out_dir, os_error_line
 from .provenance import short_commit
 
 ARMS = ("a", "b")
@@ -567,6 +568,7 @@ def main(argv: list[str]) -> int:
             i += 1
     args, rest = p.parse_known_args(bound)
     workdir = os.getcwd()  # relative paths in the arms stay relative to here
+    out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         if args.a is None or args.b is None:
             raise AbError("give both arms: --a \"OVERRIDES\" --b \"OVERRIDES\" (an empty string is the preset itself)")
@@ -580,7 +582,6 @@ def main(argv: list[str]) -> int:
         if args.concurrent < 1:
             raise AbError(f"--concurrent {args.concurrent} must be at least 1")
         step_ms = parse_step_ms(args.step_ms)
-        out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
         plan = make_plan(preset=args.preset, common=common, a=args.a, b=args.b, seeds=args.seeds, out=out,
                          allow_same=args.allow_same, seed_base=args.seed_base,
                          save_checkpoint=not args.no_checkpoint)
@@ -591,18 +592,18 @@ def main(argv: list[str]) -> int:
                     prefix = f"CUDA_VISIBLE_DEVICES={dev} " if dev != "cpu" else ""
                     print(prefix + shlex.join(["python", "-m", "speedgpt", "train", *run.argv]))
             return 0
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         execute(plan, devices, args.concurrent, retry_failed=args.retry_failed, workdir=workdir)
         summary = summarize(plan, args.target_loss, concurrent=args.concurrent, step_ms=step_ms)
-    except AbError as e:
+    except (AbError, OutDirError) as e:
         print(f"speedgpt ab: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("\nspeedgpt ab: interrupted; run the same command again to resume (finished runs are kept)",
               file=sys.stderr)
         return 130
-    except OSError as e:
-        print(f"speedgpt ab: error: {e}", file=sys.stderr)
+    except OSError as e:  # a run directory or log that cannot be written: say what to do, not just errno
+        print(f"speedgpt ab: error: {os_error_line(e, '--out', out)}", file=sys.stderr)
         return 2
     summary["command"] = "speedgpt ab " + shlex.join(argv)
     summary["devices"] = devices

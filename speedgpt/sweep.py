@@ -266,6 +266,9 @@ def _finish_plot(fig, ax, fit: dict | None, smooth, path: Path) -> Path:
 
 
 def analyze(out: Path, echo=print) -> dict:
+    if not out.is_dir():
+        what = "is a file, not a sweep directory" if out.exists() else "does not exist"
+        raise SweepError(f"--out {out} {what}; pass the directory of a sweep (speedgpt sweep --out DIR ...)")
     results = collect(out)
     if not results:
         raise SweepError(f"no finished run in {out}; run the sweep first (speedgpt sweep --out {out} ...)")
@@ -307,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")
     out = Path(args.out)
     from .config import ConfigError
+    from .outdir import OutDirError, make_out_dir, os_error_line
 
     try:
         if args.analyze:
@@ -323,12 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         plan(points, kind, preset, overrides)  # every run's config resolves before any starts
         if args.dry_run:
             return 0
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         workdir = os.getcwd()
         failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides, workdir=workdir)]
         analyze(out)
-    except (SweepError, ConfigError) as e:
+    except (SweepError, ConfigError, OutDirError) as e:
         print(f"speedgpt sweep: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # writing a run's log, the table or the plots: say what to do, not just errno
+        print(f"speedgpt sweep: {os_error_line(e, '--out', out)}", file=sys.stderr)
         return 2
     if failed:
         print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; their train.log says why; "
