@@ -402,7 +402,7 @@ def cmd_export(argv: list[str]) -> int:
 
 
 def cmd_ab(argv: list[str]) -> int:
-    from .ab import main as ab_main
+    from .ab.cli import main as ab_main
 
     return ab_main(argv)
 

@@ -37,7 +37,7 @@ def _from_git(package_dir: Path) -> dict | None:
         if not commit:
             return None
         dirty = bool(_git(package_dir, "status", "--porcelain", "--untracked-files=no").stdout.strip())
-    except (OSError, subprocess.SubprocessError):  # no git installed, or it hung
+    except Exception:  # no git, a hung one, anything: provenance is best effort, never worth losing a result
         return None
     return {"commit": commit, "dirty": dirty, "source": "git"}
 

@@ -120,7 +120,7 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
                 "--run-dir", str(run_dir)]
         echo(f"sweep: {point.name}: training")
     with open(run_dir / "train.log", "a") as log:
-        # By path, like `speedgpt ab` (ab.py execute): an inherited cwd that was replaced breaks `import torch`.
+        # By path, like `speedgpt ab` (ab/run.py execute): an inherited cwd that was replaced breaks `import torch`.
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir or os.getcwd()).returncode
     if rc != 0:
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
