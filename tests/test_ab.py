@@ -215,3 +215,19 @@ def test_runs_start_in_the_launch_directory_even_if_it_was_replaced(tmp_path, mo
     ab.execute(plan, ["cpu"], 1, print_fn=lambda *_: None, workdir=str(work))
     logs = [(run.run_dir / ab.LOG_FILE).read_text() for run in plan.runs]
     assert all(f"cwd {work}" in log for log in logs), logs[0][-300:]
+
+
+def test_a_run_stopped_by_its_time_budget_is_finished_and_says_so(tmp_path):
+    from speedgpt.ab.run import is_finished
+    from speedgpt.ab.summary import run_result
+
+    run = plan_for(tmp_path).runs[0]
+    run.run_dir.mkdir(parents=True)
+    records = [{"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 5.0},
+               {"step": 7, "tokens": 70, "time_s": 9.0, "event": "time_budget", "budget_s": 9.0},
+               {"step": 7, "tokens": 70, "time_s": 9.0, "val_loss": 4.0}]
+    (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run.steps > 7 and is_finished(run)
+    result = run_result(run, None)
+    assert (result["status"], result["ended_by"], result["steps"], result["final_loss"]) == \
+        ("finished", "time budget", 7, 4.0)
