@@ -248,3 +248,20 @@ def test_os_error_lines_name_the_fix(tmp_path):
     assert full == f"--out {out}: no space left on its device; free some, or pass a directory on another disk"
     denied = os_error_line(PermissionError(errno.EACCES, "Permission denied", str(out / "a")), "--out", out)
     assert "no permission to write" in denied and "pass a directory you can write to" in denied
+
+
+def test_option_values_that_look_like_options_are_bound():
+    from speedgpt.argv import bind_values
+
+    argv = ["--ab", "--model.fp8_head=false", "--steps", "3", "--train.x=1"]
+    assert bind_values(argv, ("--ab",)) == ["--ab=--model.fp8_head=false", "--steps", "3", "--train.x=1"]
+    assert bind_values(["--ab"], ("--ab",)) == ["--ab"]  # no value: argparse reports it
+
+
+def test_bench_takes_an_ab_value_that_starts_with_dashes(monkeypatch):
+    import speedgpt.bench as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "bench_config", lambda cfg, *a, **k: seen.append(cfg) or {"tok_per_s": 1.0, "world_size": 1})
+    assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--ab", "--model.depth=3"]) == 0
+    assert [c.model.depth for c in seen][1] == 3

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..argv import bind_values
 from ..atomic import atomic_write
 from ..outdir import OutDirError, make_out_dir, os_error_line
 from ..provenance import short_commit
@@ -67,20 +68,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def bind_arms(argv: list[str]) -> list[str]:
-    """An arm's text usually starts with "--", which argparse would take for an option: bind it
-    to its flag first (`--a "--x.y=1"` -> `--a=--x.y=1`)."""
-    bound, i = [], 0
-    while i < len(argv):
-        if argv[i] in ("--a", "--b") and i + 1 < len(argv):
-            bound.append(f"{argv[i]}={argv[i + 1]}")
-            i += 2
-        else:
-            bound.append(argv[i])
-            i += 1
-    return bound
-
-
 def common_overrides(rest: list[str], steps: int | None) -> list[str]:
     """The overrides both arms share: every --section.key=value outside the arms, and --steps."""
     common = []
@@ -115,7 +102,8 @@ def write_results(summary: dict, plan, out: Path) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args, rest = parser().parse_known_args(bind_arms(argv))
+    # An arm's text usually starts with "--", which argparse would take for an option: bind it first.
+    args, rest = parser().parse_known_args(bind_values(argv, ("--a", "--b")))
     workdir = os.getcwd()  # relative paths in the arms stay relative to here
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
