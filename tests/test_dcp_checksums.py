@@ -4,6 +4,7 @@ wrote; a flipped or truncated shard is a one-line error naming the file (resume,
 checkpoints go by train.keep_checkpoints and train.keep_checkpoint_every. One process, no group."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +83,49 @@ def test_dcp_pruning_keeps_last_k_and_every_m(tmp_path, data):
     run_here(cfg, tmp_path / "run")
     kept = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
     assert kept == ["step_000003", "step_000005", "step_000006"]
+
+
+def _two_rank_worker(rank, world, root, out):
+    """Each rank saves its half of a tensor (sync, then async), then every rank verifies after the
+    test corrupts the second checkpoint: all ranks must raise the same error (none loads alone)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        state = {"model/w": torch.full((4,), float(rank)), f"model/only_rank{rank}": torch.arange(3.0)}
+        dcp.save(Path(root), 1, state, {}, is_main=rank == 0).finish()
+        dcp.save(Path(root), 2, state, {}, is_main=rank == 0, keep=0, background=True).finish()
+        step2 = Path(root) / "step_000002"
+        dcp.verify_on_ranks(step2)
+        dist.barrier()
+        if rank == 0:
+            flip_byte(shard_of_rank(step2, 1), 10)
+        dist.barrier()
+        try:
+            dcp.verify_on_ranks(step2)
+            verdict = "no error"
+        except CheckpointError as e:
+            verdict = str(e)
+        Path(out, f"rank{rank}.txt").write_text(verdict)
+    finally:
+        dist.destroy_process_group()
+
+
+def shard_of_rank(step_dir, rank):
+    return step_dir / "dcp" / f"__{rank}_0.distcp"
+
+
+def test_two_ranks_record_every_file_and_raise_the_same_error(tmp_path, monkeypatch):
+    from distkit import spawn_local
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    spawn_local(_two_rank_worker, 2, str(tmp_path / "ckpt"), str(tmp_path))
+    for step in ("step_000001", "step_000002"):
+        files = json.loads((tmp_path / "ckpt" / step / "state.json").read_text())["files"]
+        assert sorted(files) == ["dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"], step
+    verdicts = {(tmp_path / f"rank{r}.txt").read_text() for r in range(2)}
+    assert len(verdicts) == 1
+    (verdict,) = verdicts
+    assert f"{shard_of_rank(tmp_path / 'ckpt' / 'step_000002', 1)} is corrupt" in verdict

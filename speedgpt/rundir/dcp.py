@@ -153,6 +153,28 @@ def verify(path: Path, fix: str = "") -> dict:
     return state
 
 
+def verify_on_ranks(path: Path) -> dict:
+    """`verify` with the hashing shared among the ranks (each checks every world_size-th file); the
+    verdicts are gathered, so every rank raises the same error, and none enters DCP's load alone."""
+    if not _distributed():
+        return verify(path)
+    from .checkpoint import CheckpointError, read_state, verify_files
+
+    state = read_state(path)  # the same file for every rank: the same result
+    rank, world = dist.get_rank(), dist.get_world_size()
+    error = None
+    try:
+        verify_files(Path(path), state, names=tuple(sorted(state.get("files", {}))[rank::world]))
+    except CheckpointError as e:
+        error = str(e)
+    errors: list = [None] * world
+    dist.all_gather_object(errors, error, group=_background_group())  # gloo: host objects on any backend
+    first = next((e for e in errors if e), None)
+    if first:
+        raise CheckpointError(first)
+    return state
+
+
 def save(ckpt_root: Path, step: int, state: dict[str, Any], run_state: dict, *, is_main: bool, keep: int = 2,
          keep_every: int = 0, background: bool = False) -> Pending:
     """Start writing `state` (from `flat_state`) as checkpoint `step` on every rank. Synchronous
@@ -207,7 +229,7 @@ def load_into(path: Path, model: torch.nn.Module, optimizers) -> dict:
     from ..parallel.fsdp import is_sharded
 
     path = Path(path)
-    run_state = verify(path)  # a flipped or truncated shard: an error naming it, not wrong weights
+    run_state = verify_on_ranks(path)  # a flipped or truncated shard: an error naming it, not wrong weights
     meta = _metadata(path)
     template: dict[str, Any] = {MODEL + k: v for k, v in model.state_dict().items()}
     missing = sorted(k for k in template if k not in meta)
