@@ -330,3 +330,33 @@ def test_mimetic_needs_square_heads():
     with pytest.raises(ConfigError, match="mimetic"):
         cfg_with("--model.mimetic_vo_beta=0.05", "--model.num_kv_heads=2")
     assert math.isclose(cfg_with("--model.mimetic_vo_beta=0.05").mimetic_vo_beta, 0.05)
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the training loop: every switch at once trains, and resume across the untie step is exact
+
+ALL_ON = ["--model.bigram_vocab_mult=2", "--model.smear=true", "--model.value_embed_gates=true",
+          "--model.skip_gates=true", "--model.backout_layer=2", "--model.logit_rescale=true",
+          "--model.tie_embed_frac=0.5", "--model.value_embed_layers=[0,1,3]", "--model.mimetic_vo_beta=0.05"]
+
+
+def test_training_with_every_switch_resumes_exactly_across_the_untie_step(tiny_cfg, tmp_path):
+    import shutil
+
+    from speedgpt.rundir.checkpoint import list_checkpoints
+    from speedgpt.train.loop import train
+
+    cfg = apply_overrides(tiny_cfg, ALL_ON + ["--model.depth=4", "--train.checkpoint_every=4", "--train.keep_checkpoints=5",
+                                              "--model.attn_gate_dim=8"])
+    full = train(cfg, run_dir=tmp_path / "run", quiet=True)  # 12 steps: untied from step 6 on
+    assert len(full.train_losses) == 12 and all(math.isfinite(x) for x in full.train_losses)
+    assert full.train_losses[-1] < full.train_losses[0] - 1.0
+    assert not full.model.embed_tied
+    # From step 8 (untied in the checkpoint), then from step 4 (the resumed run unties at step 6 itself)
+    for start in (8, 4):
+        for later in list_checkpoints(tmp_path / "run" / "checkpoints"):
+            if int(later.name.split("_")[-1]) > start:
+                shutil.rmtree(later)
+        resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
+        assert resumed.train_losses == full.train_losses[start:], start  # bitwise on CPU
+        assert resumed.val_loss == full.val_loss
