@@ -516,7 +516,7 @@ def _check_model(m: ModelConfig) -> None:
                           f"layers for experts, and model.moe_shared_experts={m.moe_shared_experts} must be >= 0")
     if m.head_dim % 4:
         raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
-    if m.value_embeds * 2 > m.depth:
+    if not m.value_embed_layers and m.value_embeds * 2 > m.depth:
         raise ConfigError(f"model.value_embeds={m.value_embeds} needs depth >= {2 * m.value_embeds} "
                           f"(they are used by the first and last layers); lower it or raise model.depth")
     if m.attn_backend not in ("auto", "sdpa", "flex"):

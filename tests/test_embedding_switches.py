@@ -352,6 +352,16 @@ def test_training_with_every_switch_resumes_exactly_across_the_untie_step(tiny_c
     assert len(full.train_losses) == 12 and all(math.isfinite(x) for x in full.train_losses)
     assert full.train_losses[-1] < full.train_losses[0] - 1.0
     assert not full.model.embed_tied
+    # Loading the finished run (eval, sampling) and its export gives the untied model too
+    from speedgpt.export import export_model
+    from speedgpt.infer.load import load_model
+
+    x, _ = batch(B=1)
+    for source in (tmp_path / "run", export_model(tmp_path / "run", tmp_path / "export", dtype="fp32")):
+        loaded, _ = load_model(source, device="cpu")
+        assert not loaded.embed_tied
+        with torch.no_grad():
+            assert torch.allclose(loaded(x), full.model.eval()(x), atol=1e-5)
     # From step 8 (untied in the checkpoint), then from step 4 (the resumed run unties at step 6 itself)
     for start in (8, 4):
         for later in list_checkpoints(tmp_path / "run" / "checkpoints"):
