@@ -370,3 +370,22 @@ def test_training_with_every_switch_resumes_exactly_across_the_untie_step(tiny_c
         resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
         assert resumed.train_losses == full.train_losses[start:], start  # bitwise on CPU
         assert resumed.val_loss == full.val_loss
+
+
+def test_two_ranks_match_one_rank_with_every_switch(tmp_path, monkeypatch):
+    """DistAdam shards the new parameters and the untie copies its sharded state: 2 gloo ranks give
+    one rank's losses (the untie at step 3 of 6 included)."""
+    import numpy as np
+    from test_parallel_train import make_shards, run_cfg, run_here, run_two
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    on = [o for o in ALL_ON if not o.startswith(("--model.backout_layer", "--model.value_embed_layers"))]
+    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")),
+                          on + ["--model.backout_layer=1", "--model.value_embed_layers=[0,1]",
+                                "--model.attn_gate_dim=8", "--train.checkpoint_every=0"])
+    losses_two, val_two = run_two(cfg, tmp_path / "two", tmp_path)
+    losses_one, val_one = run_here(cfg, tmp_path / "one")
+    assert len(losses_one) == 6 and losses_one[-1] < losses_one[0] - 0.05
+    np.testing.assert_allclose(losses_two, losses_one, rtol=2e-4, atol=0)
+    np.testing.assert_allclose(val_two, val_one, rtol=2e-4)
