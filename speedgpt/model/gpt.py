@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID
-from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, init_from_plan, norm
+from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context,
+                        build_context_eagerly, init_from_plan, norm)
 from .embeddings import BigramHashEmbedding, EmbedTying, SmearGate, previous_tokens
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
@@ -277,8 +278,9 @@ class GPT(nn.Module):
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
-            ctx = (build_context(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
-                                 bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
+            build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
+            ctx = (build(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
+                         bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
                    if kv_cache is None else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
