@@ -278,10 +278,8 @@ class GPT(nn.Module):
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
-            build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
-            ctx = (build(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
-                         bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
-                   if kv_cache is None else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
+            ctx = (self.context(inputs_BT, windows=windows) if kv_cache is None
+                   else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None
@@ -322,6 +320,14 @@ class GPT(nn.Module):
         if targets_BT is None:
             return self.softcap(self.head(x).float())
         return self.loss(x, targets_BT, reduction)
+
+    def context(self, inputs_BT: torch.Tensor, *, windows=None, backend: str | None = None) -> AttnContext:
+        """The attention masks of a batch: the runtime's backend unless `backend` says otherwise (batches
+        of ever-changing shapes, such as CORE's, score with "sdpa": flex would compile per shape)."""
+        rt = self.runtime
+        build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
+        return build(inputs_BT, backend=backend or rt.attn_backend, windows=self.windows if windows is None else windows,
+                     doc_masking=self.cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """The lm_head's logits before the softcap, in FP8 where the runtime says so (with
