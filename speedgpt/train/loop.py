@@ -286,6 +286,7 @@ class Trainer:
         if faults.fires("sigterm", step, rank):
             os.kill(os.getpid(), signal.SIGTERM)
         windows = self.set_hyperparameters(step)
+        self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
                 for group in opt.param_groups:
