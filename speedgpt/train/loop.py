@@ -30,6 +30,7 @@ from .. import faults
 from ..rundir import RunDir, default_run_dir
 from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
 from ..rundir.env import environment_snapshot
+from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
@@ -336,6 +337,7 @@ class Trainer:
         rows, grad_accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
         mtp_weights = self._mtp_tensors[step] if self._mtp_tensors else None
         windows = self.set_hyperparameters(step)
+        self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
                 for group in opt.param_groups:
@@ -428,7 +430,7 @@ class Trainer:
         self.pending_checkpoint = dcp.save(self.rundir.checkpoints, self.step,
                                            dcp.flat_state(self.model, self.optimizers), self.state(),
                                            is_main=self.dist.is_main, keep=self.cfg.train.keep_checkpoints,
-                                           background=background)
+                                           keep_every=self.cfg.train.keep_checkpoint_every, background=background)
         self.last_save_time = time.monotonic()
         return None if background else self.finish_checkpoint()
 
@@ -544,6 +546,9 @@ class Trainer:
             result.train_losses.append(loss)
             if t.time_budget_s and self.budget_spent():
                 self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
+                # A finished run with fewer steps than configured (rundir/metrics.py ended_by).
+                self.metrics.log({"event": TIME_BUDGET_EVENT, "step": self.step, "tokens": self.tokens,
+                                  "time_s": self.train_time, "budget_s": t.time_budget_s})
                 stop = True
             signalled, save_due = self.step_control()
             last = self.step == t.steps or stop or signalled
