@@ -63,7 +63,9 @@ class Block(nn.Module):
         self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
                                          gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0, layer=layer,
                                          window_key=window_key, window_block=runtime.window_block,
-                                         fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads())
+                                         fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads(),
+                                         key_offset=cfg.key_offset and window_key == "L",
+                                         paired=layer in cfg.paired_head_layers)
                      if layer not in cfg.attn_free_layers else None)
         if cfg.moe_experts and layer >= cfg.moe_dense_layers:
             self.mlp = MoE(dim, int(cfg.mlp_ratio * dim), cfg.moe_experts, cfg.moe_top_k, cfg.moe_shared_experts,
@@ -103,7 +105,9 @@ class GPT(nn.Module):
         # Value embeddings are added to v: as wide as the key/value heads (narrower with grouped-query attention).
         ve_dim = cfg.resolved_kv_heads() * cfg.head_dim if cfg.resolved_kv_heads() != cfg.resolved_heads() else dim
         self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(cfg.value_embeds))
-        self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate)
+        # Paired-head layers rotate two positions per token: their table is twice as long.
+        rope_len = max_seq_len * (2 if cfg.paired_head_layers else 1)
+        self.rotary = Rotary(cfg.head_dim, rope_len, cfg.rope_base, cfg.rope_half_truncate)
         self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
         self.lm_head = CastedLinear(dim, vocab)
         self.num_skips = depth // 2 if cfg.unet_skips else 0
@@ -111,6 +115,9 @@ class GPT(nn.Module):
         self.block_lambdas = nn.Parameter(torch.empty(depth, 2))  # x <- l0 * x + l1 * x0
         self.v_lambdas = nn.Parameter(torch.empty(depth, 2))  # v <- l0 * v + l1 * value_embed
         self.window_keys = "".join(block.window_key for block in self.blocks)
+        # The masks a forward builds: one per window, and per window of the paired-head layers
+        self.mask_keys = sorted({b.attn.mask_key if b.attn is not None else b.window_key for b in self.blocks})
+        self.key_offset = any(b.attn is not None and b.attn.key_offset for b in self.blocks)
         self.windows = runtime.windows or (max_seq_len, max_seq_len)  # (long, short) when forward gets none
         # The loss path, chosen once: the FP8 head fused with the loss (training steps; evaluation
         # and per-token losses take the fused loss over the FP8 head's logits), the fused loss over
@@ -179,16 +186,23 @@ class GPT(nn.Module):
         return [b.mlp.fc.weight for b in self.blocks if isinstance(b.mlp, MLP)]  # (MoE experts: not in record #28)
 
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                reduction: str = "mean", windows=None,
+                reduction: str = "mean", windows=None, rope=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None) -> torch.Tensor:
         """The loss (targets given; `reduction` as in F.cross_entropy) or the softcapped fp32 logits.
-        `windows` (long, short) override the runtime's; `ctx` (masks) is built here unless given."""
+        `windows` (long, short) override the runtime's, `rope` (YaRN's (frequencies, attention-scale
+        multiplier), model/yarn.py) too; `ctx` (masks) is built here unless given."""
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
             ctx = (build_context(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
-                                 bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
-                   if kv_cache is None else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
+                                 bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block,
+                                 doc_starts=self.key_offset)
+                   if kv_cache is None else
+                   AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
+                               doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
+        if rope is None and rt.yarn is not None:
+            rope = tuple(torch.tensor(v, dtype=torch.float32, device=inputs_BT.device) for v in rt.yarn)
+        ctx.rope = rope
         dtype = rt.dtype
         x = x0 = norm(self.embed(inputs_BT).to(dtype))
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]

@@ -163,6 +163,11 @@ class Trainer:
             self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
         self.forward = self.compiled_forward()
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
+        self.yarn = None  # model.yarn: the rotary state of every step (model/yarn.py), as device tensors per state
+        if cfg.model.yarn:
+            from ..model.yarn import YarnSchedule
+
+            self.yarn, self._yarn_tensors = YarnSchedule.from_config(cfg), {}
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
@@ -278,6 +283,16 @@ class Trainer:
             self._window_tensors[windows] = torch.tensor(windows, dtype=torch.int32, device=self.device)
         return self._window_tensors[windows]
 
+    def rope_at(self, step: int):
+        """YaRN's (frequencies, attention-scale multiplier) of `step` as device tensors (so the compiled
+        model does not recompile as they change), each state copied to the device once; None without YaRN."""
+        if self.yarn is None:
+            return None
+        key = self.yarn.index(step)
+        if key not in self._yarn_tensors:
+            self._yarn_tensors[key] = self.yarn.tensors(step, self.device)
+        return self._yarn_tensors[key]
+
     def train_step(self, step: int) -> torch.Tensor:
         rank = self.dist.rank
         if faults.fires("exit", step, rank):
@@ -285,6 +300,7 @@ class Trainer:
         if faults.fires("sigterm", step, rank):
             os.kill(os.getpid(), signal.SIGTERM)
         windows = self.set_hyperparameters(step)
+        rope = self.rope_at(step)
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
                 for group in opt.param_groups:
@@ -293,7 +309,7 @@ class Trainer:
         self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
         for i in range(self.grad_accum):
             inputs, targets = self.loader.next_batch()
-            loss = self.forward(inputs, targets, windows=windows) / self.grad_accum
+            loss = self.forward(inputs, targets, windows=windows, rope=rope) / self.grad_accum
             if i == 0 and faults.fires("nan", step, rank):
                 loss = loss * float("nan")
             self.grad_sync.prepare(final=i == self.grad_accum - 1)  # only the last backward communicates
@@ -322,12 +338,13 @@ class Trainer:
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
         windows = self.windows_at(self.step if step is None else step)
+        rope = self.rope_at(self.step if step is None else step)
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
                                            max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
-            losses.append(self.forward(inputs, targets, windows=windows))
+            losses.append(self.forward(inputs, targets, windows=windows, rope=rope))
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:
