@@ -323,9 +323,9 @@ class Trainer:
         skip = self.guard.mode == "skip"
         bad = self.guard.observe(step, total, norm, self.optimizers if skip else None)
         if skip:
-            self.guard.masked_step(self.optimizers, bad)
+            self.guard.masked_step(self.optimizers, bad, step)
         else:
-            self.optimizers.step()
+            self.optimizers.step(step)
         self.model.zero_grad(set_to_none=True)
         return total
 
