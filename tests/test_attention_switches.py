@@ -246,18 +246,18 @@ def test_yarn_at_its_initial_state_is_the_plain_model_and_a_grown_state_changes_
     assert not torch.allclose(plain, changed, atol=1e-4)
 
 
-def test_yarn_state_changes_do_not_recompile():
+def test_yarn_state_and_window_changes_do_not_recompile_with_every_switch_on():
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
-    _, m = build()
+    _, m = build("--model.key_offset=true", "--model.paired_head_layers=[1]")
     x = tokens(B=1)
     compiled = torch.compile(m, backend="aot_eager", dynamic=False)
     freq = m.rotary.frequencies()
-    states = [(freq, 1.0), (rescale(freq, 16, 32), 1.1), (rescale(freq, 16, 64), 1.3)]
-    losses = [compiled(x, x, windows=torch.tensor([64, 32], dtype=torch.int32),
-                       rope=(f, torch.tensor(s))).item() for f, s in states]
+    states = [((32, 16), freq, 1.0), ((48, 16), rescale(freq, 32, 48), 1.1), ((64, 32), rescale(freq, 32, 64), 1.3)]
+    losses = [compiled(x, x, windows=torch.tensor(w, dtype=torch.int32), rope=(f, torch.tensor(s))).item()
+              for w, f, s in states]
     assert counters["stats"]["unique_graphs"] == 1
     assert len(set(losses)) == 3
 
