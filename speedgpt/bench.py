@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -222,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
     p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps (of each config)")
-    args, overrides = p.parse_known_args(argv)
+    from .argv import bind_values
+
+    args, overrides = p.parse_known_args(bind_values(list(argv if argv is not None else sys.argv[1:]), ("--ab",)))
     if args.steps < 1:
         p.error(f"--steps {args.steps}: must be >= 1")
     preset = args.preset

@@ -218,3 +218,20 @@ def test_counts_below_one_are_refused(argv, named, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path) if a == "RUN" else a for a in argv])
     assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_option_values_that_look_like_options_are_bound():
+    from speedgpt.argv import bind_values
+
+    argv = ["--ab", "--model.fp8_head=false", "--steps", "3", "--train.x=1"]
+    assert bind_values(argv, ("--ab",)) == ["--ab=--model.fp8_head=false", "--steps", "3", "--train.x=1"]
+    assert bind_values(["--ab"], ("--ab",)) == ["--ab"]  # no value: argparse reports it
+
+
+def test_bench_takes_an_ab_value_that_starts_with_dashes(monkeypatch):
+    import speedgpt.bench as bench
+
+    seen = []
+    monkeypatch.setattr(bench, "bench_config", lambda cfg, *a, **k: seen.append(cfg) or {"tok_per_s": 1.0, "world_size": 1})
+    assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--ab", "--model.depth=3"]) == 0
+    assert [c.model.depth for c in seen][1] == 3
