@@ -178,6 +178,7 @@ def test_paired_layer_matches_attention_over_the_interleaved_sequence():
     cfg, m = build("--model.paired_head_layers=[0]", "--model.doc_masking=false", windows=(128, 128))
     attn = m.blocks[0].attn
     assert attn.paired and attn.mask_key == "L2" and not m.blocks[1].attn.paired
+    assert m.rotary.max_seq_len == 64 and m.rotary.cos.size(0) == 128  # the context stays 64 tokens
     B, T, H, D = 2, 64, 4, 16
     x = torch.randn(B, T, 64)
     ctx = build_context(torch.zeros(B, T, dtype=torch.long), backend="sdpa", windows=(128, 128), doc_masking=False,

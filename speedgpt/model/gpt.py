@@ -105,9 +105,8 @@ class GPT(nn.Module):
         # Value embeddings are added to v: as wide as the key/value heads (narrower with grouped-query attention).
         ve_dim = cfg.resolved_kv_heads() * cfg.head_dim if cfg.resolved_kv_heads() != cfg.resolved_heads() else dim
         self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(cfg.value_embeds))
-        # Paired-head layers rotate two positions per token: their table is twice as long.
-        rope_len = max_seq_len * (2 if cfg.paired_head_layers else 1)
-        self.rotary = Rotary(cfg.head_dim, rope_len, cfg.rope_base, cfg.rope_half_truncate)
+        self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate,
+                             paired=bool(cfg.paired_head_layers))
         self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
         self.lm_head = CastedLinear(dim, vocab)
         self.num_skips = depth // 2 if cfg.unet_skips else 0

@@ -19,12 +19,14 @@ from torch import nn
 
 
 class Rotary(nn.Module):
-    def __init__(self, head_dim: int, max_seq_len: int, base: float = 1024.0, half_truncate: bool = True):
+    def __init__(self, head_dim: int, max_seq_len: int, base: float = 1024.0, half_truncate: bool = True,
+                 paired: bool = False):
         super().__init__()
         self.head_dim = head_dim
         self.base = base
         self.half_truncate = half_truncate
-        self.max_seq_len = max_seq_len
+        self.max_seq_len = max_seq_len  # the model's context in tokens (sampling and eval read it)
+        self.table_len = max_seq_len * (2 if paired else 1)  # paired-head layers rotate 2 positions per token
         # Not persistent: the tables are a function of the config, and so are rebuilt, not checkpointed.
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
@@ -43,7 +45,7 @@ class Rotary(nn.Module):
         return torch.cat([still, still])
 
     def init_tables(self, device: torch.device | str | None = None) -> None:
-        t = torch.arange(self.max_seq_len, dtype=torch.float32, device=device)
+        t = torch.arange(self.table_len, dtype=torch.float32, device=device)
         theta = torch.outer(t, self.frequencies(device))
         self.cos = theta.cos()
         self.sin = theta.sin()
@@ -53,13 +55,13 @@ class Rotary(nn.Module):
         B, T, H, D = x_BTHD.shape
         # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
         n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
+        if pos_offset + T > self.max_seq_len:
+            raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table ({self.max_seq_len}); "
+                             f"raise data.seq_len or shorten the input")
         if freq is not None:
             theta = torch.outer(torch.arange(start, start + n, dtype=torch.float32, device=x_BTHD.device), freq)
             cos, sin = theta.cos(), theta.sin()
         else:
-            if start + n > self.cos.size(0):
-                raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table "
-                                 f"({self.cos.size(0) // (2 if paired else 1)}); raise data.seq_len or shorten the input")
             cos, sin = self.cos[start:start + n], self.sin[start:start + n]
         if paired:
             # x viewed (B, T, H/2, 2, D): [t, p, j] is head 2p + j, rotated at position 2t + j
