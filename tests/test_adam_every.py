@@ -135,3 +135,16 @@ def test_two_ranks_match_one_rank_and_resume_across_world_sizes_between_adam_ste
     np.testing.assert_allclose(c.train_losses, two[3:], rtol=2e-4)
     d, _ = run_two(cfg, copy_without_checkpoint(tmp_path / "B", tmp_path / "D", 6), resume=True)
     np.testing.assert_allclose(d, one.train_losses[3:], rtol=2e-4)
+
+
+def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_ddp(tiny_cfg, tmp_path):
+    """Under fsdp the waiting gradients are DTensor shards, saved whole (here on a one-process group)."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0"])
+    fsdp = apply_overrides(cfg, ["--parallel.strategy=fsdp"])
+    a = train(fsdp, run_dir=tmp_path / "A", quiet=True)
+    b = train(cfg, run_dir=tmp_path / "B", quiet=True)
+    np.testing.assert_allclose(a.train_losses, b.train_losses, rtol=1e-6)
+    c = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "A", tmp_path / "C", 6), resume=True, quiet=True)
+    np.testing.assert_allclose(c.train_losses, a.train_losses[3:], rtol=1e-6)
+    d = train(fsdp, run_dir=copy_without_checkpoint(tmp_path / "B", tmp_path / "D", 6), resume=True, quiet=True)
+    np.testing.assert_allclose(d.train_losses, b.train_losses[3:], rtol=1e-6)
