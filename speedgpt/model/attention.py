@@ -294,11 +294,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x_BTD)
         q, k = norm(q), norm(k)
         pos = kv_cache.pos if kv_cache is not None else 0
-        freq = ctx.rope[0] if ctx.rope is not None else None
-        q = self.rotary(q, pos, paired=self.paired, freq=freq)
+        # YaRN: rotary frequencies, and an attention scale (on the queries) that grows with the window
+        freq, q_scale = ctx.rope if ctx.rope is not None else (None, None)
+        q = self.rotary(q, pos, paired=self.paired, freq=freq, scale=q_scale)
         k = self.rotary(k, pos, paired=self.paired, freq=freq)
-        if ctx.rope is not None:
-            q = q * ctx.rope[1].to(q.dtype)  # YaRN's attention scale grows with the window: scale the scores
         if self.key_offset:
             k = self.offset_keys(k, ctx.doc_start, kv_cache)
         if ve_BTD is not None:

@@ -51,7 +51,9 @@ class Rotary(nn.Module):
         self.sin = theta.sin()
 
     def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
-                freq: torch.Tensor | None = None) -> torch.Tensor:
+                freq: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
+        (YaRN's attention scale, applied to the queries: one rounding instead of two)."""
         B, T, H, D = x_BTHD.shape
         # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
         n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
@@ -73,4 +75,7 @@ class Rotary(nn.Module):
         x1, x2 = x.float().chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin
         y2 = -x1 * sin + x2 * cos
-        return torch.cat((y1, y2), dim=-1).type_as(x_BTHD).view(B, T, H, D)
+        y = torch.cat((y1, y2), dim=-1)
+        if scale is not None:
+            y = y * scale
+        return y.type_as(x_BTHD).view(B, T, H, D)
