@@ -192,3 +192,25 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=0, atol=0, msg=name)
     assert load0.sum() == 2 * 32 * 2 and torch.equal(load0, load1)  # tokens x top_k, counted once
+
+
+def test_masks_of_several_rows_are_built_outside_the_compiled_graph():
+    """B > 1: the flex masks are built eagerly, not traced into the graph that Inductor compiles (a
+    whole-model graph that built them faulted on the GPU, attention.build_context_eagerly); B = 1
+    keeps them in the graph. Compiled and eager losses agree either way."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    cfg = tiny_model_cfg("--model.window_pattern=LS")
+    m = build_model(cfg, 64, runtime_for(cfg, "cpu", window_block=32).replace(attn_backend="flex"), seed=0)
+    torch.nn.init.normal_(m.lm_head.weight, std=0.02)
+    for B, traced in ((1, True), (2, False)):
+        x, y = batch(B=B, T=64)
+        x[:, 20] = BOS_ID
+        with torch.no_grad():
+            eager = m(x, y, reduction="none")
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(m)(x, y, reduction="none")
+            compiled = torch.compile(m, backend="eager")(x, y, reduction="none")
+        # the masks' block lists are sorted (FlexMasks): an argsort in a graph means they were traced
+        ops = [str(n.target) for g in explained.graphs for n in g.graph.nodes]
+        assert any("argsort" in op for op in ops) == traced, B
+        assert torch.allclose(eager, compiled, atol=1e-5)

@@ -154,6 +154,18 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
     return AttnContext(backend=backend, masks=masks, windows=windows, doc_start=doc_start)
 
 
+@torch.compiler.disable
+def build_context_eagerly(inputs_BT: torch.Tensor, **kwargs) -> AttnContext:
+    """build_context run outside any compiled graph; the masks then enter the graph as inputs.
+
+    Why: with torch 2.11 on an H100 and an H200, a whole-model graph that built the flex block masks
+    of a batch of several rows (B > 1: the depth-ladder, MoE and dense-1b presets, 16 x 2048) faulted
+    in the first long-window layer's flex kernel ("an illegal memory access"), while B = 1 (the
+    speedrun presets) and masks built outside the graph (per-block compile) ran. The masks are a few
+    small ops per step, so building them eagerly costs next to nothing."""
+    return build_context(inputs_BT, **kwargs)
+
+
 _compiled_flex = None
 
 

@@ -15,7 +15,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID
-from .attention import AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context, init_from_plan, norm
+from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context,
+                        build_context_eagerly, init_from_plan, norm)
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
 from .kernels.softcap_ce import softcap_cross_entropy
@@ -193,15 +194,16 @@ class GPT(nn.Module):
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
-            ctx = (build_context(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
-                                 bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block,
-                                 doc_starts=self.key_offset)
+            build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
+            ctx = (build(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
+                         bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block, doc_starts=self.key_offset)
                    if kv_cache is None else
                    AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
                                doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
             rope = tuple(torch.tensor(v, dtype=torch.float32, device=inputs_BT.device) for v in rt.yarn)
-        ctx.rope = rope
+        if rope is not None:  # YaRN only: without it the context is left as built
+            ctx.rope = rope
         dtype = rt.dtype
         x = x0 = norm(self.embed(inputs_BT).to(dtype))
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
