@@ -248,7 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.peak and torch.cuda.is_available():
         measured = measure_matmul_peak(torch.device("cuda"))
         print(f"measured bf16 matmul peak: {measured / 1e12:.0f} TFLOP/s")
+    from .provenance import short_commit
+
+    # The commit for docs/benchmarks.md's row: speedgpt's own (provenance.py), not the cwd's repository's.
     print(f"preset {preset or args.config}; overrides {' '.join(overrides) or '-'}"
-          + (f"; B adds {args.ab}" if args.ab else ""))
+          + (f"; B adds {args.ab}" if args.ab else "") + f"; commit {short_commit()}")
     print(format_results(rows, measured))
     return 0

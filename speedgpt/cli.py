@@ -192,8 +192,12 @@ def cmd_data(argv: list[str]) -> int:
     fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
     fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
     args = p.parse_args(argv)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        print(f"speedgpt data: --out {args.out} is a file; pass a directory", file=sys.stderr)
+    from .outdir import OutDirError, check_out_dir
+
+    try:
+        check_out_dir(args.out)
+    except OutDirError as e:
+        print(f"speedgpt data: {e}", file=sys.stderr)
         return 2
 
     from .data.tokenize import summary_text
@@ -398,7 +402,7 @@ def cmd_export(argv: list[str]) -> int:
 
 
 def cmd_ab(argv: list[str]) -> int:
-    from .ab import main as ab_main
+    from .ab.cli import main as ab_main
 
     return ab_main(argv)
 

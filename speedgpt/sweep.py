@@ -6,7 +6,8 @@
 Each grid point is one `speedgpt train` subprocess with its own run directory under the sweep
 directory (`d{depth}-{budget}`), so a crash, an out-of-memory or a Ctrl-C loses at most one run:
 calling the same command again skips finished runs, resumes a run that has a checkpoint and
-starts the others afresh. Then the analysis (also on its own: `--analyze`) reads every run's final
+starts the others afresh. A run stopped by `train.time_budget_s` is finished (its budget is part
+of its config): it is analyzed with the steps it trained, and its row says "time budget". Then the analysis (also on its own: `--analyze`) reads every run's final
 validation loss and training FLOPs and writes into the sweep directory:
 
 * ``sweep.md``: one row per run, and the frontier: per budget the best depth, the parameter count
@@ -33,6 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .atomic import atomic_file, atomic_write
+from .provenance import short_commit, source_version
 
 
 class SweepError(ValueError):
@@ -59,6 +61,7 @@ class RunResult:
     flops: float
     val_loss: float
     time_s: float
+    ended_by: str = "steps"  # or "time budget": train.time_budget_s stopped it (steps is then what it trained)
 
 
 def _fmt_budget(kind: str, value: float) -> str:
@@ -79,16 +82,16 @@ def run_overrides(point: Point, kind: str) -> list[str]:
             f"--train.{kind}={point.budget!r}", f"--train.{other}=0"]
 
 
-def finished(run_dir: Path) -> bool:
-    """A run is done when its metrics hold a validation record at its last step."""
+def finished(run_dir: Path) -> str | None:
+    """How a run ended ("steps" or "time budget": both finished, rundir/metrics.py ended_by), or
+    None while it has not: its metrics hold no final validation."""
     from .rundir import RunDir
+    from .rundir.metrics import ended_by
 
     run = RunDir(run_dir)
     if not run.is_run() or not run.metrics_path.is_file():
-        return False
-    steps = run.read_config().train.steps
-    return any("val_loss" in r and r.get("step") == steps and r.get("event") != "eval"
-               for r in run.read_metrics())
+        return None
+    return ended_by(run.read_metrics(), run.read_config().train.steps)
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -101,8 +104,10 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
               workdir: str | None = None) -> bool:
     """Train one grid point in a subprocess (skipped when finished); True when it finished."""
     run_dir = out / point.name
-    if finished(run_dir):
-        echo(f"sweep: {point.name}: finished earlier, skipped")
+    how = finished(run_dir)
+    if how:
+        echo(f"sweep: {point.name}: finished earlier{' (stopped by its time budget)' if how != 'steps' else ''}, "
+             f"skipped")
         return True
     cmd = [sys.executable, "-m", "speedgpt", "train"]
     if _has_checkpoint(run_dir):
@@ -115,7 +120,7 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
                 "--run-dir", str(run_dir)]
         echo(f"sweep: {point.name}: training")
     with open(run_dir / "train.log", "a") as log:
-        # By path, like `speedgpt ab` (ab.py execute): an inherited cwd that was replaced breaks `import torch`.
+        # By path, like `speedgpt ab` (ab/run.py execute): an inherited cwd that was replaced breaks `import torch`.
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=workdir or os.getcwd()).returncode
     if rc != 0:
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
@@ -131,7 +136,8 @@ def collect(out: Path) -> list[RunResult]:
 
     results = []
     for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
-        if not finished(run_dir):
+        how = finished(run_dir)
+        if not how:
             continue
         run = RunDir(run_dir)
         cfg = run.read_config()
@@ -140,9 +146,9 @@ def collect(out: Path) -> list[RunResult]:
         kind = "flops_budget" if cfg.train.flops_budget else "tokens_per_param"
         budget = cfg.train.tokens_per_param or cfg.train.flops_budget
         results.append(RunResult(run_dir.name, kind, cfg.model.depth, budget, b.scaling_params, b.batch_tokens,
-                                 cfg.train.steps, int(last["tokens"]),
+                                 int(last["step"]), int(last["tokens"]),
                                  last["tokens"] * training_flops_per_token(cfg), float(last["val_loss"]),
-                                 float(last.get("time_s", 0.0))))
+                                 float(last.get("time_s", 0.0)), how))
     return results
 
 
@@ -205,12 +211,12 @@ def _fit_text(fit: dict | None, what: str) -> str:
     return f"{what} = {fit['k']:.4g} x C^{fit['a']:.4f} (r² {fit['r2']:.3f})"
 
 
-def write_markdown(out: Path, results: list[RunResult], front: dict) -> Path:
-    lines = ["# Sweep", "", "| run | depth | budget | scaling params | batch | steps | tokens | FLOPs | val loss | time |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+def write_markdown(out: Path, results: list[RunResult], front: dict, commit: str = "unknown") -> Path:
+    lines = ["# Sweep", "", f"speedgpt commit {commit} (the analysis's; each run's own is in its env.json)", "", "| run | depth | budget | scaling params | batch | steps | tokens | FLOPs | val loss | time "
+             "| ended by |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(results, key=lambda r: (r.budget, r.depth)):
         lines.append(f"| {r.name} | {r.depth} | {r.budget:g} | {r.params:,} | {r.batch_tokens:,} | {r.steps:,} | "
-                     f"{r.tokens:,} | {r.flops:.3g} | {r.val_loss:.4f} | {r.time_s:.0f} s |")
+                     f"{r.tokens:,} | {r.flops:.3g} | {r.val_loss:.4f} | {r.time_s:.0f} s | {r.ended_by} |")
     lines += ["", "## Frontier", "", "| FLOPs | best run | val loss | N_opt (scaling params) |", "|---|---|---|---|"]
     for row in front["rows"]:
         lines.append(f"| {row['flops']:.3g} | {row['best']} | {row['loss']:.4f} | {row['params_opt']:,.0f} |")
@@ -260,13 +266,17 @@ def _finish_plot(fig, ax, fit: dict | None, smooth, path: Path) -> Path:
 
 
 def analyze(out: Path, echo=print) -> dict:
+    if not out.is_dir():
+        what = "is a file, not a sweep directory" if out.exists() else "does not exist"
+        raise SweepError(f"--out {out} {what}; pass the directory of a sweep (speedgpt sweep --out DIR ...)")
     results = collect(out)
     if not results:
         raise SweepError(f"no finished run in {out}; run the sweep first (speedgpt sweep --out {out} ...)")
     front = frontier(results)
-    md = write_markdown(out, results, front)
+    version = source_version()  # which code analyzed the runs (provenance.py)
+    md = write_markdown(out, results, front, commit=short_commit(version))
     pngs = write_plots(out, results, front)
-    data = {"runs": [asdict(r) for r in results], "frontier": front}
+    data = {"runs": [asdict(r) for r in results], "frontier": front, "code": version}
     atomic_write(out / "results.json", json.dumps(data, indent=1))
     echo(md.read_text())
     echo(f"sweep: wrote {md}, {', '.join(str(p) for p in pngs)}, {out / 'results.json'}")
@@ -300,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")
     out = Path(args.out)
     from .config import ConfigError
+    from .outdir import OutDirError, make_out_dir, os_error_line
 
     try:
         if args.analyze:
@@ -316,12 +327,15 @@ def main(argv: list[str] | None = None) -> int:
         plan(points, kind, preset, overrides)  # every run's config resolves before any starts
         if args.dry_run:
             return 0
-        out.mkdir(parents=True, exist_ok=True)
+        make_out_dir(out)
         workdir = os.getcwd()
         failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides, workdir=workdir)]
         analyze(out)
-    except (SweepError, ConfigError) as e:
+    except (SweepError, ConfigError, OutDirError) as e:
         print(f"speedgpt sweep: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # writing a run's log, the table or the plots: say what to do, not just errno
+        print(f"speedgpt sweep: {os_error_line(e, '--out', out)}", file=sys.stderr)
         return 2
     if failed:
         print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; their train.log says why; "

@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY_OVERRIDES
-from speedgpt.ab import crossing, main, make_plan, summarize, waves
-from speedgpt.ab_stats import detectable_difference, paired
+from speedgpt.ab.cli import main
+from speedgpt.ab.plan import make_plan, waves
+from speedgpt.ab.stats import detectable_difference, paired
+from speedgpt.ab.summary import crossing, summarize
 
 
 def test_paired_statistics_by_hand():
@@ -158,7 +160,7 @@ class FakeProcess:
 
 
 def test_failed_runs_are_reported_with_their_seed(tmp_path, capsys, monkeypatch):
-    import speedgpt.ab as ab
+    import speedgpt.ab.run as ab
 
     monkeypatch.setattr(ab.subprocess, "Popen", FakeProcess)
     FakeProcess.launched = []
@@ -179,7 +181,7 @@ def test_failed_runs_are_reported_with_their_seed(tmp_path, capsys, monkeypatch)
 
 
 def test_a_half_run_with_a_checkpoint_is_resumed_not_restarted(tmp_path):
-    from speedgpt.ab import train_command
+    from speedgpt.ab.run import train_command
     from speedgpt.config import load_preset, save_toml
     from speedgpt.rundir.checkpoint import save_checkpoint
 
@@ -197,13 +199,14 @@ def test_runs_start_in_the_launch_directory_even_if_it_was_replaced(tmp_path, mo
     import shutil
     import sys
 
-    import speedgpt.ab as ab
+    import speedgpt.ab.run as ab
+    from speedgpt.ab.plan import make_plan
 
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    plan = ab.make_plan(preset="tiny-cpu", common=[], a="--optim.muon_lr=0.04", b="", seeds=2, out=work / "ab",
-                        allow_same=False, seed_base=None, save_checkpoint=False)
+    plan = make_plan(preset="tiny-cpu", common=[], a="--optim.muon_lr=0.04", b="", seeds=2, out=work / "ab",
+                    allow_same=False, seed_base=None, save_checkpoint=False)
     probe = "import os, torch; print('cwd', os.getcwd())"
     monkeypatch.setattr(ab, "train_command", lambda run: [sys.executable, "-c", probe, "train", "--preset"])
     shutil.rmtree(work)  # the directory is replaced while `ab` runs
@@ -212,3 +215,19 @@ def test_runs_start_in_the_launch_directory_even_if_it_was_replaced(tmp_path, mo
     ab.execute(plan, ["cpu"], 1, print_fn=lambda *_: None, workdir=str(work))
     logs = [(run.run_dir / ab.LOG_FILE).read_text() for run in plan.runs]
     assert all(f"cwd {work}" in log for log in logs), logs[0][-300:]
+
+
+def test_a_run_stopped_by_its_time_budget_is_finished_and_says_so(tmp_path):
+    from speedgpt.ab.run import is_finished
+    from speedgpt.ab.summary import run_result
+
+    run = plan_for(tmp_path).runs[0]
+    run.run_dir.mkdir(parents=True)
+    records = [{"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 5.0},
+               {"step": 7, "tokens": 70, "time_s": 9.0, "event": "time_budget", "budget_s": 9.0},
+               {"step": 7, "tokens": 70, "time_s": 9.0, "val_loss": 4.0}]
+    (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert run.steps > 7 and is_finished(run)
+    result = run_result(run, None)
+    assert (result["status"], result["ended_by"], result["steps"], result["final_loss"]) == \
+        ("finished", "time budget", 7, 4.0)

@@ -220,6 +220,36 @@ def test_counts_below_one_are_refused(argv, named, tmp_path, capsys):
     assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
 
 
+OUT_COMMANDS = {
+    "sweep": ["sweep", "--out", "OUT", "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu"],
+    "ab": ["ab", "--preset", "tiny-cpu", "--a", "", "--b", "--model.depth=3", "--seeds", "2", "--out", "OUT"],
+}
+
+
+@pytest.mark.parametrize("where", ["is-a-file", "under-a-file"])
+@pytest.mark.parametrize("command", list(OUT_COMMANDS))
+def test_sweep_and_ab_out_dir_errors_name_the_fix(command, where, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    blocker = tmp_path / "file.bin"
+    blocker.write_bytes(b"not a directory")
+    out = blocker if where == "is-a-file" else blocker / "sub"
+    line = expect_one_line_error([str(out) if a == "OUT" else a for a in OUT_COMMANDS[command]], capsys)
+    assert "Errno" not in line and "pass a directory" in line, line
+    assert (f"{out} is a file" if where == "is-a-file" else f"{blocker} is a file, not a directory") in line
+
+
+def test_os_error_lines_name_the_fix(tmp_path):
+    import errno
+
+    from speedgpt.outdir import os_error_line
+
+    out = tmp_path / "sweep"
+    full = os_error_line(OSError(errno.ENOSPC, "No space left on device", str(out / "x")), "--out", out)
+    assert full == f"--out {out}: no space left on its device; free some, or pass a directory on another disk"
+    denied = os_error_line(PermissionError(errno.EACCES, "Permission denied", str(out / "a")), "--out", out)
+    assert "no permission to write" in denied and "pass a directory you can write to" in denied
+
+
 def test_option_values_that_look_like_options_are_bound():
     from speedgpt.argv import bind_values
 

@@ -84,3 +84,33 @@ def test_sweep_errors_name_the_fix(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu",
                  "--model.value_embeds=3"]) == 2
     assert "model.value_embeds=3 needs depth >= 6" in capsys.readouterr().err
+
+
+def test_ended_by_reads_steps_time_budget_or_unfinished():
+    from speedgpt.rundir.metrics import ended_by
+
+    val = lambda step, **k: {"step": step, "tokens": step, "time_s": 1.0, "val_loss": 3.0, **k}  # noqa: E731
+    budget = {"step": 4, "tokens": 4, "time_s": 1.0, "event": "time_budget", "budget_s": 1.0}
+    assert ended_by([val(0), val(10)], 10) == "steps"
+    assert ended_by([val(0), budget, val(4)], 10) == "time budget"
+    assert ended_by([val(0), val(4)], 10) is None  # a crash after an evaluation: not finished
+    assert ended_by([val(0), budget], 10) is None  # stopped, but its final validation never came
+    assert ended_by([val(0), budget, val(4), {"step": 6, "train_loss": 2.0}], 10) is None  # resumed past it
+    assert ended_by([val(0), val(10, event="eval")], 10) is None  # `speedgpt eval` later: not training's
+
+
+def test_a_run_stopped_by_its_time_budget_is_finished(tmp_path, tiny_cfg, capsys):
+    """train.time_budget_s=1e-9 stops after the first step, whatever the machine's speed."""
+    from speedgpt.config import apply_overrides
+    from speedgpt.sweep import Point, collect, finished, run_point
+    from speedgpt.train.loop import train
+
+    out = tmp_path / "sweep"
+    point = Point(2, 8e9, "d2-c8e9")
+    cfg = apply_overrides(tiny_cfg, ["--train.time_budget_s=1e-9"])
+    train(cfg, run_dir=out / point.name, quiet=True)
+    assert finished(out / point.name) == "time budget"
+    assert run_point(out, point, "flops_budget", "tiny-cpu", []) is True  # not trained again
+    assert "finished earlier (stopped by its time budget), skipped" in capsys.readouterr().out
+    (result,) = collect(out)
+    assert (result.ended_by, result.steps) == ("time budget", 1)

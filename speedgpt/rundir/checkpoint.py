@@ -68,6 +68,14 @@ def checkpoints_to_delete(steps: list[int], keep_last: int, keep_every: int) -> 
     return [s for s in old if not (keep_every > 0 and s % keep_every == 0)]
 
 
+def prune_checkpoints(ckpt_root: Path, keep_last: int, keep_every: int) -> None:
+    """Apply the retention policy (`checkpoints_to_delete`) to the checkpoints in `ckpt_root`; the
+    one place that deletes old checkpoints, for the single-file and the DCP format alike."""
+    steps = [_step_of(p) for p in list_checkpoints(ckpt_root)]
+    for old_step in checkpoints_to_delete(steps, keep_last, keep_every):
+        shutil.rmtree(Path(ckpt_root) / f"{STEP_PREFIX}{old_step:06d}", ignore_errors=True)
+
+
 def _tensor_bytes(obj: Any) -> bytes:
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -109,19 +117,18 @@ def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: 
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointSaveError(f"could not write checkpoint step {step} in {ckpt_root} "
                                   f"({type(e).__name__}: {e}); {kept}") from None
-    steps = [_step_of(p) for p in list_checkpoints(ckpt_root)]
-    for old_step in checkpoints_to_delete(steps, keep, keep_every):
-        shutil.rmtree(ckpt_root / f"{STEP_PREFIX}{old_step:06d}", ignore_errors=True)
+    prune_checkpoints(ckpt_root, keep, keep_every)
     return final
 
 
-def verify_files(path: Path, state: dict, names: tuple[str, ...] = TENSOR_FILES, fix: str = "") -> None:
-    """Check tensor files of checkpoint `path` against the size and SHA-256 in its state.json.
-    Checkpoints written before checksums existed have no record and are not checked. `fix` ends
-    the message (default: delete the checkpoint to resume from the previous one)."""
+def verify_files(path: Path, state: dict, names: tuple[str, ...] | None = TENSOR_FILES, fix: str = "") -> None:
+    """Check files of checkpoint `path` (those in `names`; None: every file recorded) against the
+    size and SHA-256 in its state.json. Checkpoints written before checksums existed have no
+    record and are not checked. `fix` ends the message (default: delete the checkpoint to resume
+    from the previous one)."""
     fix = fix or f"delete {path} to resume from the previous checkpoint"
     for name, rec in state.get("files", {}).items():
-        if name not in names:
+        if names is not None and name not in names:
             continue
         f = path / name
         if not f.is_file():
@@ -140,18 +147,23 @@ def _first_line(e: Exception) -> str:
     return text[0] if text else type(e).__name__
 
 
+def read_state(path: Path, fix: str = "") -> dict:
+    """A checkpoint's state.json (any format), or a CheckpointError naming it and `fix` (default:
+    delete the checkpoint to resume from the previous one)."""
+    path = Path(path)
+    fix = fix or "delete the directory to resume from the previous one"
+    try:
+        return json.loads((path / "state.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete (no state.json); {fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt ({e}); {fix}") from None
+
+
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, Any, dict]:
     """(model_state, optim_state, state) of a checkpoint directory, or a CheckpointError naming it."""
     path = Path(path)
-    state_file = path / "state.json"
-    try:
-        state = json.loads(state_file.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} is incomplete (no state.json); delete it to resume from "
-                              f"the previous one") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"checkpoint {path}: state.json is corrupt ({e}); delete the directory to "
-                              f"resume from the previous one") from None
+    state = read_state(path)
     verify_files(path, state)
     tensors = []
     for name in TENSOR_FILES:

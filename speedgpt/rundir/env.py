@@ -3,31 +3,18 @@
 from __future__ import annotations
 
 import platform
-import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import torch
+
+from ..provenance import source_version
 
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-
-
-def git_state(path: Path) -> dict:
-    """Commit and dirtiness of the source tree the package runs from, when it is a git checkout."""
-    def run(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, timeout=10).stdout.strip()
-    try:
-        commit = run("rev-parse", "HEAD")
-        if not commit:
-            return {}
-        return {"commit": commit, "dirty": bool(run("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):
-        return {}
 
 
 def environment_snapshot(device: torch.device) -> dict:
@@ -45,7 +32,7 @@ def environment_snapshot(device: torch.device) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "device": device_name(device),
-        "git": git_state(Path(__file__).resolve().parents[2]),
+        "git": source_version(),  # speedgpt's own commit (provenance.py), "unknown" when it has none
     }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)

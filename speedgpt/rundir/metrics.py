@@ -216,6 +216,24 @@ def _dedup(records: list[dict]) -> list[dict]:
     return [rec for _, (_, rec) in sorted(latest.items(), key=lambda kv: (kv[0][0], kv[1][0]))]
 
 
+TIME_BUDGET_EVENT = "time_budget"  # logged by the trainer at the step train.time_budget_s stopped it
+ENDED_BY_STEPS, ENDED_BY_TIME_BUDGET = "steps", "time budget"
+
+
+def ended_by(records: list[dict], steps: int) -> str | None:
+    """How a run ended, from its records (read_metrics): "steps" when training's final validation
+    of its configured `steps` is there; "time budget" when train.time_budget_s stopped it and its
+    final validation at that step is there (a finished run too, with fewer steps); None when it
+    has not finished (it crashed, was stopped, or runs still). Used by `sweep` and `ab` alike."""
+    val_steps = {r["step"] for r in records if "val_loss" in r and r.get("event") != "eval"}
+    if steps in val_steps:
+        return ENDED_BY_STEPS
+    last = max((r["step"] for r in records if r.get("event") != "eval"), default=None)
+    if last in val_steps and any(r.get("event") == TIME_BUDGET_EVENT and r["step"] == last for r in records):
+        return ENDED_BY_TIME_BUDGET
+    return None
+
+
 def finite(value: Any) -> bool:
     """True for a real, finite number (readers use it to skip NaN losses and missing fields)."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -131,9 +131,13 @@ def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.T
         for alias, canonical in aliases.items():
             state[alias] = state[canonical]
         return state
-    from .dcp import is_dcp_checkpoint, read_model_state
+    from .dcp import is_dcp_checkpoint, read_model_state, verify
 
     if is_dcp_checkpoint(source.weights):  # sharded by DCP: consolidated here, in one process
+        try:  # the checksums recorded at save, as below
+            verify(source.weights, fix="name another with --checkpoint STEP")
+        except CheckpointError as e:
+            raise LoadError(str(e)) from None
         try:
             return read_model_state(source.weights, device)
         except Exception as e:

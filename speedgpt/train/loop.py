@@ -30,6 +30,7 @@ from .. import faults
 from ..rundir import RunDir, default_run_dir
 from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
 from ..rundir.env import environment_snapshot
+from ..rundir.metrics import TIME_BUDGET_EVENT
 from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
 from .preempt import StopRequest, TrainingStopped
@@ -391,7 +392,7 @@ class Trainer:
         self.pending_checkpoint = dcp.save(self.rundir.checkpoints, self.step,
                                            dcp.flat_state(self.model, self.optimizers), self.state(),
                                            is_main=self.dist.is_main, keep=self.cfg.train.keep_checkpoints,
-                                           background=background)
+                                           keep_every=self.cfg.train.keep_checkpoint_every, background=background)
         self.last_save_time = time.monotonic()
         return None if background else self.finish_checkpoint()
 
@@ -493,6 +494,9 @@ class Trainer:
             result.train_losses.append(loss)
             if t.time_budget_s and self.budget_spent():
                 self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
+                # A finished run with fewer steps than configured (rundir/metrics.py ended_by).
+                self.metrics.log({"event": TIME_BUDGET_EVENT, "step": self.step, "tokens": self.tokens,
+                                  "time_s": self.train_time, "budget_s": t.time_budget_s})
                 stop = True
             signalled, save_due = self.step_control()
             last = self.step == t.steps or stop or signalled

@@ -1,0 +1,58 @@
+"""Output directories of commands (`sweep --out`, `ab --out`, `data ... --out`): made up front, and
+file-system errors turned into one line that names the fix, never the raw OS message
+("[Errno 20] Not a directory: 'file.bin'"), which says what broke but not what to do."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+
+class OutDirError(ValueError):
+    """An output directory cannot be made or written; the message names the fix."""
+
+
+def _file_on_the_way(path: Path) -> Path | None:
+    """`path` itself or the nearest of its parents that exists as something other than a directory."""
+    for p in (path, *path.parents):
+        if p.exists() or p.is_symlink():
+            return None if p.is_dir() else p
+    return None
+
+
+def os_error_line(e: OSError, flag: str, path: str | Path) -> str:
+    """One line for an OSError met while making or writing under `flag` `path`, naming the fix."""
+    path = Path(path)
+    where = f"{flag} {path}"
+    blocker = _file_on_the_way(path)
+    if blocker is not None or e.errno in (errno.ENOTDIR, errno.EEXIST):
+        blocker = blocker or Path(e.filename or path)
+        what = "is a file" if blocker == path else f"cannot be made: {blocker} is a file, not a directory"
+        return f"{where} {what}; pass a directory (new or existing)"
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{where}: no permission to write {e.filename or path}; pass a directory you can write to"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where}: no space left on its device; free some, or pass a directory on another disk"
+    if e.errno == errno.ENAMETOOLONG:
+        return f"{where}: a name in the path is too long; pass a shorter path"
+    detail = e.strerror or type(e).__name__
+    return f"{where}: {detail} ({e.filename or path}); check the path, or pass another directory"
+
+
+def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """OutDirError with the fix when a file stands where directory `path` (or a parent) must go;
+    nothing is created (for commands that make the directory only once they have output)."""
+    path = Path(path)
+    if _file_on_the_way(path) is not None:
+        raise OutDirError(os_error_line(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path)), flag, path))
+    return path
+
+
+def make_out_dir(path: str | Path, flag: str = "--out") -> Path:
+    """Create `path` (and its parents) if needed; OutDirError with the fix when it cannot be."""
+    path = check_out_dir(path, flag)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutDirError(os_error_line(e, flag, path)) from None
+    return path
