@@ -148,3 +148,12 @@ def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_d
     np.testing.assert_allclose(c.train_losses, a.train_losses[3:], rtol=1e-6)
     d = train(fsdp, run_dir=copy_without_checkpoint(tmp_path / "B", tmp_path / "D", 6), resume=True, quiet=True)
     np.testing.assert_allclose(d.train_losses, b.train_losses[3:], rtol=1e-6)
+
+
+def test_dcp_checkpoints_keep_the_waiting_gradients(tiny_cfg, tmp_path):
+    """train.checkpoint_format=dcp stores them as optim/adam_pending/<name>/grad: resume is bit-exact."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.checkpoint_format=dcp"])
+    full = train(cfg, run_dir=tmp_path / "full", quiet=True)
+    resumed = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "full", tmp_path / "resumed", 6), resume=True,
+                    quiet=True)
+    assert resumed.train_losses == full.train_losses[3:]
