@@ -232,3 +232,28 @@ def test_eval_cli_core_end_to_end(tmp_path, capsys):
     assert "lacks 19 of CORE's 22 tasks" in out
     assert main(["eval", str(run), "--core", "--core-bundle", str(tmp_path / "nothing")]) == 2
     assert "no core.yaml" in capsys.readouterr().err
+
+
+def test_core_scores_with_dense_masks_whatever_the_backend(monkeypatch):
+    """CORE's batches change shape every time: a flex model is scored through SDPA's dense masks
+    (flex would compile per shape), with the same losses as the model on the SDPA backend."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from speedgpt.eval.core import DenseMaskScorer
+    from speedgpt.model import attention
+    from speedgpt.model.build import build_model
+    from speedgpt.model.runtime import runtime_for
+    from test_model import tiny_model_cfg
+
+    cfg = tiny_model_cfg("--model.window_pattern=LS")
+    runtime = runtime_for(cfg, "cpu", window_block=32)
+    sdpa = build_model(cfg, 128, runtime, seed=0)
+    flex = build_model(cfg, 128, runtime.replace(attn_backend="flex"), seed=0)
+    torch.nn.init.normal_(sdpa.lm_head.weight, std=0.02)
+    flex.load_state_dict(sdpa.state_dict())
+    monkeypatch.setattr(attention, "flex_attention_fused", lambda *a, **k: pytest.fail("flex ran"))
+    # one row of exactly two blocks: on its own backend the flex model would run flex for it
+    rows = [[BOS_ID, *enc("def f(x): return x")], [BOS_ID, *range(100, 163)], [BOS_ID, *enc("a = 1; b = 2; c = 3")]]
+    want, _ = forward_rows(sdpa, rows, device="cpu", batch_tokens=64, pad_id=BOS_ID)
+    got, _ = forward_rows(DenseMaskScorer(flex), rows, device="cpu", batch_tokens=64, pad_id=BOS_ID)
+    for a, b in zip(want, got):
+        assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))

@@ -216,7 +216,21 @@ def correct_answers(task: Task, rows: list[tuple[list[int], int, int]], losses: 
 
 
 @torch.no_grad()
-def forward_rows(model, rows: list[list[int]], *, device, batch_tokens: int, pad_id: int, multiple: int = 1):
+class DenseMaskScorer(torch.nn.Module):
+    """The model with SDPA's dense masks whatever its runtime's backend. CORE's batches change shape
+    from one to the next, and flex compiles its kernel per shape: on an H100 a 124M model's CORE run
+    hit dynamo's recompile limit within a minute, fell back to flex's unfused path (full score
+    matrices) and had not finished after 10 minutes."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_BT: torch.Tensor) -> torch.Tensor:
+        return self.model(inputs_BT, ctx=self.model.context(inputs_BT, backend="sdpa"))
+
+
+def forward_rows(model, rows: list[list[int]], *, device, batch_tokens: int, pad_id: int):
     """(losses, predictions) per row, each of the row's length (the last position's loss is NaN).
     Rows are sorted by length and forwarded in right-padded batches of at most batch_tokens tokens."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
@@ -224,10 +238,10 @@ def forward_rows(model, rows: list[list[int]], *, device, batch_tokens: int, pad
     preds: list[torch.Tensor | None] = [None] * len(rows)
     i = 0
     while i < len(order):
-        longest = -(-len(rows[order[i]]) // multiple) * multiple
+        longest = len(rows[order[i]])
         j = i + 1
         while j < len(order):  # grow the batch while its padded size (the last row is the longest) fits
-            width = -(-len(rows[order[j]]) // multiple) * multiple
+            width = len(rows[order[j]])
             if (j - i + 1) * width > batch_tokens:
                 break
             longest, j = width, j + 1
@@ -251,8 +265,7 @@ def forward_rows(model, rows: list[list[int]], *, device, batch_tokens: int, pad
     return losses, preds
 
 
-def evaluate_task(model, task: Task, encode, *, bos: int, device, max_len: int, batch_tokens: int,
-                  multiple: int = 1) -> float:
+def evaluate_task(model, task: Task, encode, *, bos: int, device, max_len: int, batch_tokens: int) -> float:
     """The task's accuracy: every example's rows forwarded in batches, then scored by its format."""
     per_example = []
     flat: list[list[int]] = []
@@ -260,8 +273,7 @@ def evaluate_task(model, task: Task, encode, *, bos: int, device, max_len: int, 
         rows = [_fit_context(r, max_len) for r in scored_rows(task, render_prompts(task, i), encode, bos)]
         per_example.append((len(flat), rows))
         flat.extend(tokens for tokens, _, _ in rows)
-    losses, preds = forward_rows(model, flat, device=device, batch_tokens=batch_tokens, pad_id=bos,
-                                 multiple=multiple)
+    losses, preds = forward_rows(model, flat, device=device, batch_tokens=batch_tokens, pad_id=bos)
     correct = 0
     for i, (at, rows) in enumerate(per_example):
         n = len(rows)
@@ -274,7 +286,7 @@ def centered(accuracy: float, random_baseline: float) -> float:
 
 
 def evaluate_core(model, tasks: list[Task], encode, *, bos: int, device, max_len: int,
-                  batch_tokens: int = 32_768, multiple: int = 1, print_fn=print) -> dict:
+                  batch_tokens: int = 32_768, print_fn=print) -> dict:
     """{"core": mean centered accuracy, "tasks": {label: {accuracy, centered, n, shots, kind, s}}}."""
     was_training = model.training
     model.eval()
@@ -283,7 +295,7 @@ def evaluate_core(model, tasks: list[Task], encode, *, bos: int, device, max_len
         for task in tasks:
             t0 = time.perf_counter()
             acc = evaluate_task(model, task, encode, bos=bos, device=device, max_len=max_len,
-                                batch_tokens=batch_tokens, multiple=multiple)
+                                batch_tokens=batch_tokens)
             results[task.label] = {"accuracy": acc, "centered": centered(acc, task.random_baseline),
                                    "n": len(task.examples), "shots": task.shots, "kind": task.kind,
                                    "s": round(time.perf_counter() - t0, 3)}

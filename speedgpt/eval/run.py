@@ -137,15 +137,13 @@ def _hellaswag(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> d
 
 
 def _core(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> dict:
-    from .core import download_bundle, evaluate_core, load_bundle
+    from .core import DenseMaskScorer, download_bundle, evaluate_core, load_bundle
 
     path = download_bundle(cfg.data.cache_root() / "core") if where == "download" else Path(where)
     tasks = load_bundle(path, limit)
     t0 = time.perf_counter()
-    # FlexAttention works on whole blocks: pad each batch's rows to a multiple of the block.
-    multiple = model.runtime.window_block if model.runtime.attn_backend == "flex" else 1
-    out = evaluate_core(model, tasks, tok.encode_ordinary, bos=bos, device=dev, max_len=model.rotary.max_seq_len,
-                        batch_tokens=EVAL_BATCH_TOKENS, multiple=multiple, print_fn=print_fn)
+    out = evaluate_core(DenseMaskScorer(model), tasks, tok.encode_ordinary, bos=bos, device=dev,
+                        max_len=model.rotary.max_seq_len, batch_tokens=EVAL_BATCH_TOKENS, print_fn=print_fn)
     return {"core": out["core"], "core_tasks": len(out["tasks"]), "core_complete": out["complete"],
             "core_examples": sum(r["n"] for r in out["tasks"].values()), "core_s": round(time.perf_counter() - t0, 3)}
 

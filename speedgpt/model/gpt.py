@@ -194,12 +194,9 @@ class GPT(nn.Module):
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
-            build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
-            ctx = (build(inputs_BT, backend=rt.attn_backend, windows=windows, doc_masking=cfg.doc_masking,
-                         bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block, doc_starts=self.key_offset)
-                   if kv_cache is None else
-                   AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
-                               doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
+            ctx = (self.context(inputs_BT, windows=windows) if kv_cache is None
+                   else AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
+                                    doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
             rope = tuple(torch.tensor(v, dtype=torch.float32, device=inputs_BT.device) for v in rt.yarn)
         if rope is not None:  # YaRN only: without it the context is left as built
@@ -225,6 +222,15 @@ class GPT(nn.Module):
         if targets_BT is None:
             return self.softcap(self.head(x).float())
         return self.loss(x, targets_BT, reduction)
+
+    def context(self, inputs_BT: torch.Tensor, *, windows=None, backend: str | None = None) -> AttnContext:
+        """The attention masks of a batch: the runtime's backend unless `backend` says otherwise (batches
+        of ever-changing shapes, such as CORE's, score with "sdpa": flex would compile per shape)."""
+        rt = self.runtime
+        build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
+        return build(inputs_BT, backend=backend or rt.attn_backend, windows=self.windows if windows is None else windows,
+                     doc_masking=self.cfg.doc_masking, bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block,
+                     doc_starts=self.key_offset)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """The lm_head's logits before the softcap, in FP8 where the runtime says so (with
