@@ -91,6 +91,20 @@ class ModelConfig:
     moe_dense_layers: int = 1  # the first layers keep the dense MLP (DeepSeek-V3 keeps 3 of 61)
     moe_bias_rate: float = 1e-3  # aux-loss-free balancing: the expert bias moves this much per optimizer step
 
+    # Later speedrun records' embedding-side switches (model/embeddings.py, model/gates.py); all off by
+    # default, none proven here yet (docs/experiments.md). Record numbers as in shared/REFERENCE.md.
+    bigram_vocab_mult: int = 0  # bigram hash embedding of (previous, current) token: rows = this x padded vocab (#62: 5); 0: off
+    smear: bool = False  # smear gate: add a gated share of the previous token's embedding (#34)
+    value_embed_gates: bool = False  # per-head sigmoid gates on the value embeddings (#55)
+    skip_gates: bool = False  # sigmoid gates on the U-net skip connections, read from x0 (#55)
+    backout_layer: int = -1  # backout: subtract a learned share of this block's output before the head (#40: 8); -1: off
+    logit_rescale: bool = False  # logits 23 sigmoid((z + 5) / 7.5) instead of the symmetric softcap (#54)
+    # Embedding tied to the lm_head (the lookup reads the head's rows) for this fraction of training, then
+    # untied with the head's weights and Adam state copied (#53: 2/3; 1.0: tied throughout, #51); 0: untied.
+    tie_embed_frac: float = 0.0
+    value_embed_layers: list[int] = field(default_factory=list)  # one untied value embedding per listed layer (#63); empty: value_embeds' U-shape
+    mimetic_vo_beta: float = 0.0  # mimetic V/O init: V = sqrt(b) I, O = -sqrt(b) I per head, plus noise (#64: 0.05); 0: off
+
     def resolved_dim(self) -> int:
         if self.model_dim:
             return self.model_dim
@@ -194,6 +208,12 @@ class OptimConfig:
     kind: str = "muon"
     adamw_lr: float = 3e-4
     adamw_weight_decay: float = 0.1
+    # Adam lrs of the later records' parameters (used only when their switch is on): the record's
+    # base lr 0.008 x its lr_mul (bigram table 75, smear gate 0.01, skip gate 0.05, value-embedding gates 1).
+    bigram_embed_lr: float = 0.6
+    smear_gate_lr: float = 8e-5
+    skip_gate_lr: float = 4e-4
+    value_embed_gate_lr: float = 0.008
 
 
 @dataclass
@@ -507,7 +527,7 @@ def _check_model(m: ModelConfig) -> None:
                           f"layers for experts, and model.moe_shared_experts={m.moe_shared_experts} must be >= 0")
     if m.head_dim % 4:
         raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
-    if m.value_embeds * 2 > m.depth:
+    if not m.value_embed_layers and m.value_embeds * 2 > m.depth:
         raise ConfigError(f"model.value_embeds={m.value_embeds} needs depth >= {2 * m.value_embeds} "
                           f"(they are used by the first and last layers); lower it or raise model.depth")
     if m.attn_backend not in ("auto", "sdpa", "flex"):
@@ -533,6 +553,28 @@ def _check_model(m: ModelConfig) -> None:
                           "set model.rope_half_truncate=true")
     if m.fp8_head_w_bound <= 0:
         raise ConfigError(f"model.fp8_head_w_bound={m.fp8_head_w_bound} must be > 0 (record #28: 0.875)")
+    _check_later_records(m)
+
+
+def _check_later_records(m: ModelConfig) -> None:
+    """The later records' switches (bigram hash, gates, backout, tying, untied value embeddings)."""
+    dim = m.resolved_dim()
+    if m.bigram_vocab_mult < 0:
+        raise ConfigError(f"model.bigram_vocab_mult={m.bigram_vocab_mult} must be >= 0 (record #62: 5; 0: off)")
+    if not -1 <= m.backout_layer < m.depth:
+        raise ConfigError(f"model.backout_layer={m.backout_layer} must be a block index 0..{m.depth - 1} "
+                          f"(record #40: 8 of 12), or -1 (off)")
+    if not 0.0 <= m.tie_embed_frac <= 1.0:
+        raise ConfigError(f"model.tie_embed_frac={m.tie_embed_frac} must lie in [0, 1] (record #53: 0.667; 0: untied)")
+    layers = m.value_embed_layers
+    if layers and (len(set(layers)) != len(layers) or not all(0 <= i < m.depth for i in layers)):
+        raise ConfigError(f"model.value_embed_layers={layers} must list distinct layers in 0..{m.depth - 1}")
+    if (m.smear or m.value_embed_gates or m.skip_gates) and m.attn_gate_dim > dim:
+        raise ConfigError(f"model.attn_gate_dim={m.attn_gate_dim} (the gates' input channels) exceeds model_dim={dim}")
+    if m.mimetic_vo_beta < 0 or (m.mimetic_vo_beta and (m.resolved_kv_heads() != m.resolved_heads()
+                                                        or m.resolved_heads() * m.head_dim != dim)):
+        raise ConfigError(f"model.mimetic_vo_beta={m.mimetic_vo_beta} must be >= 0, and > 0 needs square per-head "
+                          f"V and O blocks: num_heads x head_dim == model_dim and no grouped-query attention")
 
 
 def _check_data_and_batch(cfg: Config, world_size: int) -> None:

@@ -26,7 +26,7 @@ DESCRIPTIONS: dict[str, str] = {
     "model.window_pattern": "per-layer Long/Short sliding attention window, repeated to depth (e.g. SSSL)",
     "model.attn_scale": "attention logit scale; 0: 1/sqrt(head_dim)",
     "model.attn_gate": "sparse per-head sigmoid gate on the attention output (speedrun record #28)",
-    "model.attn_gate_dim": "input channels the attention gate reads",
+    "model.attn_gate_dim": "input channels the attention gate reads (and the smear, skip and value-embedding gates)",
     "model.logit_softcap": "cap logits smoothly at +-this value (tanh); 0 disables",
     "model.attn_backend": "auto | sdpa (dense masks) | flex (block-sparse FlexAttention)",
     "model.doc_masking": "attend only within a document (documents start at BOS)",
@@ -51,6 +51,25 @@ DESCRIPTIONS: dict[str, str] = {
     "model.moe_shared_experts": "experts every token uses; expert width = dense MLP width / (top_k + shared)",
     "model.moe_dense_layers": "the first this many layers keep the dense MLP",
     "model.moe_bias_rate": "aux-loss-free balancing: each expert's routing bias moves this much per optimizer step",
+    # the later records' switches: off by default, none proven here yet (docs/experiments.md)
+    "model.bigram_vocab_mult": "bigram hash embedding (record #62): a zero-initialized table of this x padded-vocab rows, "
+                               "indexed by a hash of (previous, current) token, added to every block's input through "
+                               "per-layer scalars (init 0.1); 0: off (record: 5)",
+    "model.smear": "smear gate (record #34): each embedding gains lambda * sigmoid(w . e[:attn_gate_dim]) x the previous "
+                   "token's embedding; lambda and w start at zero",
+    "model.value_embed_gates": "per-head gates 2 sigmoid(w . x[:attn_gate_dim]) on the value embeddings (record #55); 1 at init",
+    "model.skip_gates": "gates 2 sigmoid(w . x0[:attn_gate_dim]) on the U-net skip connections (record #55); 1 at init",
+    "model.backout_layer": "backout (record #40): subtract lambda (init 0.5) x this block's output before the final norm; "
+                           "-1: off (record: 8 of 12)",
+    "model.logit_rescale": "logits 23 sigmoid((z + 5) / 7.5) instead of the symmetric softcap (record #54); the FP8 "
+                           "head then runs unfused",
+    "model.tie_embed_frac": "embedding tied to the lm_head (lookup reads its rows; head init N(0, 0.005^2)) for this "
+                            "fraction of the steps, then untied with weights and Adam state copied (record #53: 2/3, "
+                            "its embedding lr after: 0.008; 1: tied throughout, record #51); 0: untied",
+    "model.value_embed_layers": "one untied value embedding for each listed layer (record #63: first 2 and last 3 of "
+                                "its 11); empty: value_embeds shared U-shaped",
+    "model.mimetic_vo_beta": "mimetic init (record #64): V = sqrt(beta) I and O = -sqrt(beta) I per head, plus "
+                             "N(0, 0.01^2); 0: off (record: 0.05)",
     # data
     "data.train_files": "glob, directory or file of .bin shards; empty: the local Python-source corpus",
     "data.val_files": "val shards; empty: the val_*.bin next to train_files",
@@ -94,6 +113,10 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.kind": "muon (Muon for hidden matrices, Adam for the rest) | adamw (one AdamW for everything: the large-model recipe)",
     "optim.adamw_lr": "optim.kind=adamw: the learning rate of every parameter",
     "optim.adamw_weight_decay": "optim.kind=adamw: decoupled weight decay of the matrices (hidden and head; not embeddings or scalars)",
+    "optim.bigram_embed_lr": "Adam lr of the bigram hash table (model.bigram_vocab_mult; record #62: 0.008 x 75)",
+    "optim.smear_gate_lr": "Adam lr of the smear gate's weights (model.smear; records #53+: 0.008 x 0.01)",
+    "optim.skip_gate_lr": "Adam lr of the skip gates' weights (model.skip_gates; record #55: 0.008 x 0.05)",
+    "optim.value_embed_gate_lr": "Adam lr of the value-embedding gates (model.value_embed_gates; record #55: 0.008)",
     # schedule
     "schedule.kind": "lr schedule: constant_cooldown (with warmup_frac: WSD) | warmup_cosine",
     "schedule.warmup_frac": "fraction of steps for linear lr warmup",

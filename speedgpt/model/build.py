@@ -24,7 +24,7 @@ def build_model(cfg: ModelConfig, max_seq_len: int, runtime: ModelRuntime | str 
         torch.manual_seed(seed)
         model.init_weights()
     if cfg.bf16_embeds:
-        for emb in [model.embed, *model.value_embeds]:
+        for emb in model.embeddings():
             emb.to(torch.bfloat16)
     return model
 

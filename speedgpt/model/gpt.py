@@ -17,12 +17,27 @@ from ..config import ModelConfig
 from ..data.tokenizer import BOS_ID
 from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context,
                         build_context_eagerly, init_from_plan, norm)
+from .embeddings import BigramHashEmbedding, EmbedTying, SmearGate, previous_tokens
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
+from .gates import RESCALE_CAP, SkipGates, gate_value_embed, mimetic_fills, rescale_for_softcap, rescale_logits
 from .kernels.softcap_ce import softcap_cross_entropy
 from .moe import MoE
 from .rotary import Rotary
 from .runtime import ModelRuntime
+
+
+def value_embed_slot(cfg: ModelConfig, layer: int) -> int | None:
+    """Which value embedding `layer` adds to its values (None: none): one per listed layer with
+    model.value_embed_layers (untied), else value_embeds shared U-shaped by the first and last k layers."""
+    if cfg.value_embed_layers:
+        return cfg.value_embed_layers.index(layer) if layer in cfg.value_embed_layers else None
+    k, depth = cfg.value_embeds, cfg.depth
+    if layer < k:
+        return layer
+    if layer >= depth - k:
+        return layer - (depth - k)
+    return None
 
 
 class MLP(nn.Module):
@@ -76,18 +91,28 @@ class Block(nn.Module):
                            fused_act=runtime.fp8_mlp_fused_act)
         self.window_key = window_key
         self.x0_mixing = cfg.x0_mixing
+        # Per-head gates on this layer's value embedding (record #55), read from the normed input
+        self.ve_gate = (nn.Parameter(torch.empty(cfg.resolved_kv_heads(), cfg.attn_gate_dim))
+                        if cfg.value_embed_gates and self.attn is not None and value_embed_slot(cfg, layer) is not None
+                        else None)
 
     def init_plan(self, prefix: str = "") -> list:
         attn = self.attn.init_plan(prefix + "attn.") if self.attn is not None else []
-        return attn + self.mlp.init_plan(prefix + "mlp.")
+        gate = [(prefix + "ve_gate", torch.Tensor.zero_)] if self.ve_gate is not None else []  # 2 sigmoid(0) = 1
+        return attn + self.mlp.init_plan(prefix + "mlp.") + gate
 
     init_weights = init_from_plan
 
-    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, kv_cache: KVCache | None):
+    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, kv_cache: KVCache | None, extra=None):
         if self.x0_mixing:
             x = lambdas[0] * x + lambdas[1] * x0
+        if extra is not None:  # the bigram hash embedding's share (record #62), next to x0's
+            x = x + extra
         if self.attn is not None:
-            x = x + self.attn(norm(x), ve, v_lambdas, ctx, kv_cache)
+            h = norm(x)
+            if self.ve_gate is not None and ve is not None:
+                ve = gate_value_embed(ve, h, self.ve_gate)
+            x = x + self.attn(h, ve, v_lambdas, ctx, kv_cache)
         return x + self.mlp(norm(x))
 
 
@@ -105,7 +130,8 @@ class GPT(nn.Module):
         self.embed = nn.Embedding(vocab, dim)
         # Value embeddings are added to v: as wide as the key/value heads (narrower with grouped-query attention).
         ve_dim = cfg.resolved_kv_heads() * cfg.head_dim if cfg.resolved_kv_heads() != cfg.resolved_heads() else dim
-        self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(cfg.value_embeds))
+        num_ve = len(cfg.value_embed_layers) or cfg.value_embeds
+        self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(num_ve))
         self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate,
                              paired=bool(cfg.paired_head_layers))
         self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
@@ -118,6 +144,19 @@ class GPT(nn.Module):
         # The masks a forward builds: one per window, and per window of the paired-head layers
         self.mask_keys = sorted({b.attn.mask_key if b.attn is not None else b.window_key for b in self.blocks})
         self.key_offset = any(b.attn is not None and b.attn.key_offset for b in self.blocks)
+        # The later records' switches (model/embeddings.py, model/gates.py). Off, they add no parameter,
+        # buffer or computation: the state dict, the optimizer groups and the losses are as before.
+        gate_dim = cfg.attn_gate_dim
+        self.bigram = BigramHashEmbedding(cfg.bigram_vocab_mult * vocab, dim, depth) if cfg.bigram_vocab_mult else None
+        self.smear = SmearGate(gate_dim) if cfg.smear else None
+        self.skip_gates = SkipGates(self.num_skips, gate_dim) if cfg.skip_gates and self.num_skips else None
+        self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout_layer >= 0 else None
+        self.tying = EmbedTying(cfg.tie_embed_frac) if cfg.tie_embed_frac else None
+        self.embed_tied = self.tying is not None  # the lookup reads lm_head.weight (records #51, #53)
+        if self.tying is not None:
+            # The phase travels with the weights (checkpoints, eval, export); the Python flag follows it on load.
+            self.register_buffer("embed_untied", torch.zeros((), dtype=torch.bool))
+            self.register_load_state_dict_post_hook(lambda module, _keys: module._sync_tying_flag())
         self.windows = runtime.windows or (max_seq_len, max_seq_len)  # (long, short) when forward gets none
         # The loss path, chosen once: the FP8 head fused with the loss (training steps; evaluation
         # and per-token losses take the fused loss over the FP8 head's logits), the fused loss over
@@ -136,11 +175,32 @@ class GPT(nn.Module):
         plan += [(f"value_embeds.{i}.weight", nn.init.normal_) for i in range(len(self.value_embeds))]
         for i, block in enumerate(self.blocks):
             plan += block.init_plan(f"blocks.{i}.")
-        plan += [("lm_head.weight", torch.Tensor.zero_),  # uniform predictions at init: loss starts at ln(padded vocab)
+        if self.cfg.mimetic_vo_beta:
+            plan = self.mimetic_plan(plan)
+        # Zero: uniform predictions at init, loss starts at ln(padded vocab). Tied to the embedding, the
+        # head is its lookup table, so it starts small instead (record #51: N(0, 0.005^2)).
+        head_fill = (lambda t: t.normal_(0.0, 0.005)) if self.tying is not None else torch.Tensor.zero_
+        plan += [("lm_head.weight", head_fill),
                  ("skip_weights", lambda t: t.fill_(1.0)),
                  ("block_lambdas", lambda t: t.copy_(torch.tensor([1.0, 0.0]).expand_as(t))),
                  ("v_lambdas", lambda t: t.fill_(0.5))]
+        for name, module in (("bigram.", self.bigram), ("smear.", self.smear), ("skip_gates.", self.skip_gates)):
+            plan += module.init_plan(name) if module is not None else []
+        if self.backout_lambda is not None:
+            plan.append(("backout_lambda", lambda t: t.fill_(0.5)))  # record #40's init
         return plan
+
+    def mimetic_plan(self, plan: list) -> list:
+        """`plan` with record #64's mimetic V and O fills for every attention layer (merged qkv weights)."""
+        wrap_qkv, out_fill = mimetic_fills(self.cfg.mimetic_vo_beta, self.cfg.resolved_heads(), self.cfg.head_dim)
+        out = []
+        for name, fill in plan:
+            if name.startswith("blocks.") and name.endswith(".attn.qkv_w"):
+                fill = wrap_qkv(fill)
+            elif name.startswith("blocks.") and name.endswith(".attn.proj.weight"):
+                fill = out_fill
+            out.append((name, fill))
+        return out
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -152,32 +212,63 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """Buffers after `to_empty`: the rotary tables and the MoE balancing state."""
+        """Buffers after `to_empty`: the rotary tables, the MoE balancing state and the tying phase."""
         self.rotary.init_tables(self.embed.weight.device)
+        if self.tying is not None:
+            self.embed_untied.fill_(False)  # training starts tied
         for m in self.modules():
             if isinstance(m, MoE):
                 m.init_buffers()
 
     def value_embed_for_layer(self, ves: list[torch.Tensor], i: int) -> torch.Tensor | None:
-        k, depth = len(ves), len(self.blocks)
-        if i < k:
-            return ves[i]
-        if i >= depth - k:
-            return ves[i - (depth - k)]
-        return None
+        slot = value_embed_slot(self.cfg, i) if ves else None
+        return None if slot is None else ves[slot]
+
+    def embeddings(self) -> list[nn.Embedding]:
+        """Every lookup table (token, value, bigram): kept in bf16 with model.bf16_embeds, sharded alone by fsdp."""
+        return [self.embed, *self.value_embeds] + ([self.bigram.embed] if self.bigram is not None else [])
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings; while tied to the head, its rows (records #51, #53)."""
+        return F.embedding(tokens, self.lm_head.weight) if self.embed_tied else self.embed(tokens)
+
+    def sync_embed_tying(self, step: int, total_steps: int, optimizers=None) -> bool:
+        """Put embedding/head tying in the phase of training step `step` (the loop calls this before each
+        step's forward): at the untie step the head's weights and Adam state (`optimizers`) are copied into
+        the embedding. Returns whether it untied now. A no-op without model.tie_embed_frac."""
+        if self.tying is None or not self.embed_tied or step < self.tying.untie_step(total_steps):
+            return False
+        self.tying.copy_head_to_embed(self.embed.weight, self.lm_head.weight, optimizers)
+        self.embed_untied.fill_(True)
+        self.embed_tied = False
+        return True
+
+    def _sync_tying_flag(self) -> None:
+        self.embed_tied = not bool(self.embed_untied)  # once per load: a host read is fine here
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer role: hidden matrices go to Muon, the rest to Adam."""
         # MoE routers are small (experts x width) and scale the expert outputs: Adam, with the scalars.
         routers = [m.router for m in self.modules() if isinstance(m, MoE)]
-        matrices = [p for p in self.blocks.parameters() if p.ndim >= 2 and all(p is not r for r in routers)]
-        return {
+        ve_gates = [b.ve_gate for b in self.blocks if b.ve_gate is not None]
+        not_muon = routers + ve_gates
+        matrices = [p for p in self.blocks.parameters() if p.ndim >= 2 and all(p is not r for r in not_muon)]
+        groups = {
             "matrix": matrices,
             "embed": [self.embed.weight],
             "value_embed": [ve.weight for ve in self.value_embeds],
             "head": [self.lm_head.weight],
             "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()] + routers,
         }
+        # The later records' parameters (empty groups when their switches are off): Adam, at their own lrs
+        groups["scalar"] += ([self.bigram.lambdas] if self.bigram is not None else []) + (
+            [self.smear.smear_lambda] if self.smear is not None else []) + (
+            [self.backout_lambda] if self.backout_lambda is not None else [])
+        groups["bigram_embed"] = [self.bigram.embed.weight] if self.bigram is not None else []
+        groups["smear_gate"] = [self.smear.gate.weight] if self.smear is not None else []
+        groups["skip_gate"] = [self.skip_gates.weight] if self.skip_gates is not None else []
+        groups["value_embed_gate"] = ve_gates
+        return groups
 
     def record28_transposed(self) -> list[nn.Parameter]:
         """Hidden matrices that record #28 stores transposed relative to this model's (out, in) layout:
@@ -202,22 +293,41 @@ class GPT(nn.Module):
         if rope is not None:  # YaRN only: without it the context is left as built
             ctx.rope = rope
         dtype = rt.dtype
-        x = x0 = norm(self.embed(inputs_BT).to(dtype))
+        # smear and bigram look one token back; with a KV cache, across calls
+        prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None
+        if self.tying is None and self.smear is None:
+            x = x0 = norm(self.embed(inputs_BT).to(dtype))
+        else:
+            e = self.embed_tokens(inputs_BT).to(dtype)
+            if self.smear is not None:
+                e = self.smear(e, None if prev is None else self.embed_tokens(prev).to(dtype))
+            x = x0 = norm(e)
+        bigram = self.bigram(inputs_BT, prev).to(dtype) if self.bigram is not None else None
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
         skips: list[torch.Tensor] = []
         depth, n = len(self.blocks), self.num_skips
+        x_backout = None
         for i, block in enumerate(self.blocks):
             if n and i >= depth - n:
-                x = x + self.skip_weights[i - (depth - n)] * skips.pop()
-            args = (x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i], ctx, kv_cache)
+                skip = skips.pop()
+                if self.skip_gates is not None:
+                    skip = self.skip_gates(x0, i - (depth - n)) * skip
+                x = x + self.skip_weights[i - (depth - n)] * skip
+            extra = self.bigram.lambdas[i] * bigram if bigram is not None else None
+            args = (x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i], ctx, kv_cache,
+                    extra)
             if rt.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None:
                 x = checkpoint(block, *args, use_reentrant=False)  # keep only the block's inputs
             else:
                 x = block(*args)
             if i < n:
                 skips.append(x)
+            if i == self.cfg.backout_layer:
+                x_backout = x
         if kv_cache is not None:
             kv_cache.pos += inputs_BT.size(1)
+        if x_backout is not None:  # backout (record #40): what the early layers wrote only for later layers' context
+            x = x - self.backout_lambda[0] * x_backout
         x = norm(x)
         if targets_BT is None:
             return self.softcap(self.head(x).float())
@@ -243,22 +353,30 @@ class GPT(nn.Module):
                           rt.fp8_w_bound / E4M3_MAX, rt.fp8_grad_scale, cfg.fp8_head_fp8_wgrad).view(B, T, -1)
 
     def softcap(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.cfg.logit_rescale:
+            return rescale_logits(logits)
         cap = self.cfg.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
     def loss(self, x_BTD: torch.Tensor, targets_BT: torch.Tensor, reduction: str) -> torch.Tensor:
         cfg = self.cfg
         B, T, D = x_BTD.shape
-        if self.loss_path == "fp8_fused" and reduction in ("mean", "sum") and torch.is_grad_enabled():
+        # Record #54's rescale is a softcap of other logits (model/gates.py): the fused paths take it as
+        # one affine map of the head's logits; so the FP8 head then runs unfused (its op takes no map).
+        if self.loss_path == "fp8_fused" and reduction in ("mean", "sum") and torch.is_grad_enabled() \
+                and not cfg.logit_rescale:
             # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8_head.py)
             return fp8_head_cross_entropy(x_BTD.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
                                           cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.runtime.fp8_w_bound / E4M3_MAX,
                                           reduction)
         logits = self.head(x_BTD)
         if self.loss_path != "torch":
+            cap = cfg.logit_softcap
+            if cfg.logit_rescale:
+                logits, cap = rescale_for_softcap(logits), RESCALE_CAP
             # fp32 softcap + cross-entropy in one kernel pair; the backward overwrites the (unused) logits
             loss = softcap_cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1),
-                                         cfg.logit_softcap, reduction, inplace_backward=True)
+                                         cap, reduction, inplace_backward=True)
             return loss.view_as(targets_BT) if reduction == "none" else loss
         logits = self.softcap(logits.float())
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1).long(), reduction=reduction)
@@ -267,7 +385,7 @@ class GPT(nn.Module):
     def num_params(self, embeddings: bool = True) -> int:
         n = sum(p.numel() for p in self.parameters())
         if not embeddings:
-            n -= self.embed.weight.numel() + sum(ve.weight.numel() for ve in self.value_embeds)
+            n -= sum(e.weight.numel() for e in self.embeddings())
         return n
 
     def active_params(self, embeddings: bool = True) -> int:

@@ -19,13 +19,13 @@ from .muon import Muon
 
 
 def adam_groups(model, cfg: OptimConfig) -> list[dict]:
-    """Adam's parameter groups: with optim.kind="muon" the embeddings, head and scalars at their own
-    lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay) where it is a
-    matrix (the hidden matrices and the head), not where it is an embedding or a scalar."""
+    """Adam's parameter groups: with optim.kind="muon" the embeddings, head, scalars and gates at their
+    own lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay) where it is a
+    matrix (the hidden matrices and the head), not where it is an embedding, a scalar or a gate."""
     groups = model.param_groups()
     if cfg.kind == "adamw":
         decay = groups["matrix"] + groups["head"]
-        rest = groups["embed"] + groups["value_embed"] + groups["scalar"]
+        rest = [p for name, params in groups.items() if name not in ("matrix", "head") for p in params]
         return [dict(params=decay, lr=cfg.adamw_lr, weight_decay=cfg.adamw_weight_decay, name="matrix"),
                 dict(params=rest, lr=cfg.adamw_lr, weight_decay=0.0, name="no_decay")]
     # Adam lrs were tuned at width 768; wider models take proportionally smaller steps.
@@ -33,7 +33,10 @@ def adam_groups(model, cfg: OptimConfig) -> list[dict]:
     return [
         dict(params=groups[name], lr=lr * scale, name=name, weight_decay=cfg.adam_weight_decay)
         for name, lr in (("embed", cfg.embed_lr), ("value_embed", cfg.value_embed_lr),
-                         ("head", cfg.head_lr), ("scalar", cfg.scalar_lr))
+                         ("head", cfg.head_lr), ("scalar", cfg.scalar_lr),
+                         # the later records' parameters: groups only where their switch is on
+                         ("bigram_embed", cfg.bigram_embed_lr), ("smear_gate", cfg.smear_gate_lr),
+                         ("skip_gate", cfg.skip_gate_lr), ("value_embed_gate", cfg.value_embed_gate_lr))
         if groups[name]
     ]
 

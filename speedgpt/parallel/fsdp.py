@@ -46,7 +46,7 @@ def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, comp
     with torch.device("meta"):
         model = GPT(cfg.model, max_seq_len(cfg), runtime)
     if cfg.model.bf16_embeds:
-        for emb in [model.embed, *model.value_embeds]:
+        for emb in model.embeddings():
             emb.to(torch.bfloat16)
     mesh = device_mesh(device, world_size)
     kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype))
@@ -54,7 +54,7 @@ def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, comp
         if compile_blocks:
             block.compile(dynamic=False)  # per block: each block's reduce-scatter starts inside the backward
         fully_shard(block, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
-    for emb in [model.embed, *model.value_embeds]:
+    for emb in model.embeddings():
         fully_shard(emb, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
     # The root keeps the head (the FP8 head reads its weight directly, outside a module call) and the
     # per-layer scalars; it stays gathered through the forward (FSDP2 does not reshard the root).

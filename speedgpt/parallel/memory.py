@@ -90,7 +90,7 @@ def activation_bytes(cfg: Config, micro_batch: int, dtype_bytes: int) -> float:
         layers = m.depth * dim + per_layer
     else:
         layers = m.depth * per_layer
-    embeds = (1 + m.value_embeds) * dim
+    embeds = (1 + (len(m.value_embed_layers) or m.value_embeds) + bool(m.bigram_vocab_mult)) * dim  # token, value, bigram
     head = 2 * 4 * m.padded_vocab()
     return tokens * ((layers + embeds) * dtype_bytes + head)
 

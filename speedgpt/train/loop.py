@@ -302,6 +302,7 @@ class Trainer:
             os.kill(os.getpid(), signal.SIGTERM)
         windows = self.set_hyperparameters(step)
         rope = self.rope_at(step)
+        self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
                 for group in opt.param_groups:
