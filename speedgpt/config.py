@@ -75,6 +75,14 @@ class ModelConfig:
     fp8_scaling: str = "rowwise"
     # rowwise fp8_mlp: ReLU² with its FP8 casts as one Triton kernel each way (model/kernels/relu2_fp8.py)
     fp8_mlp_fused_act: bool = True
+    # Later speedrun records' attention switches (model/attention.py, model/yarn.py; off until an A/B shows a gain):
+    # partial key offset (record #49): in long-window layers, the keys' stationary rotary dims come from the
+    # previous position (never across a document start), so one layer can do induction
+    key_offset: bool = False
+    # paired-head attention (record #58): in these layers heads h and h + H/2 attend as one sequence of 2T positions
+    paired_head_layers: list[int] = field(default_factory=list)
+    # YaRN (record #31): rescale rotary frequencies and the attention scale each time the long window grows
+    yarn: bool = False
 
     # Mixture-of-Experts MLPs, DeepSeek-V3 style (model/moe.py): 0 experts keeps the dense MLP everywhere.
     moe_experts: int = 0  # routed experts per MoE layer
@@ -177,6 +185,9 @@ class OptimConfig:
     adam_beta2: float = 0.95
     adam_eps: float = 1e-10
     adam_weight_decay: float = 0.0
+    # Adam's parameters step every N optimizer steps, on the sum of the N steps' gradients (record #39: 2,
+    # Muon still every step); 1: every step
+    adam_every: int = 1
     grad_clip: float = 0.0  # global-norm clipping; 0 disables
     # Muon's per-matrix lr factor max(1, rows/cols)^0.5: "rows_over_cols" on this model's (out, in)
     # layout; "record28" on record #28's layout, which stores the MLP input weight as (in, out): factor
@@ -572,6 +583,16 @@ def _check_model(m: ModelConfig) -> None:
         raise ConfigError(f"model.attn_free_layers={m.attn_free_layers} has layers outside 0..{m.depth - 1}")
     if m.attn_gate and m.attn_gate_dim > dim:
         raise ConfigError(f"model.attn_gate_dim={m.attn_gate_dim} exceeds model_dim={dim}")
+    bad = [i for i in m.paired_head_layers if not 0 <= i < m.depth or i in m.attn_free_layers]
+    if bad:
+        raise ConfigError(f"model.paired_head_layers={m.paired_head_layers}: layers {bad} are outside 0..{m.depth - 1} "
+                          f"or attention-free")
+    if m.paired_head_layers and (m.resolved_heads() % 2 or m.resolved_kv_heads() != m.resolved_heads()):
+        raise ConfigError(f"model.paired_head_layers needs an even number of heads (have {m.resolved_heads()}) and "
+                          f"model.num_kv_heads=0 (no grouped-query attention)")
+    if m.key_offset and not m.rope_half_truncate:
+        raise ConfigError("model.key_offset shifts the stationary rotary dims, which only half-truncated rotary has; "
+                          "set model.rope_half_truncate=true")
     if m.fp8_head_w_bound <= 0:
         raise ConfigError(f"model.fp8_head_w_bound={m.fp8_head_w_bound} must be > 0 (record #28: 0.875)")
     _check_later_records(m)
@@ -670,6 +691,8 @@ def _check_optim(o: OptimConfig) -> None:
                           f"iterations; use --optim.muon_ns_steps=5 or --optim.muon_ortho=newton_schulz")
     if not 0.0 < o.normuon_beta2 < 1.0:
         raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
+    if o.adam_every < 1:
+        raise ConfigError(f"optim.adam_every={o.adam_every} must be at least 1 (1: Adam steps every step; record #39: 2)")
     if o.muon_weight_decay < 0:
         raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
     if o.muon_shape_factor not in ("rows_over_cols", "record28"):

@@ -40,6 +40,12 @@ DESCRIPTIONS: dict[str, str] = {
     "model.fp8_scaling": "the scaling of fp8_mlp and fp8_attn: rowwise (one scale per token / output unit) | tensorwise (one per tensor)",
     "model.fp8_attn": "attention qkv and output projections in FP8, like fp8_mlp",
     "model.fp8_mlp_fused_act": "with rowwise fp8_mlp: ReLU^2 and its FP8 casts as one Triton kernel each way",
+    "model.key_offset": "partial key offset (record #49): long-window layers' keys take their stationary rotary dims from "
+                        "the previous position (not across a document start); awaits an A/B",
+    "model.paired_head_layers": "paired-head attention (record #58) in these layers: heads h and h + H/2 attend as one "
+                                "sequence of 2T positions (windows count its positions); awaits an A/B",
+    "model.yarn": "YaRN (record #31): rescale rotary frequencies and the attention scale at each growth of the long "
+                  "window, in training, validation and eval; awaits an A/B",
     "model.moe_experts": "Mixture-of-Experts: routed experts per MoE layer (DeepSeek-V3 style); 0: dense MLPs everywhere",
     "model.moe_top_k": "routed experts each token uses (sigmoid affinities, top-k)",
     "model.moe_shared_experts": "experts every token uses; expert width = dense MLP width / (top_k + shared)",
@@ -97,6 +103,8 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.adam_beta2": "Adam beta2",
     "optim.adam_eps": "Adam epsilon",
     "optim.adam_weight_decay": "Adam decoupled weight decay",
+    "optim.adam_every": "Adam's parameters step every N optimizer steps on the sum of the N steps' gradients (record "
+                        "#39: 2; Muon still steps every step); 1: every step; N > 1 awaits an A/B",
     "optim.grad_clip": "global gradient-norm clipping threshold; 0 disables",
     "optim.scale_lr_by_width": "scale Adam lrs by (768 / model_dim) ** 0.5 (depth-knob models)",
     "optim.muon_shape_factor": "Muon lr factor max(1, rows/cols)^0.5 on: rows_over_cols (this layout) | record28 (its layout)",

@@ -24,11 +24,22 @@ from .rotary import Rotary
 FLEX_BLOCK = 128
 
 
+PAIRED = "2"  # suffix of the mask keys of paired-head layers ("L2", "S2"): masks over the doubled sequence
+
+
 @dataclass
 class AttnContext:
     backend: str
-    masks: dict[str, Any]  # "L"/"S" -> dense bool mask (sdpa), BlockMask (flex), or None (plain causal)
+    # "L"/"S" (and "L2"/"S2" for paired-head layers) -> dense bool mask (sdpa), BlockMask (flex), or
+    # None (plain causal)
+    masks: dict[str, Any]
     windows: Any = None  # (long, short) in tokens: the KV-cache path builds its masks from them
+    # (B, T) bool, True where a document starts (BOS): the partial key offset does not shift a key
+    # across it. None: shift everywhere but position 0 (no document masking, or no key offset).
+    doc_start: torch.Tensor | None = None
+    # YaRN (model/yarn.py): (angular frequency per rotated pair of dims, attention-scale multiplier)
+    # as tensors; None: the rotary tables and the layers' own scale
+    rope: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def document_ids(inputs_BT: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -110,7 +121,9 @@ class FlexMasks:
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
-                  bos_id: int, patterns: str, block: int = FLEX_BLOCK) -> AttnContext:
+                  bos_id: int, patterns, block: int = FLEX_BLOCK, doc_starts: bool = False) -> AttnContext:
+    """The masks of the mask keys in `patterns` (a string of L/S, or an iterable of keys that may
+    include the paired-head keys "L2"/"S2"); `doc_starts`: also the document starts (key offset)."""
     B, T = inputs_BT.shape
     device = inputs_BT.device
     doc = document_ids(inputs_BT, bos_id) if doc_masking else torch.zeros_like(inputs_BT, dtype=torch.int32)
@@ -119,17 +132,26 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
         # Short odd-length inputs (sampling without cache, HellaSwag rows): the dense mask is exact
         # and cheap there; flex's block lists need whole blocks.
         backend = "sdpa"
-    flex = FlexMasks(doc, block) if backend == "flex" else None
-    for key, window in (("L", windows[0]), ("S", windows[1])):
-        if key not in patterns:
+    wanted = set(patterns)
+    flex: dict[bool, FlexMasks] = {}
+    for key in ("L", "S", "L" + PAIRED, "S" + PAIRED):
+        if key not in wanted:
             continue
-        if flex is not None:
-            masks[key] = flex.block_mask(window)
-        elif not doc_masking and not isinstance(window, torch.Tensor) and window >= T:
+        window = windows[0] if key[0] == "L" else windows[1]
+        paired = key.endswith(PAIRED)
+        # Paired-head layers attend over a sequence twice as long (two heads per position), whose
+        # documents are the same, each position doubled; windows count its (doubled) positions.
+        d, n = (doc.repeat_interleave(2, dim=1), 2 * T) if paired else (doc, T)
+        if backend == "flex":
+            if paired not in flex:
+                flex[paired] = FlexMasks(d, block)
+            masks[key] = flex[paired].block_mask(window)
+        elif not doc_masking and not isinstance(window, torch.Tensor) and window >= n:
             masks[key] = None  # plain causal: lets SDPA pick its fused kernels
         else:
-            masks[key] = dense_mask(doc if doc_masking else None, T, window, block, device)
-    return AttnContext(backend=backend, masks=masks, windows=windows)
+            masks[key] = dense_mask(d if doc_masking else None, n, window, block, device)
+    doc_start = (inputs_BT == bos_id) if doc_starts and doc_masking else None
+    return AttnContext(backend=backend, masks=masks, windows=windows, doc_start=doc_start)
 
 
 @torch.compiler.disable
@@ -192,6 +214,8 @@ class KVCache:
         self.v = torch.zeros_like(self.k)
         self.pos = 0
         self.max_len = max_len
+        # Partial key offset: each layer's last key before its shift, for the next token's shift
+        self.last_keys: dict[int, torch.Tensor] = {}
 
     def update(self, layer: int, k_BHTD: torch.Tensor, v_BHTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         T = k_BHTD.size(2)
@@ -205,7 +229,7 @@ class KVCache:
 class CausalSelfAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, head_dim: int, rotary: Rotary, *, scale: float,
                  gate_dim: int = 0, layer: int = 0, window_key: str = "L", window_block: int = FLEX_BLOCK,
-                 fp8_scaling: str = "", num_kv_heads: int = 0):
+                 fp8_scaling: str = "", num_kv_heads: int = 0, key_offset: bool = False, paired: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim
@@ -226,6 +250,17 @@ class CausalSelfAttention(nn.Module):
         self.layer = layer  # this layer's slot in the KV cache
         self.window_key = window_key  # "L" or "S": which of the context's windows this layer uses
         self.window_block = window_block
+        # Partial key offset (record #49): keys' stationary rotary dims come from the previous position
+        if key_offset and not rotary.half_truncate:
+            raise ValueError("the partial key offset shifts the stationary (zero-frequency) rotary dims; "
+                             "it needs model.rope_half_truncate=true")
+        self.key_offset = key_offset
+        # Paired-head attention (record #58): heads h and h + H/2 attend as one sequence of 2T positions
+        if paired and (num_heads % 2 or self.num_kv_heads != num_heads):
+            raise ValueError(f"paired-head attention needs an even number of heads ({num_heads}) and no "
+                             f"grouped-query attention")
+        self.paired = paired
+        self.mask_key = window_key + (PAIRED if paired else "")
         # "rowwise" / "tensorwise": FP8 qkv and output matmuls, where asked for and the shapes allow
         # (FP8 projections are for the merged q, k, v weight; grouped-query layers keep bf16)
         self.fp8_scaling = (fp8_scaling if self.num_kv_heads == num_heads and fits_fp8(self.qkv_w, self.proj.weight)
@@ -271,7 +306,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x_BTD)
         q, k = norm(q), norm(k)
         pos = kv_cache.pos if kv_cache is not None else 0
-        q, k = self.rotary(q, pos), self.rotary(k, pos)
+        # YaRN: rotary frequencies, and an attention scale (on the queries) that grows with the window
+        freq, q_scale = ctx.rope if ctx.rope is not None else (None, None)
+        q = self.rotary(q, pos, paired=self.paired, freq=freq, scale=q_scale)
+        k = self.rotary(k, pos, paired=self.paired, freq=freq)
+        if self.key_offset:
+            k = self.offset_keys(k, ctx.doc_start, kv_cache)
         if ve_BTD is not None:
             v = v_lambdas[0] * v + v_lambdas[1] * ve_BTD.view_as(v)
         else:
@@ -282,20 +322,57 @@ class CausalSelfAttention(nn.Module):
             window = ctx.windows[0] if self.window_key == "L" else ctx.windows[1]
             block = self.window_block
             Tk = k.size(2)
-            qpos = torch.arange(pos, pos + T, device=x_BTD.device)[:, None]
-            kpos = torch.arange(Tk, device=x_BTD.device)[None, :]
+            if self.paired:  # the cache holds heads as usual; pair them for attention
+                q, k, v = (pair_heads(t.transpose(1, 2)).transpose(1, 2) for t in (q, k, v))
+            r = 2 if self.paired else 1  # positions per token
+            qpos = torch.arange(r * pos, r * (pos + T), device=x_BTD.device)[:, None]
+            kpos = torch.arange(r * Tk, device=x_BTD.device)[None, :]
             mask = (kpos <= qpos) & ((qpos // block) - (kpos // block) < window_blocks(window, block))
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
-        elif ctx.backend == "flex":
-            y = flex_attention_fused(q, k, v, ctx.masks[self.window_key], self.scale, enable_gqa=gqa)
         else:
-            mask = ctx.masks[self.window_key]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
-                                               enable_gqa=gqa)
-        y = y.transpose(1, 2)  # B, T, H, Dh
+            if self.paired:
+                q, k, v = (pair_heads(t.transpose(1, 2)).transpose(1, 2) for t in (q, k, v))
+            mask = ctx.masks[self.mask_key]
+            if ctx.backend == "flex":
+                y = flex_attention_fused(q, k, v, mask, self.scale, enable_gqa=gqa)
+            else:
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale,
+                                                   enable_gqa=gqa)
+        y = y.transpose(1, 2)  # B, T, H, Dh (paired: B, 2T, H/2, Dh)
+        if self.paired:
+            y = y.reshape(B, T, H, Dh)
         if self.gate is not None:
             y = y * torch.sigmoid(self.gate(x_BTD[..., :self.gate.in_features])).unsqueeze(-1)
         y = y.reshape(B, T, H * Dh)
         if self.fp8_scaling:
             return fp8_linear_dynamic(y, self.proj.weight, self.fp8_scaling)
         return self.proj(y)
+
+    def offset_keys(self, k_BTHD: torch.Tensor, doc_start_BT: torch.Tensor | None,
+                    kv_cache: KVCache | None) -> torch.Tensor:
+        """The partial key offset: each key's stationary dims (the quarters [D/4, D/2) and [3D/4, D),
+        which half-truncated rotary leaves unrotated) taken from the previous position's key, so one
+        layer can match "the token after X" (1-layer induction). A key keeps its own at a sequence's
+        first position and, with document masking, at a document's first token (record #49 shifts
+        across documents; here nothing crosses a document boundary)."""
+        first = k_BTHD[:, :1]
+        if kv_cache is not None:
+            if kv_cache.pos > 0:
+                first = kv_cache.last_keys[self.layer]
+            kv_cache.last_keys[self.layer] = k_BTHD[:, -1:]
+        prev = torch.cat([first, k_BTHD[:, :-1]], dim=1)
+        if doc_start_BT is not None:
+            prev = torch.where(doc_start_BT[:, :, None, None], k_BTHD, prev)
+        q4 = self.head_dim // 4
+        return torch.cat([k_BTHD[..., :q4], prev[..., q4:2 * q4], k_BTHD[..., 2 * q4:3 * q4], prev[..., 3 * q4:]],
+                         dim=-1)
+
+
+def pair_heads(x_BTHD: torch.Tensor) -> torch.Tensor:
+    """(B, T, H, D) -> (B, 2T, H/2, D): position 2t holds heads 0..H/2-1 of token t, position 2t + 1
+    heads H/2..H-1, so head h and head h + H/2 form a pair (record #58's reshape). The inverse is a
+    reshape back to (B, T, H, D). Rotary (model/rotary.py, paired) rotates head h at 2t + (h mod 2),
+    as the record does: that is its slot 2t + (h >= H/2) when H/2 is even; with an odd number of
+    pairs (the record's 6 heads) some pairs have their two rotations the other way round."""
+    B, T, H, D = x_BTHD.shape
+    return x_BTHD.reshape(B, 2 * T, H // 2, D)

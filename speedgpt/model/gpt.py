@@ -80,7 +80,9 @@ class Block(nn.Module):
         self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
                                          gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0, layer=layer,
                                          window_key=window_key, window_block=runtime.window_block,
-                                         fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads())
+                                         fp8_scaling=runtime.fp8_attn, num_kv_heads=cfg.resolved_kv_heads(),
+                                         key_offset=cfg.key_offset and window_key == "L",
+                                         paired=layer in cfg.paired_head_layers)
                      if layer not in cfg.attn_free_layers else None)
         if cfg.moe_experts and layer >= cfg.moe_dense_layers:
             self.mlp = MoE(dim, int(cfg.mlp_ratio * dim), cfg.moe_experts, cfg.moe_top_k, cfg.moe_shared_experts,
@@ -131,7 +133,8 @@ class GPT(nn.Module):
         ve_dim = cfg.resolved_kv_heads() * cfg.head_dim if cfg.resolved_kv_heads() != cfg.resolved_heads() else dim
         num_ve = len(cfg.value_embed_layers) or cfg.value_embeds
         self.value_embeds = nn.ModuleList(nn.Embedding(vocab, ve_dim) for _ in range(num_ve))
-        self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate)
+        self.rotary = Rotary(cfg.head_dim, max_seq_len, cfg.rope_base, cfg.rope_half_truncate,
+                             paired=bool(cfg.paired_head_layers))
         self.blocks = nn.ModuleList(Block(cfg, self.rotary, i, runtime) for i in range(depth))
         self.lm_head = CastedLinear(dim, vocab)
         self.num_skips = depth // 2 if cfg.unet_skips else 0
@@ -139,6 +142,9 @@ class GPT(nn.Module):
         self.block_lambdas = nn.Parameter(torch.empty(depth, 2))  # x <- l0 * x + l1 * x0
         self.v_lambdas = nn.Parameter(torch.empty(depth, 2))  # v <- l0 * v + l1 * value_embed
         self.window_keys = "".join(block.window_key for block in self.blocks)
+        # The masks a forward builds: one per window, and per window of the paired-head layers
+        self.mask_keys = sorted({b.attn.mask_key if b.attn is not None else b.window_key for b in self.blocks})
+        self.key_offset = any(b.attn is not None and b.attn.key_offset for b in self.blocks)
         # The later records' switches (model/embeddings.py, model/gates.py). Off, they add no parameter,
         # buffer or computation: the state dict, the optimizer groups and the losses are as before.
         gate_dim = cfg.attn_gate_dim
@@ -272,17 +278,23 @@ class GPT(nn.Module):
         return [b.mlp.fc.weight for b in self.blocks if isinstance(b.mlp, MLP)]  # (MoE experts: not in record #28)
 
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
-                reduction: str = "mean", windows=None,
+                reduction: str = "mean", windows=None, rope=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None,
                 mtp_weights: torch.Tensor | None = None) -> torch.Tensor:
         """The loss (targets given; `reduction` as in F.cross_entropy) or the softcapped fp32 logits.
-        `windows` (long, short) override the runtime's; `ctx` (masks) is built here unless given;
-        `mtp_weights` (K > 1 of them, a mean loss): multi-token prediction (model/mtp.py)."""
+        `windows` (long, short) override the runtime's, `rope` (YaRN's (frequencies, attention-scale
+        multiplier), model/yarn.py) too; `ctx` (masks) is built here unless given; `mtp_weights`
+        (K > 1 of them, a mean loss): multi-token prediction (model/mtp.py)."""
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
         if ctx is None:
             ctx = (self.context(inputs_BT, windows=windows) if kv_cache is None
-                   else AttnContext(backend=rt.attn_backend, masks={}, windows=windows))
+                   else AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
+                                    doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
+        if rope is None and rt.yarn is not None:
+            rope = tuple(torch.tensor(v, dtype=torch.float32, device=inputs_BT.device) for v in rt.yarn)
+        if rope is not None:  # YaRN only: without it the context is left as built
+            ctx.rope = rope
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None
@@ -333,7 +345,8 @@ class GPT(nn.Module):
         rt = self.runtime
         build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
         return build(inputs_BT, backend=backend or rt.attn_backend, windows=self.windows if windows is None else windows,
-                     doc_masking=self.cfg.doc_masking, bos_id=BOS_ID, patterns=self.window_keys, block=rt.window_block)
+                     doc_masking=self.cfg.doc_masking, bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block,
+                     doc_starts=self.key_offset)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:
         """The lm_head's logits before the softcap, in FP8 where the runtime says so (with

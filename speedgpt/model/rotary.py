@@ -1,7 +1,15 @@
 """Rotary position embeddings, optionally half-truncated.
 
 Half-truncation (from the speedrun) gives only the first half of each head's dims a rotation
-frequency; the other half get frequency zero and so carry position-free content.
+frequency; the other half get frequency zero and so carry position-free content ("stationary"
+dims: the partial key offset, model/attention.py, shifts exactly those).
+
+Two optional inputs change the rotation without touching the tables:
+- `freq`: the per-dim angular frequencies to rotate with instead of the tables' (YaRN rescaling
+  as the attention window grows, model/yarn.py). They enter as a tensor, so a compiled model does
+  not recompile when they change; the angles are computed as the tables compute theirs.
+- `paired`: paired-head attention (record #58) views each head pair's two heads as two positions
+  of a sequence twice as long: head h of position t is rotated at position 2t + (h mod 2).
 """
 
 from __future__ import annotations
@@ -11,36 +19,63 @@ from torch import nn
 
 
 class Rotary(nn.Module):
-    def __init__(self, head_dim: int, max_seq_len: int, base: float = 1024.0, half_truncate: bool = True):
+    def __init__(self, head_dim: int, max_seq_len: int, base: float = 1024.0, half_truncate: bool = True,
+                 paired: bool = False):
         super().__init__()
         self.head_dim = head_dim
         self.base = base
         self.half_truncate = half_truncate
-        self.max_seq_len = max_seq_len
+        self.max_seq_len = max_seq_len  # the model's context in tokens (sampling and eval read it)
+        self.table_len = max_seq_len * (2 if paired else 1)  # paired-head layers rotate 2 positions per token
         # Not persistent: the tables are a function of the config, and so are rebuilt, not checkpointed.
         self.register_buffer("cos", torch.empty(0), persistent=False)
         self.register_buffer("sin", torch.empty(0), persistent=False)
 
-    def init_tables(self, device: torch.device | str | None = None) -> None:
+    def frequencies(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Angular frequency (radians per position) of each of the head_dim // 2 rotated pairs of dims."""
         quarter = self.head_dim // 4
         if self.half_truncate:
             freq = (1.0 / self.base) ** torch.linspace(0, 1, steps=quarter, dtype=torch.float32, device=device)
-            freq = torch.cat([freq, freq.new_zeros(quarter)])
-        else:
-            freq = (1.0 / self.base) ** (torch.arange(0, 2 * quarter, dtype=torch.float32, device=device) / (2 * quarter))
-        t = torch.arange(self.max_seq_len, dtype=torch.float32, device=device)
-        theta = torch.outer(t, freq)
+            return torch.cat([freq, freq.new_zeros(quarter)])
+        return (1.0 / self.base) ** (torch.arange(0, 2 * quarter, dtype=torch.float32, device=device) / (2 * quarter))
+
+    def stationary_dims(self) -> torch.Tensor:
+        """(head_dim,) bool: the dims whose frequency is zero (both halves of each such pair)."""
+        still = self.frequencies() == 0
+        return torch.cat([still, still])
+
+    def init_tables(self, device: torch.device | str | None = None) -> None:
+        t = torch.arange(self.table_len, dtype=torch.float32, device=device)
+        theta = torch.outer(t, self.frequencies(device))
         self.cos = theta.cos()
         self.sin = theta.sin()
 
-    def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0) -> torch.Tensor:
-        T = x_BTHD.size(-3)
-        if pos_offset + T > self.cos.size(0):
-            raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table ({self.cos.size(0)}); "
+    def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
+                freq: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+        """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
+        (YaRN's attention scale, applied to the queries: one rounding instead of two)."""
+        B, T, H, D = x_BTHD.shape
+        # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
+        n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
+        if pos_offset + T > self.max_seq_len:
+            raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table ({self.max_seq_len}); "
                              f"raise data.seq_len or shorten the input")
-        cos = self.cos[None, pos_offset:pos_offset + T, None, :]
-        sin = self.sin[None, pos_offset:pos_offset + T, None, :]
-        x1, x2 = x_BTHD.float().chunk(2, dim=-1)
+        if freq is not None:
+            theta = torch.outer(torch.arange(start, start + n, dtype=torch.float32, device=x_BTHD.device), freq)
+            cos, sin = theta.cos(), theta.sin()
+        else:
+            cos, sin = self.cos[start:start + n], self.sin[start:start + n]
+        if paired:
+            # x viewed (B, T, H/2, 2, D): [t, p, j] is head 2p + j, rotated at position 2t + j
+            x = x_BTHD.view(B, T, H // 2, 2, D)
+            cos, sin = cos.view(1, T, 1, 2, D // 2), sin.view(1, T, 1, 2, D // 2)
+        else:
+            x = x_BTHD
+            cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+        x1, x2 = x.float().chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin
         y2 = -x1 * sin + x2 * cos
-        return torch.cat((y1, y2), dim=-1).type_as(x_BTHD)
+        y = torch.cat((y1, y2), dim=-1)
+        if scale is not None:
+            y = y * scale
+        return y.type_as(x_BTHD).view(B, T, H, D)

@@ -72,6 +72,9 @@ class ModelRuntime:
     # MoE layers dispatch tokens with torch._grouped_mm (one kernel per projection) instead of a loop
     # over experts: on CUDA.
     moe_grouped: bool = False
+    # YaRN (model.yarn): (rotary frequencies, attention-scale multiplier) when forward is given none,
+    # those of the step the windows are; None: the rotary tables and the layers' own scale
+    yarn: tuple[tuple[float, ...], float] | None = None
 
     def replace(self, **changes) -> ModelRuntime:
         return dataclasses.replace(self, **changes)
@@ -114,6 +117,11 @@ def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int 
     rt = runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
                      windows=windows_at(cfg, step, plan),
                      grad_tokens=plan.min_batch_tokens() / world_size)
+    if cfg.model.yarn:
+        from .yarn import YarnSchedule
+
+        freq, scale = YarnSchedule.from_config(cfg).state(step)
+        rt = rt.replace(yarn=(tuple(freq.tolist()), scale))
     return rt.replace(activation_checkpointing=cfg.parallel.activation_checkpointing)
 
 

@@ -28,6 +28,9 @@ class DistAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.grad_sync = grad_sync
         self.world_size, self.rank = grad_sync.world_size, grad_sync.rank
+        # optim.adam_every > 1 (optim/container.py): per parameter, this rank's slice of the reduced
+        # gradients of the steps since the last update, added in at the next step(); zeroed once used
+        self.pending: dict[torch.Tensor, torch.Tensor] = {}
         self._bucket = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -92,18 +95,46 @@ class DistAdam(torch.optim.Optimizer):
         return {id(p): g for g in self.param_groups for p in g["params"]}
 
     @torch.no_grad()
+    def stash_grads(self) -> None:
+        """A step without an update (optim.adam_every): the reduced gradients go into `pending`, and
+        the parameters stay as they are (nothing to all-gather)."""
+        def add(p, g):
+            if p in self.pending:
+                self.pending[p].add_(g)
+            else:
+                self.pending[p] = g.clone()
+
+        if self.world_size == 1:
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        add(p, p.grad)
+            return
+        for p, b in self._params_in_launch_order():
+            add(p, self.grad_sync.wait(b)[: self._shard(p)[2]])
+            self.grad_sync.release(b)
+
+    def _with_pending(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        extra = self.pending.get(p)
+        if extra is not None:
+            g.add_(extra)
+            extra.zero_()
+        return g
+
+    @torch.no_grad()
     def step(self, closure=None):
         groups = self._group_of()
         if self.world_size == 1:
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        self._adamw(p, p.grad, self.state[p], group)
+                        self._adamw(p, self._with_pending(p, p.grad), self.state[p], group)
             return
         gathers = []
         for p, b in self._params_in_launch_order():
             S, lo, n = self._shard(p)
             g = self.grad_sync.wait(b)
+            self._with_pending(p, g[:n])
             # Also with n == 0 (a tiny parameter with fewer elements than ranks): every rank then
             # holds state for every parameter, so state_dict's gathers match across ranks.
             self._adamw(p.view(-1)[lo:lo + n], g[:n], self.state[p], groups[id(p)])

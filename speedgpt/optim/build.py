@@ -90,4 +90,5 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
     for opt in (adam, muon):
         for group in opt.param_groups if opt is not None else []:
             group["initial_lr"] = group["lr"]
-    return Optimizers(adam, muon, {id(p): name for name, p in model.named_parameters()}, sync)
+    return Optimizers(adam, muon, {id(p): name for name, p in model.named_parameters()}, sync,
+                      adam_every=cfg.adam_every)

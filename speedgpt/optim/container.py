@@ -9,6 +9,12 @@ step counts) keyed by parameter name, in full (unsharded) form. Hyperparameters 
 they come from the config and the schedules, which the trainer applies every step, and each
 implementation keeps its own settings (fused kernels, algorithm switches) across a load. So a
 checkpoint moves between world sizes and implementations with nothing to repair.
+
+Adam every N steps (optim.adam_every, record #39): on the other steps the Adam parameters' reduced
+gradients are summed into `pending` (this rank's part of each when sharded) and Adam does not
+step; on its step that sum is added to the step's gradient. `pending` is part of the state
+(`"adam_pending": {name: {"grad": full tensor}}`), so a checkpoint taken between two Adam steps
+resumes exactly, on any world size.
 """
 
 from __future__ import annotations
@@ -20,11 +26,16 @@ import torch
 
 class Optimizers:
     def __init__(self, adam: torch.optim.Optimizer, muon: torch.optim.Optimizer | None, names: dict[int, str],
-                 grad_sync):
+                 grad_sync, adam_every: int = 1):
         self.adam = adam
         self.muon = muon
         self.names = names  # id(parameter) -> its name in the model
         self.grad_sync = grad_sync  # the shared gradient reduction (a no-op on one rank)
+        self.adam_every = adam_every
+        # Adam parameter -> the sum of its gradients since Adam's last step (zeroed, not dropped, once
+        # used: the numerics guard restores tensors in place). The sharded DistAdam fills its own dict
+        # with its reduced slices (optim/adam.py); torch's AdamW has none, and this container fills one.
+        self.pending: dict[torch.Tensor, torch.Tensor] = getattr(adam, "pending", {})
 
     def members(self) -> dict[str, torch.optim.Optimizer]:
         """The members present (`muon` is None with optim.kind="adamw")."""
@@ -33,9 +44,50 @@ class Optimizers:
     def __iter__(self) -> Iterator[torch.optim.Optimizer]:
         return iter(self.members().values())
 
-    def step(self) -> None:
-        for opt in self:
-            opt.step()
+    def adam_due(self, step: int) -> bool:
+        """Whether Adam steps at optimizer step `step` (0-based): every adam_every-th step (record #39:
+        the odd ones)."""
+        return (step + 1) % self.adam_every == 0
+
+    def step(self, step: int | None = None) -> None:
+        """Step every member; with adam_every > 1, Adam only when `step` is due (else its gradients wait)."""
+        if self.adam_every == 1:
+            for opt in self:
+                opt.step()
+            return
+        if step is None:
+            raise ValueError("optim.adam_every > 1: Optimizers.step needs the step number")
+        if self.adam_due(step):
+            if hasattr(self.adam, "stash_grads"):
+                self.adam.step()  # DistAdam adds its pending slices itself
+            else:
+                self._add_pending_to_grads()
+                self.adam.step()
+        elif hasattr(self.adam, "stash_grads"):
+            self.adam.stash_grads()
+        else:
+            self._stash_grads()
+        if self.muon is not None:
+            self.muon.step()
+
+    @torch.no_grad()
+    def _stash_grads(self) -> None:
+        for p in self._params(self.adam):
+            if p.grad is None:
+                continue
+            if p in self.pending:
+                self.pending[p].add_(p.grad)
+            else:
+                self.pending[p] = p.grad.clone()
+
+    @torch.no_grad()
+    def _add_pending_to_grads(self) -> None:
+        for p, g in self.pending.items():
+            if p.grad is None:
+                p.grad = g.clone()
+            else:
+                p.grad.add_(g)
+            g.zero_()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self:
@@ -54,7 +106,39 @@ class Optimizers:
             params = self._params(opt)
             out[key] = {self.names[id(params[int(i)])]: _gathered(st) if gather else st
                         for i, st in opt.state_dict()["state"].items()}
+        if self.adam_every > 1:
+            out["adam_pending"] = self._pending_state(gather)
         return out
+
+    def _pending_state(self, gather: bool) -> dict:
+        """{name: {"grad": full tensor}}; a collective when sharded (same parameters, same order on every rank)."""
+        out = {}
+        for p in self._params(self.adam):
+            if p not in self.pending:
+                continue
+            g = self.pending[p]
+            if hasattr(self.adam, "stash_grads") and self.adam.world_size > 1:
+                full = self.adam._gather(p, g)  # DistAdam's slice of the flattened parameter
+            else:
+                full = _gathered({"grad": g})["grad"] if gather else g
+            out[self.names[id(p)]] = {"grad": full}
+        return out
+
+    def _load_pending(self, saved: dict) -> None:
+        self.pending.clear()
+        by_name = {self.names[id(p)]: p for p in self._params(self.adam)}
+        unknown = sorted(set(saved) - set(by_name))
+        if unknown:
+            raise KeyError(f"pending Adam gradients for parameters this model's Adam does not have: {', '.join(unknown[:3])}")
+        for name, st in saved.items():
+            p, g = by_name[name], st["grad"]
+            if hasattr(self.adam, "stash_grads") and self.adam.world_size > 1:
+                _, lo, n = self.adam._shard(p)
+                self.pending[p] = g.reshape(-1)[lo:lo + n].to(p.device).clone()
+            else:  # a whole tensor, or this rank's DTensor shard of it (fsdp)
+                from ..parallel.fsdp import is_sharded
+
+                self.pending[p] = (_sharded_like({"grad": g}, p)["grad"] if is_sharded(p) else g.to(p.device)).clone()
 
     def load_state_dict(self, state: dict) -> None:
         """Load what `state_dict` wrote (from any world size). Each member keeps its own settings:
@@ -79,6 +163,11 @@ class Optimizers:
                 start += n
             states = {index[name]: _sharded_like(st, params[index[name]]) for name, st in saved.items()}
             opt.load_state_dict({"state": states, "param_groups": groups})
+        if self.adam_every > 1 or state.get("adam_pending"):
+            if self.adam_every == 1:
+                raise KeyError("the checkpoint holds Adam gradients waiting for an Adam step (written with "
+                               "optim.adam_every > 1); resume it with the same optim.adam_every")
+            self._load_pending(state.get("adam_pending", {}))
 
     def _from_positional(self, states) -> dict:
         """Checkpoints written before this container: [adam, muon] torch state dicts, state by position."""

@@ -40,8 +40,9 @@ def _local_grads(optimizers) -> list[torch.Tensor]:
 
 
 def _float_state(optimizers) -> list[torch.Tensor]:
-    return [t for opt in optimizers for st in opt.state.values() for t in st.values()
-            if torch.is_tensor(t) and t.is_floating_point()]
+    state = [t for opt in optimizers for st in opt.state.values() for t in st.values()
+             if torch.is_tensor(t) and t.is_floating_point()]
+    return state + list(getattr(optimizers, "pending", {}).values())  # Adam's waiting gradients (adam_every)
 
 
 class NumericsGuard:
@@ -72,14 +73,13 @@ class NumericsGuard:
         return bad
 
     @torch.no_grad()
-    def masked_step(self, optimizers, bad: torch.Tensor) -> None:
-        """opt.step() for every optimizer, undone on the device where `bad` is True."""
+    def masked_step(self, optimizers, bad: torch.Tensor, step: int | None = None) -> None:
+        """The optimizers' step (`optimizers.step(step)`: the container), undone on the device where `bad` is True."""
         params = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
         before = _float_state(optimizers)
         known = {id(t) for t in before}
         saved = [t.clone() for t in params + before]
-        for opt in optimizers:
-            opt.step()
+        optimizers.step(step)
         for t, s in zip(params + before, saved):
             t.copy_(torch.where(bad, s, t))
         for t in _float_state(optimizers):

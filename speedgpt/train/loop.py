@@ -179,6 +179,11 @@ class Trainer:
         self.forward = self.compiled_forward()
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self._mtp_tensors = self.mtp_weight_tensors()
+        self.yarn = None  # model.yarn: the rotary state of every step (model/yarn.py), as device tensors per state
+        if cfg.model.yarn:
+            from ..model.yarn import YarnSchedule
+
+            self.yarn, self._yarn_tensors = YarnSchedule.from_config(cfg), {}
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
@@ -327,6 +332,16 @@ class Trainer:
             self._window_tensors[windows] = torch.tensor(windows, dtype=torch.int32, device=self.device)
         return self._window_tensors[windows]
 
+    def rope_at(self, step: int):
+        """YaRN's (frequencies, attention-scale multiplier) of `step` as device tensors (so the compiled
+        model does not recompile as they change), each state copied to the device once; None without YaRN."""
+        if self.yarn is None:
+            return None
+        key = self.yarn.index(step)
+        if key not in self._yarn_tensors:
+            self._yarn_tensors[key] = self.yarn.tensors(step, self.device)
+        return self._yarn_tensors[key]
+
     def train_step(self, step: int) -> torch.Tensor:
         rank = self.dist.rank
         if faults.fires("exit", step, rank):
@@ -337,6 +352,7 @@ class Trainer:
         rows, grad_accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
         mtp_weights = self._mtp_tensors[step] if self._mtp_tensors else None
         windows = self.set_hyperparameters(step)
+        rope = self.rope_at(step)
         self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         if self.lr_scale != 1.0:
             for opt in self.optimizers:
@@ -347,9 +363,9 @@ class Trainer:
         for i in range(grad_accum):
             inputs, targets = self.loader.next_batch(rows, stage.seq_len, stage.max_doc_len)
             if mtp_weights is None:
-                loss = self.forward(inputs, targets, windows=windows) / grad_accum
+                loss = self.forward(inputs, targets, windows=windows, rope=rope) / grad_accum
             else:
-                loss = self.forward(inputs, targets, windows=windows, mtp_weights=mtp_weights) / grad_accum
+                loss = self.forward(inputs, targets, windows=windows, rope=rope, mtp_weights=mtp_weights) / grad_accum
             if i == 0 and faults.fires("nan", step, rank):
                 loss = loss * float("nan")
             self.grad_sync.prepare(final=i == grad_accum - 1)  # only the last backward communicates
@@ -363,9 +379,9 @@ class Trainer:
         skip = self.guard.mode == "skip"
         bad = self.guard.observe(step, total, norm, self.optimizers if skip else None)
         if skip:
-            self.guard.masked_step(self.optimizers, bad)
+            self.guard.masked_step(self.optimizers, bad, step)
         else:
-            self.optimizers.step()
+            self.optimizers.step(step)
         self.model.zero_grad(set_to_none=True)
         return total
 
@@ -378,12 +394,13 @@ class Trainer:
         d = self.cfg.data
         seq = d.val_seq_len or d.seq_len
         windows = self.windows_at(self.step if step is None else step)
+        rope = self.rope_at(self.step if step is None else step)
         self.model.eval()
         losses = []
         for inputs, targets in val_batches(self.val_files, seq_len=seq, batch_size=self.micro_batch,
                                            max_tokens=self.val_tokens, rank=self.dist.rank,
                                            world_size=self.dist.world_size, device=self.device):
-            losses.append(self.forward(inputs, targets, windows=windows))
+            losses.append(self.forward(inputs, targets, windows=windows, rope=rope))
         self.model.train()
         loss = torch.stack(losses).mean()
         if self.dist.world_size > 1:

@@ -1,0 +1,159 @@
+"""optim.adam_every (record #39): Adam's parameters step every N optimizer steps on the sum of the N
+steps' gradients, Muon every step; the waiting gradients are checkpointed state, so resume is
+exact, and 1 and 2 ranks compute the same run (gloo)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from distkit import copy_without_checkpoint, spawn_local
+from speedgpt import faults
+from speedgpt.config import ConfigError, apply_overrides, config_from_plain, load_preset, validate
+from speedgpt.model.build import build_model
+from speedgpt.optim.build import build_optimizers
+from speedgpt.rundir.checkpoint import load_checkpoint
+from speedgpt.train.loop import train
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+RUN = ["--train.steps=8", "--train.val_every=4", "--train.log_every=4", "--train.checkpoint_every=3",
+       "--train.keep_checkpoints=0", "--optim.adam_every=2"]
+
+
+def test_adam_steps_every_other_step_on_the_summed_gradients_and_muon_every_step():
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16",
+                                                    "--optim.adam_every=2"])
+    model = build_model(cfg.model, 32, "cpu", seed=0)
+    opts = build_optimizers(model, cfg.optim, torch.device("cpu"))
+    embed, matrix = model.embed.weight, model.blocks[0].attn.qkv_w
+    ref = torch.nn.Parameter(embed.detach().clone())
+    ref_opt = torch.optim.AdamW([ref], lr=opts.adam.param_groups[0]["lr"], betas=(cfg.optim.adam_beta1,
+                                cfg.optim.adam_beta2), eps=cfg.optim.adam_eps, weight_decay=0.0)
+    g = torch.Generator().manual_seed(0)
+    grads = [{p: torch.randn(p.shape, generator=g) for p in model.parameters()} for _ in range(2)]
+
+    start_embed, start_matrix = embed.detach().clone(), matrix.detach().clone()
+    for step, gs in enumerate(grads):
+        for p in model.parameters():
+            p.grad = gs[p].clone()
+        opts.step(step)
+        model.zero_grad(set_to_none=True)
+        if step == 0:
+            assert torch.equal(embed, start_embed)  # Adam waits ...
+            assert not torch.equal(matrix, start_matrix)  # ... Muon does not
+            assert torch.equal(opts.pending[embed], grads[0][embed])
+    ref.grad = grads[1][embed] + grads[0][embed]
+    ref_opt.step()
+    torch.testing.assert_close(embed, ref, rtol=0, atol=0)  # one Adam step on the sum, bit for bit
+    assert opts.pending[embed].abs().sum() == 0  # used up
+    with pytest.raises(ValueError, match="step number"):
+        opts.step()
+
+
+def test_adam_every_must_be_positive():
+    with pytest.raises(ConfigError, match="adam_every"):
+        validate(apply_overrides(load_preset("tiny-cpu"), ["--optim.adam_every=0"]))
+
+
+def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(tiny_cfg, tmp_path):
+    cfg = apply_overrides(tiny_cfg, RUN)
+    off = train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=tmp_path / "off", quiet=True)
+    full = train(cfg, run_dir=tmp_path / "full", quiet=True)
+    assert full.train_losses[0] == off.train_losses[0]
+    assert full.train_losses[2:] != off.train_losses[2:]  # the switch changes the run
+
+    # The step-3 checkpoint lies between two Adam steps (step index 2 was skipped): gradients wait in it.
+    _, optim, _ = load_checkpoint(tmp_path / "full" / "checkpoints" / "step_000003")
+    pending = optim["adam_pending"]
+    assert set(pending) == set(optim["adam"]) and pending["embed.weight"]["grad"].abs().sum() > 0
+
+    resumed_dir = copy_without_checkpoint(tmp_path / "full", tmp_path / "resumed", 8)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step_000006")  # resume from step 3
+    resumed = train(cfg, run_dir=resumed_dir, resume=True, quiet=True)
+    assert resumed.train_losses == full.train_losses[3:]  # bitwise on CPU
+    assert resumed.val_history == [h for h in full.val_history if h[0] > 3]
+
+    with pytest.raises(KeyError, match="same optim.adam_every"):
+        train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=copy_without_checkpoint(
+            tmp_path / "full", tmp_path / "other", 8), resume=True, quiet=True)
+
+
+def test_skip_mode_keeps_a_bad_step_out_of_the_waiting_gradients(tiny_cfg, tmp_path, monkeypatch):
+    """train.on_nonfinite=skip: a NaN at a step where Adam only collects must not reach the next Adam step."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.on_nonfinite=skip", "--train.checkpoint_every=0"])
+    clean = train(cfg, run_dir=tmp_path / "clean", quiet=True)
+    reference = train(apply_overrides(cfg, ["--train.on_nonfinite=abort"]), run_dir=tmp_path / "ref", quiet=True)
+    assert clean.train_losses == reference.train_losses  # the guard's step is the container's step
+    monkeypatch.setenv("SPEEDGPT_INJECT", "nan@2")  # step index 2: Adam collects, does not step
+    faults.reset()
+    try:
+        bad = train(cfg, run_dir=tmp_path / "bad", quiet=True)
+    finally:
+        faults.reset()
+    assert not math.isfinite(bad.train_losses[2])
+    assert all(math.isfinite(x) for x in bad.train_losses[3:])
+    assert math.isfinite(bad.val_loss)
+
+
+# -- 1 and 2 ranks (gloo) ------------------------------------------------------------------------------------
+
+def _worker(rank, world, cfg_dict, run_dir, resume, out):
+    res = train(config_from_plain(cfg_dict), run_dir=run_dir, resume=resume, quiet=True)
+    if rank == 0:
+        torch.save({"losses": res.train_losses, "val": res.val_loss}, out)
+
+
+def run_two(cfg, run_dir, resume=False):
+    out = run_dir.parent / f"result-{run_dir.name}.pt"
+    spawn_local(_worker, 2, cfg.to_dict(), str(run_dir), resume, str(out))
+    r = torch.load(out)
+    return r["losses"], r["val"]
+
+
+def test_two_ranks_match_one_rank_and_resume_across_world_sizes_between_adam_steps(tiny_cfg, tmp_path, monkeypatch):
+    """DistAdam keeps its slices of the waiting gradients; the checkpoint holds them whole, so a run
+    moves between 1 and 2 ranks at a step where Adam has gradients waiting."""
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.micro_batch_size=4"])
+    two, val_two = run_two(cfg, tmp_path / "A")
+    one = train(cfg, run_dir=tmp_path / "B", quiet=True)
+    np.testing.assert_allclose(two, one.train_losses, rtol=2e-4, atol=0)
+    np.testing.assert_allclose(val_two, one.val_loss, rtol=2e-4)
+    _, optim, _ = load_checkpoint(tmp_path / "A" / "checkpoints" / "step_000003")
+    _, optim_one, _ = load_checkpoint(tmp_path / "B" / "checkpoints" / "step_000003")
+    for name, st in optim_one["adam_pending"].items():  # gathered whole from the two ranks' slices
+        torch.testing.assert_close(optim["adam_pending"][name]["grad"], st["grad"], rtol=1e-4, atol=1e-6)
+
+    # 2 -> 1 rank and 1 -> 2 ranks from the step-3 checkpoints
+    c = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "A", tmp_path / "C", 6), resume=True, quiet=True)
+    np.testing.assert_allclose(c.train_losses, two[3:], rtol=2e-4)
+    d, _ = run_two(cfg, copy_without_checkpoint(tmp_path / "B", tmp_path / "D", 6), resume=True)
+    np.testing.assert_allclose(d, one.train_losses[3:], rtol=2e-4)
+
+
+def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_ddp(tiny_cfg, tmp_path):
+    """Under fsdp the waiting gradients are DTensor shards, saved whole (here on a one-process group)."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0"])
+    fsdp = apply_overrides(cfg, ["--parallel.strategy=fsdp"])
+    a = train(fsdp, run_dir=tmp_path / "A", quiet=True)
+    b = train(cfg, run_dir=tmp_path / "B", quiet=True)
+    np.testing.assert_allclose(a.train_losses, b.train_losses, rtol=1e-6)
+    c = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "A", tmp_path / "C", 6), resume=True, quiet=True)
+    np.testing.assert_allclose(c.train_losses, a.train_losses[3:], rtol=1e-6)
+    d = train(fsdp, run_dir=copy_without_checkpoint(tmp_path / "B", tmp_path / "D", 6), resume=True, quiet=True)
+    np.testing.assert_allclose(d.train_losses, b.train_losses[3:], rtol=1e-6)
+
+
+def test_dcp_checkpoints_keep_the_waiting_gradients(tiny_cfg, tmp_path):
+    """train.checkpoint_format=dcp stores them as optim/adam_pending/<name>/grad: resume is bit-exact."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.checkpoint_format=dcp"])
+    full = train(cfg, run_dir=tmp_path / "full", quiet=True)
+    resumed = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "full", tmp_path / "resumed", 6), resume=True,
+                    quiet=True)
+    assert resumed.train_losses == full.train_losses[3:]
