@@ -257,3 +257,18 @@ def test_core_scores_with_dense_masks_whatever_the_backend(monkeypatch):
     got, _ = forward_rows(DenseMaskScorer(flex), rows, device="cpu", batch_tokens=64, pad_id=BOS_ID)
     for a, b in zip(want, got):
         assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+
+def test_scoring_builds_no_autograd_graph():
+    # forward_rows scores under no_grad (a graph per CORE batch would hold every activation), and
+    # DenseMaskScorer stays a Module class (a no_grad decorator on it turned it into a function).
+    from speedgpt.config import ModelConfig
+    from speedgpt.eval.core import DenseMaskScorer
+    from speedgpt.model.build import build_model
+
+    assert isinstance(DenseMaskScorer, type)
+    model = build_model(ModelConfig(depth=1, model_dim=32, head_dim=16, value_embeds=0), 16, "cpu")
+    with torch.enable_grad():
+        losses, _ = forward_rows(DenseMaskScorer(model), [[BOS_ID, 11, 12, 13]], device="cpu", batch_tokens=64,
+                                 pad_id=BOS_ID)
+    assert not losses[0].requires_grad

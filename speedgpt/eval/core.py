@@ -215,7 +215,6 @@ def correct_answers(task: Task, rows: list[tuple[list[int], int, int]], losses: 
     return best == int(example["gold"])
 
 
-@torch.no_grad()
 class DenseMaskScorer(torch.nn.Module):
     """The model with SDPA's dense masks whatever its runtime's backend. CORE's batches change shape
     from one to the next, and flex compiles its kernel per shape: on an H100 a 124M model's CORE run
@@ -230,6 +229,7 @@ class DenseMaskScorer(torch.nn.Module):
         return self.model(inputs_BT, ctx=self.model.context(inputs_BT, backend="sdpa"))
 
 
+@torch.no_grad()
 def forward_rows(model, rows: list[list[int]], *, device, batch_tokens: int, pad_id: int):
     """(losses, predictions) per row, each of the row's length (the last position's loss is NaN).
     Rows are sorted by length and forwarded in right-padded batches of at most batch_tokens tokens."""
