@@ -113,7 +113,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         torch.cuda.reset_peak_memory_stats(device)
     total = cfg.train.steps
     # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
-    schedule_steps = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
+    schedule_steps = timed_steps(total, steps, at_step, cfg.optim.adam_every)
     step_times, comm_ms, loader_s = time_steps(trainer, schedule_steps)
     if profile and cuda:
         from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -158,6 +158,17 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def timed_steps(total: int, steps: int, at_step: int | None = None, adam_every: int = 1) -> list[int]:
+    """The schedule positions bench times: `at_step` repeated, or `steps` spread over the run. With
+    optim.adam_every = k, Adam steps only on steps whose index is k - 1 mod k, so the positions are
+    moved to cycle through the k phases: spread positions are all multiples of total // steps, and
+    (often all even) would otherwise time only the steps without Adam."""
+    base = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
+    if adam_every == 1:
+        return base
+    return [min(total - 1, s - s % adam_every + i % adam_every) for i, s in enumerate(base)]
 
 
 def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[float], float]:

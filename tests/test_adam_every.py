@@ -157,3 +157,16 @@ def test_dcp_checkpoints_keep_the_waiting_gradients(tiny_cfg, tmp_path):
     resumed = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "full", tmp_path / "resumed", 6), resume=True,
                     quiet=True)
     assert resumed.train_losses == full.train_losses[3:]
+
+
+def test_bench_times_steps_with_and_without_adam():
+    # bench's spread positions (multiples of total // steps) were all even for 1000 steps timed 10
+    # times: with adam_every=2 it timed only steps on which Adam does not step.
+    from speedgpt.bench import timed_steps
+    from speedgpt.optim.container import Optimizers
+
+    opts = Optimizers(None, None, {}, None, adam_every=2)
+    for at in (None, 500):
+        steps = timed_steps(1000, 10, at, adam_every=2)
+        assert sum(opts.adam_due(s) for s in steps) == 5 and all(0 <= s < 1000 for s in steps)
+    assert timed_steps(1000, 10) == [i * 100 for i in range(10)]  # adam_every=1: as before
