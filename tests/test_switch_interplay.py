@@ -1,0 +1,36 @@
+"""The later records' switches together (built in parallel by different helpers): a stage table with
+MTP, every embedding-side switch with the untie inside the run, the attention switches (key offset,
+paired heads, YaRN) and Adam every other step. The warmup must leave no trace, and a resume from
+a checkpoint taken between two Adam steps and before the untie must be bit-equal."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+from speedgpt.config import apply_overrides
+from speedgpt.rundir.checkpoint import list_checkpoints
+from speedgpt.train.loop import train
+
+from test_embedding_switches import ALL_ON
+from test_stages import TABLE
+
+EVERYTHING = ALL_ON + [TABLE, "--model.depth=4", "--model.attn_gate_dim=8", "--model.key_offset=true",
+                       "--model.paired_head_layers=[1]", "--model.yarn=true", "--optim.adam_every=2",
+                       "--train.checkpoint_every=1", "--train.keep_checkpoints=0", "--train.val_every=0"]
+
+
+def test_every_switch_together_warms_up_and_resumes_exactly(tiny_cfg, tmp_path):
+    cfg = apply_overrides(tiny_cfg, EVERYTHING)
+    full = train(cfg, run_dir=tmp_path / "run", quiet=True)
+    assert len(full.train_losses) == 12 and all(math.isfinite(x) for x in full.train_losses)
+    assert not full.model.embed_tied
+    warm = train(apply_overrides(cfg, ["--train.warmup_steps=3"]), run_dir=tmp_path / "warm", quiet=True)
+    assert warm.train_losses == full.train_losses
+    # step 5: inside stage 0 (MTP), Adam's gradients of step 4 waiting, the untie (step 6) ahead
+    for later in list_checkpoints(tmp_path / "run" / "checkpoints"):
+        if int(later.name.split("_")[-1]) > 5:
+            shutil.rmtree(later)
+    resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
+    assert resumed.train_losses == full.train_losses[5:]  # bitwise on CPU
+    assert resumed.val_loss == full.val_loss
