@@ -524,12 +524,19 @@ class Trainer:
     def warmup_schedule(self) -> list[int]:
         """The steps the warmup trains: train.warmup_steps spread over the run, so every window size the
         run will use gets compiled, plus the first step of every later stage (its batch, row length and
-        MTP weight count are new shapes), in order."""
+        MTP weight count are new shapes), and model.tie_embed_frac's untie step (the untied model is
+        another graph; the spread misses it when the untie comes late), in order."""
+        from ..model.embeddings import EmbedTying
+
         n, total = self.cfg.train.warmup_steps, self.cfg.train.steps
         spread = [min(total - 1, (i * total) // n) for i in range(n)]
-        if not self.plan.from_table:
+        extra = {stage.start for stage in self.plan.stages} if self.plan.from_table else set()
+        if n and self.cfg.model.tie_embed_frac:
+            untie = EmbedTying(self.cfg.model.tie_embed_frac).untie_step(total)
+            extra |= {untie} if untie < total else set()
+        if not extra:
             return spread
-        return sorted(set(spread) | {stage.start for stage in self.plan.stages})
+        return sorted(set(spread) | extra)
 
     # ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
