@@ -33,6 +33,15 @@ def spawn_local(fn, world_size: int, *args) -> None:
     mp.spawn(_local_worker, args=(world_size, free_port(), fn, args), nprocs=world_size, join=True)
 
 
+def drop_checkpoints_after(run_dir: Path, step: int) -> None:
+    """Delete run_dir's checkpoints later than `step`, as if the run had died after step's checkpoint."""
+    from speedgpt.rundir.checkpoint import list_checkpoints
+
+    for ckpt in list_checkpoints(Path(run_dir) / "checkpoints"):
+        if int(ckpt.name.split("_")[-1]) > step:
+            shutil.rmtree(ckpt)
+
+
 def copy_without_checkpoint(run_dir: Path, dest: Path, step: int) -> Path:
     """A copy of run_dir without its checkpoint of `step` (and without metrics), to resume from the one before."""
     shutil.copytree(run_dir, dest)

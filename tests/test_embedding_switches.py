@@ -337,9 +337,7 @@ ALL_ON = ["--model.bigram_vocab_mult=1", "--model.smear=true", "--model.value_em
 
 
 def test_training_with_every_switch_resumes_exactly_after_the_untie_step(tiny_cfg, tmp_path):
-    import shutil
-
-    from speedgpt.rundir.checkpoint import list_checkpoints
+    from distkit import drop_checkpoints_after
     from speedgpt.train.loop import train
 
     cfg = apply_overrides(tiny_cfg, ALL_ON + ["--model.depth=4", "--model.attn_gate_dim=8", "--train.steps=8",
@@ -360,9 +358,7 @@ def test_training_with_every_switch_resumes_exactly_after_the_untie_step(tiny_cf
         with torch.no_grad():
             assert torch.allclose(loaded(x), full.model.eval()(x), atol=1e-5)
     # From step 6: the checkpoint is untied (step 4 untied it), and the resumed run must stay so
-    for later in list_checkpoints(tmp_path / "run" / "checkpoints"):
-        if int(later.name.split("_")[-1]) > 6:
-            shutil.rmtree(later)
+    drop_checkpoints_after(tmp_path / "run", 6)
     resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
     assert resumed.train_losses == full.train_losses[6:]  # bitwise on CPU
     assert resumed.val_loss == full.val_loss

@@ -4,15 +4,14 @@ stage boundary."""
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 import torch
 
 from conftest import TINY_OVERRIDES
+from distkit import drop_checkpoints_after
 from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml, validate
 from speedgpt.optim.schedules import lr_multiplier
-from speedgpt.rundir.checkpoint import list_checkpoints
 from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from speedgpt.train.loop import Trainer
 
@@ -149,9 +148,7 @@ def test_resume_across_a_stage_boundary_is_bit_equal(full_run):
     cfg, first, full = full_run
     # Exactly at stage 1's first step, then inside stage 0: each resumed run crosses the later boundaries.
     for resume_at in (6, 4):
-        for ckpt in list_checkpoints(first.run_dir / "checkpoints"):
-            if int(ckpt.name.split("_")[1]) > resume_at:
-                shutil.rmtree(ckpt)  # as if the run had died after step `resume_at`'s checkpoint
+        drop_checkpoints_after(first.run_dir, resume_at)
         tr = Recorder(cfg, run_dir=first.run_dir, resume=True, quiet=True)
         resumed = tr.run()
         assert resumed.steps == 12 and resumed.tokens == full.tokens

@@ -6,12 +6,11 @@ a checkpoint taken between two Adam steps and before the untie must be bit-equal
 from __future__ import annotations
 
 import math
-import shutil
 
 from speedgpt.config import apply_overrides
-from speedgpt.rundir.checkpoint import list_checkpoints
 from speedgpt.train.loop import train
 
+from distkit import drop_checkpoints_after
 from test_embedding_switches import ALL_ON
 from test_stages import TABLE
 
@@ -28,9 +27,7 @@ def test_every_switch_together_warms_up_and_resumes_exactly(tiny_cfg, tmp_path):
     warm = train(apply_overrides(cfg, ["--train.warmup_steps=3"]), run_dir=tmp_path / "warm", quiet=True)
     assert warm.train_losses == full.train_losses
     # step 5: inside stage 0 (MTP), Adam's gradients of step 4 waiting, the untie (step 6) ahead
-    for later in list_checkpoints(tmp_path / "run" / "checkpoints"):
-        if int(later.name.split("_")[-1]) > 5:
-            shutil.rmtree(later)
+    drop_checkpoints_after(tmp_path / "run", 5)
     resumed = train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
     assert resumed.train_losses == full.train_losses[5:]  # bitwise on CPU
     assert resumed.val_loss == full.val_loss
