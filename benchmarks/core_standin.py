@@ -99,9 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     words = re.findall(r"[A-Za-z]+", source.read_text(encoding="utf-8", errors="replace"))
     if len(words) < 50:
         p.error(f"--words-from {source}: fewer than 50 words; pass a larger text file")
+    from speedgpt.outdir import OutDirError, make_out_dir
+
     out = Path(args.out)
-    if out.exists() and any(out.iterdir()):
+    if out.is_dir() and any(out.iterdir()):
         p.error(f"--out {out}: not empty; pass a new directory")
+    try:
+        make_out_dir(out)
+    except OutDirError as e:
+        p.error(str(e))
     total = write_bundle(out, words, args.scale)
     print(f"wrote a stand-in CORE bundle of {len(TASKS)} tasks, {total:,} examples, to {out}")
     return 0
