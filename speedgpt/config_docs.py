@@ -65,7 +65,8 @@ DESCRIPTIONS: dict[str, str] = {
                            "head then runs unfused",
     "model.tie_embed_frac": "embedding tied to the lm_head (lookup reads its rows; head init N(0, 0.005^2)) for this "
                             "fraction of the steps, then untied with weights and Adam state copied (record #53: 2/3, "
-                            "its embedding lr after: 0.008; 1: tied throughout, record #51); 0: untied",
+                            "its embedding lr after: 0.008; 1: tied throughout, record #51); 0: untied. With "
+                            "optim.adam_every > 1 the untie moves back to the first step of its Adam window",
     "model.value_embed_layers": "one untied value embedding for each listed layer (record #63: first 2 and last 3 of "
                                 "its 11); empty: value_embeds shared U-shaped",
     "model.mimetic_vo_beta": "mimetic init (record #64): V = sqrt(beta) I and O = -sqrt(beta) I per head, plus "

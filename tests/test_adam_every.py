@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from distkit import copy_without_checkpoint, spawn_local
+from distkit import copy_without_checkpoint, drop_checkpoints_after, spawn_local
 from speedgpt import faults
 from speedgpt.config import ConfigError, apply_overrides, config_from_plain, load_preset, validate
 from speedgpt.model.build import build_model
@@ -170,3 +170,38 @@ def test_bench_times_steps_with_and_without_adam():
         steps = timed_steps(1000, 10, at, adam_every=2)
         assert sum(opts.adam_due(s) for s in steps) == 5 and all(0 <= s < 1000 for s in steps)
     assert timed_steps(1000, 10) == [i * 100 for i in range(10)]  # adam_every=1: as before
+
+
+# -- with model.tie_embed_frac: the untie between two Adam steps ----------------------------------------------
+
+def test_untie_step_moves_back_to_the_start_of_its_adam_window():
+    from speedgpt.model.embeddings import EmbedTying
+
+    assert EmbedTying(0.625).untie_step(8) == 5  # ceil(frac x steps), as before, with adam_every=1
+    assert EmbedTying(0.625).untie_step(8, adam_every=2) == 4  # step 5 lies in the window of steps 4, 5
+    assert EmbedTying(0.5).untie_step(8, adam_every=2) == 4  # already a window's first step
+    assert EmbedTying(0.75).untie_step(12, adam_every=4) == 8
+    assert EmbedTying(1.0).untie_step(9, adam_every=2) == 9  # tied throughout stays tied throughout
+
+
+def test_an_untie_between_adam_steps_trains_as_if_untied_at_the_start_of_that_adam_window(tiny_cfg, tmp_path):
+    """Steps 4 and 5 share one Adam step (adam_every=2). An untie due at step 5 must not leave step 4's
+    embedding-lookup gradient waiting on the head (the tied head's pending sum holds both uses): the run
+    equals the one untied at step 4, and resumes bit-equal from a checkpoint between the two Adam steps."""
+    cfg = apply_overrides(tiny_cfg, RUN + ["--train.checkpoint_every=1", "--train.val_every=0"])
+    at_window_start = train(apply_overrides(cfg, ["--model.tie_embed_frac=0.5"]), run_dir=tmp_path / "a", quiet=True)
+    mid = apply_overrides(cfg, ["--model.tie_embed_frac=0.625"])  # ceil(0.625 x 8) = 5: between Adam steps
+    between = train(mid, run_dir=tmp_path / "b", quiet=True)
+    assert not between.model.embed_tied
+    assert between.train_losses == at_window_start.train_losses
+    for (name, p), q in zip(between.model.named_parameters(), at_window_start.model.parameters()):
+        assert torch.equal(p, q), name
+
+    # The step-5 checkpoint: untied, step 4's gradients waiting on the head and on the embedding
+    _, optim, _ = load_checkpoint(tmp_path / "b" / "checkpoints" / "step_000005")
+    for name in ("embed.weight", "lm_head.weight"):
+        assert optim["adam_pending"][name]["grad"].abs().sum() > 0, name
+    resumed_dir = copy_without_checkpoint(tmp_path / "b", tmp_path / "resumed", 6)
+    drop_checkpoints_after(resumed_dir, 5)
+    resumed = train(mid, run_dir=resumed_dir, resume=True, quiet=True)
+    assert resumed.train_losses == between.train_losses[5:]  # bitwise on CPU

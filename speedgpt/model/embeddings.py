@@ -92,16 +92,28 @@ class EmbedTying:
     While tied the lookup reads `lm_head.weight` (same (vocab, dim) layout), which therefore gets the
     gradients of both uses; `embed.weight` gets none. At the untie step `untie` copies the head's
     weights and its Adam state (moments and step count, shard for shard: both parameters have the
-    same shape, so every optimizer implementation shards them alike) into the embedding. The phase
+    same shape, so every optimizer implementation shards them alike) into the embedding; no Adam
+    gradient is waiting then (optim.adam_every: `untie_step` falls on an Adam window's start). The phase
     lives in the model's state dict (buffer `embed_untied`), so checkpoints, resume, eval and
     export all see it."""
 
     def __init__(self, frac: float):
         self.frac = frac
 
-    def untie_step(self, total_steps: int) -> int:
-        """The first training step that runs untied: ceil(frac x total) (record #53: frac 2/3)."""
-        return math.ceil(self.frac * total_steps)
+    def untie_step(self, total_steps: int, adam_every: int = 1) -> int:
+        """The first training step that runs untied: ceil(frac x total) (record #53: frac 2/3), moved back
+        to the first step of its Adam window with optim.adam_every > 1.
+
+        Why: inside a window Adam has not stepped, so the head's weights and Adam state are those of the
+        window's first step, and a lookup of the tied head reads the same values as one of its copy. Only
+        the gradients' destination differs: tied, the lookup's gradient waits on the head, summed with the
+        head's own, and no later split can tell them apart. Untying at the window's start is the exact
+        split: each parameter waits with its own uses' gradients, as if untied when the window began.
+        (Record #53 with #39 likewise unties on an Adam step's boundary.)"""
+        step = math.ceil(self.frac * total_steps)
+        if step >= total_steps:
+            return step  # tied throughout (record #51)
+        return step - step % adam_every
 
     @staticmethod
     @torch.no_grad()

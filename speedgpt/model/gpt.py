@@ -236,8 +236,11 @@ class GPT(nn.Module):
     def sync_embed_tying(self, step: int, total_steps: int, optimizers=None) -> bool:
         """Put embedding/head tying in the phase of training step `step` (the loop calls this before each
         step's forward): at the untie step the head's weights and Adam state (`optimizers`) are copied into
-        the embedding. Returns whether it untied now. A no-op without model.tie_embed_frac."""
-        if self.tying is None or not self.embed_tied or step < self.tying.untie_step(total_steps):
+        the embedding. Returns whether it untied now. A no-op without model.tie_embed_frac.
+        The untie falls on the start of an Adam window of `optimizers` (optim.adam_every; EmbedTying.untie_step)."""
+        if self.tying is None or not self.embed_tied:
+            return False
+        if step < self.tying.untie_step(total_steps, getattr(optimizers, "adam_every", 1)):
             return False
         self.tying.copy_head_to_embed(self.embed.weight, self.lm_head.weight, optimizers)
         self.embed_untied.fill_(True)

@@ -532,7 +532,7 @@ class Trainer:
         spread = [min(total - 1, (i * total) // n) for i in range(n)]
         extra = {stage.start for stage in self.plan.stages} if self.plan.from_table else set()
         if n and self.cfg.model.tie_embed_frac:
-            untie = EmbedTying(self.cfg.model.tie_embed_frac).untie_step(total)
+            untie = EmbedTying(self.cfg.model.tie_embed_frac).untie_step(total, self.cfg.optim.adam_every)
             extra |= {untie} if untie < total else set()
         if not extra:
             return spread
