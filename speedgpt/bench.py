@@ -126,12 +126,13 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
-    # A stage table's steps differ in tokens: the timed steps' mean (the run's own batch without one)
-    tokens_per_step = statistics.mean(trainer.plan.stage_at(s).batch_tokens for s in schedule_steps)
+    work = timed_work(trainer.plan, schedule_steps, trainer.flops_per_token)
+    tokens_per_step = work["tokens"] / len(schedule_steps)
     tok_s = tokens_per_step / mean_s
-    flops = trainer.model.flops_per_token(cfg.data.seq_len)
+    flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
+        "timed_stages": work["stages"],
         "tokens_per_step": tokens_per_step,
         "step_ms_mean": mean_s * 1e3,
         "step_ms_median": statistics.median(step_times) * 1e3,
@@ -158,6 +159,25 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
+    """What the timed steps computed: {"tokens", "flops", "stages"}. Each step counts at its own stage's
+    batch and row length (a stage table's stages differ in both, and attention's FLOPs per token grow
+    with the row length), with `flops_per_token(seq_len)` (the trainer's, which the run's logged MFU
+    uses too); "stages" says which stages were timed, for the printout."""
+    tokens = flops = 0.0
+    timed: dict[int, int] = {}  # stage index -> timed steps in it
+    for s in schedule_steps:
+        stage = plan.stage_at(s)
+        tokens += stage.batch_tokens
+        flops += stage.batch_tokens * flops_per_token(stage.seq_len)
+        timed[stage.index] = timed.get(stage.index, 0) + 1
+    if plan.from_table:
+        stages = ", ".join(f"stage {i} (seq_len {plan.stages[i].seq_len}) x{n}" for i, n in sorted(timed.items()))
+    else:
+        stages = f"one stage (seq_len {plan.stages[0].seq_len}) x{len(schedule_steps)}"
+    return {"tokens": tokens, "flops": flops, "stages": stages}
 
 
 def timed_steps(total: int, steps: int, at_step: int | None = None, adam_every: int = 1) -> list[int]:
@@ -222,6 +242,9 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
     if len(rows) == 2:
         a, b = rows[0][1]["tok_per_s"], rows[1][1]["tok_per_s"]
         lines.append(f"{'B / A throughput':<22}{b / a:>18.3f}")
+    for name, r in rows:  # MFU counts each timed step at its own stage's row length
+        if "timed_stages" in r:
+            lines.append(f"{name} timed steps: {r['timed_stages']}")
     return "\n".join(lines)
 
 
