@@ -1,4 +1,5 @@
-"""Tokenization's early stop (max_tokens) with chunks in flight must shut the worker pool down.
+"""Tokenization's worker pool must never hang: an early stop (max_tokens) with chunks in flight
+shuts it down, and a worker killed mid-task fails the build with a one-line error.
 
 Each case runs in a child process with a generous deadline, so a hang fails the test instead of
 hanging the suite. No timing is asserted.
@@ -17,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 240  # generous: a run takes a few seconds even on a busy 2-core machine
 
 
-def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+def run_child(code: str, tmp_path: Path, returncode: int = 0) -> str:
     script = tmp_path / "child.py"
     # Under a main guard: spawned pool workers re-import the main module.
     body = textwrap.indent(textwrap.dedent(code), "    ")
@@ -31,8 +32,8 @@ def run_child(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
         os.killpg(proc.pid, signal.SIGKILL)  # the child and its pool workers
         out, _ = proc.communicate()
         raise AssertionError(f"hung: no exit within {DEADLINE_S} s\n{out[-3000:]}") from None
-    assert proc.returncode == 0, out[-3000:]
-    return proc
+    assert proc.returncode == returncode, out[-3000:]
+    return out
 
 
 def test_early_stop_while_a_task_is_being_sent_shuts_down(tmp_path):
@@ -97,3 +98,32 @@ def test_tokenize_corpus_early_stop_repeatedly(tmp_path):
             m = tokenize_corpus(Documents(texts), "out", max_tokens=1000, workers=2, progress=False)
             assert m["stopped_early"] and m["documents"] == 1
     """, tmp_path)
+
+
+def test_a_worker_killed_mid_task_fails_the_build_with_one_line(tmp_path):
+    # multiprocessing.Pool replaced a worker killed with its task and waited for that task forever.
+    (tmp_path / "killer.py").write_text(textwrap.dedent("""
+        import multiprocessing
+        import os
+        import signal
+
+        def encode_then_die(texts):  # stands in for _encode_chunk
+            assert multiprocessing.parent_process() is not None, "only a pool worker may die here"
+            os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
+    """))
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"doc{i}.txt").write_text(f"document {i} " * 100)
+    out = run_child("""
+        import sys
+        import speedgpt.data.tokenize as tokenize
+        from killer import encode_then_die
+        from speedgpt.cli import main
+
+        tokenize._encode_chunk = encode_then_die  # what the parent hands to the workers
+        sys.exit(main(["data", "tokenize", "in", "--out", "out", "--workers", "2"]))
+    """, tmp_path, returncode=2)
+    assert "Traceback" not in out, out
+    assert out.strip().splitlines()[-1].startswith(
+        "speedgpt data tokenize: error: a tokenizer worker process died mid-task"), out
+    assert not list((tmp_path / "out").glob("*.bin")) and not (tmp_path / "out" / "manifest.json").exists()

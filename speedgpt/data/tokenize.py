@@ -17,6 +17,8 @@ import signal
 import sys
 import time
 from collections import deque
+from concurrent.futures import ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
@@ -36,6 +38,10 @@ _CHUNK_DOCS = 512
 
 class TokenizeError(ValueError):
     """A build that would produce nothing usable (no documents, or no val split when one was asked)."""
+
+
+class WorkerDied(TokenizeError):
+    """A tokenizer worker process ended in the middle of the build (the OOM killer, kill -9)."""
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -64,7 +70,7 @@ def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
 
 def _init_worker() -> None:
     # Ctrl-C reaches the whole process group; the parent decides what an interrupt means and
-    # shuts the pool down cleanly, so a worker must not die mid-task (its result would never come).
+    # shuts the pool down cleanly, so a worker must not die mid-task (that breaks the pool: WorkerDied).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     get_tokenizer()  # build the BPE table once per process, before the first task
 
@@ -93,12 +99,14 @@ def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
 def _ordered_results(chunks: Iterable, workers: int):
     """Yield (meta, _encode_chunk(texts)) in input order, with at most 2 * workers chunks in flight.
 
+    A worker process that dies (the OOM killer, kill -9) raises WorkerDied: concurrent.futures marks
+    every task of a pool that lost a worker as failed (BrokenProcessPool), where multiprocessing.Pool
+    replaces the worker and waits forever for the lost task's result.
+
     Shutdown, also after an early stop (max_tokens) or an error in the consumer: stop submitting,
-    wait for the chunks already submitted, then close() and join() the pool. Never terminate()
-    with tasks in flight: Pool.terminate() drains the task pipe only while it holds data, so a
-    task whose (~1 MB, larger than the pipe) write starts just after that drain blocks the pool's
-    task-handler thread forever once the workers are killed, and terminate() waits on it forever.
-    Once every submitted task has returned, the task handler is idle and the shutdown cannot block.
+    wait for the chunks already submitted, then shut the pool down. Nothing is terminated with a
+    task in flight (a task larger than a pipe holds, still being written, once hung a terminated
+    multiprocessing.Pool); once every submitted task has returned, the shutdown cannot block.
     """
     if workers <= 1:
         yield ((meta, _encode_chunk(texts)) for meta, texts in chunks)
@@ -106,27 +114,30 @@ def _ordered_results(chunks: Iterable, workers: int):
     # spawn, not fork: forking a multi-threaded parent (numpy's BLAS pool, torch, CUDA, a
     # prefetch thread) can deadlock the child on a lock held at fork time. Start-up costs
     # ~0.5 s per worker (plus re-importing the caller's main module), paid once per build.
-    pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker)
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker)
     pending: deque = deque()
 
     def gen():
         for meta, texts in chunks:
-            pending.append((meta, pool.apply_async(_encode_chunk, (texts,))))
+            pending.append((meta, pool.submit(_encode_chunk, texts)))
             if len(pending) >= 2 * workers:  # bounded: the input may be far larger than memory
-                meta0, res = pending.popleft()
-                yield meta0, res.get()
+                meta0, future = pending.popleft()
+                yield meta0, future.result()
         while pending:
-            meta0, res = pending.popleft()
-            yield meta0, res.get()
+            meta0, future = pending.popleft()
+            yield meta0, future.result()
 
     try:
         yield gen()
+    except BrokenProcessPool:
+        raise WorkerDied(f"a tokenizer worker process died mid-task (killed by the OOM killer or a signal?); "
+                         f"nothing was kept: retry with fewer workers (--workers, were {workers}) or more memory") from None
     finally:
-        # At most 2 * workers chunks (a second or two of work) are still out: let them finish.
-        while pending:
-            pending.popleft()[1].wait()
-        pool.close()
-        pool.join()
+        # At most 2 * workers chunks (a second or two of work) are still out: let them finish
+        # (a broken pool has already failed them all).
+        wait([future for _, future in pending])
+        pending.clear()
+        pool.shutdown(wait=True)
 
 
 class _Progress:
@@ -244,6 +255,9 @@ def tokenize_corpus(
                 bar.update(total_tokens, n_docs)
                 if stopped_early:
                     break
+    except WorkerDied:
+        _clear_outputs(out_dir)  # the shards written so far end early: not a build to train on
+        raise
     finally:
         bar.close()
     problem = _nothing_usable(sources, n_docs, split.ensure_val)
