@@ -281,3 +281,28 @@ def test_training_validation_and_eval_use_the_yarn_state_of_the_scored_step(tiny
     assert model.runtime.yarn == (tuple(freq.tolist()), scale)
     rec = evaluate_run(tmp_path / "run", checkpoint=4, device="cpu", log=False, print_fn=lambda *a: None)
     assert dict(result.val_history)[4] == pytest.approx(rec["val_loss"], rel=2e-7)
+
+
+def test_kv_cache_sampling_reads_the_yarn_state_from_the_device_and_samples_as_before():
+    """A model whose runtime carries a grown YaRN state (a checkpoint's, for eval and sampling) keeps it
+    on its device: every decode step hands the attention the same tensors (no host-to-device copy per
+    token), and the tokens are those of the full-forward reference and of fresh tensors per call."""
+    from speedgpt.infer.generate import generate_batch
+
+    cfg = model_cfg("--model.yarn=true")
+    freq, scale = rescale(Rotary(cfg.head_dim, 1, cfg.rope_base, cfg.rope_half_truncate).frequencies(), 16, 48), \
+        scale_factor(16, 48)
+    rt = runtime_for(cfg, "cpu", window_block=16, windows=(64, 32)).replace(yarn=(tuple(freq.tolist()), scale))
+    m = live(build_model(cfg, 64, rt, seed=0))
+    seen = []
+    m.blocks[0].register_forward_pre_hook(lambda _mod, args: seen.append(args[5].rope))  # the AttnContext
+    prompts = [[BOS_ID, 11, 12, 13], [BOS_ID, 21]]
+    cached = generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None)
+    assert len(seen) > 10 and all(r[0] is seen[0][0] and r[1] is seen[0][1] for r in seen)
+    assert torch.equal(seen[0][0], freq) and seen[0][1].item() == torch.tensor(scale, dtype=torch.float32).item()
+    assert cached == generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None,
+                                    use_cache=False)
+    x = tokens(B=2, T=40)
+    with torch.no_grad():  # the state given as fresh tensors, as forward built it per call before
+        fresh = m(x, rope=(torch.tensor(rt.yarn[0], dtype=torch.float32), torch.tensor(scale, dtype=torch.float32)))
+        assert torch.equal(m(x), fresh)

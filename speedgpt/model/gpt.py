@@ -159,6 +159,11 @@ class GPT(nn.Module):
             self.register_buffer("embed_untied", torch.zeros((), dtype=torch.bool))
             self.register_load_state_dict_post_hook(lambda module, _keys: module._sync_tying_flag())
         self.windows = runtime.windows or (max_seq_len, max_seq_len)  # (long, short) when forward gets none
+        if runtime.yarn is not None:
+            # YaRN's state when forward gets none (eval, sampling): kept on the device with the model, so
+            # a KV-cache decode step copies nothing from the host. Not persistent: the runtime decides it.
+            self.register_buffer("yarn_freq", torch.tensor(runtime.yarn[0], dtype=torch.float32), persistent=False)
+            self.register_buffer("yarn_scale", torch.tensor(runtime.yarn[1], dtype=torch.float32), persistent=False)
         # The loss path, chosen once: the FP8 head fused with the loss (training steps; evaluation
         # and per-token losses take the fused loss over the FP8 head's logits), the fused loss over
         # the head's logits, or the reference softcap + cross-entropy in torch.
@@ -213,8 +218,12 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def init_buffers(self) -> None:
-        """Buffers after `to_empty`: the rotary tables, the MoE balancing state and the tying phase."""
+        """Buffers after `to_empty`: the rotary tables, YaRN's default state, the MoE balancing state and
+        the tying phase."""
         self.rotary.init_tables(self.embed.weight.device)
+        if self.runtime.yarn is not None:
+            self.yarn_freq.copy_(torch.tensor(self.runtime.yarn[0], dtype=torch.float32))
+            self.yarn_scale.copy_(torch.tensor(self.runtime.yarn[1], dtype=torch.float32))
         if self.tying is not None:
             self.embed_untied.fill_(False)  # training starts tied
         for m in self.modules():
@@ -295,7 +304,7 @@ class GPT(nn.Module):
                    else AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
                                     doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
-            rope = tuple(torch.tensor(v, dtype=torch.float32, device=inputs_BT.device) for v in rt.yarn)
+            rope = (self.yarn_freq, self.yarn_scale)
         if rope is not None:  # YaRN only: without it the context is left as built
             ctx.rope = rope
         dtype = rt.dtype
