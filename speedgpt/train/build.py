@@ -1,6 +1,6 @@
 """What the trainer builds from its config before the first step: the data files (and a check that
 they hold every stage's batches), the training loader, the parallel strategy, and the model under
-that strategy; plus the lines that say which switches fall back on this device."""
+that strategy; plus the lines that say what was built and which switches fall back on this device."""
 
 from __future__ import annotations
 
@@ -110,3 +110,18 @@ def fallback_notes(cfg: Config, model: GPT, device: torch.device) -> list[str]:
         notes.append(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
                      f"in float32")
     return notes
+
+
+def describe_run(cfg: Config, model: GPT, plan: StagePlan, strategy: str, device: torch.device, world_size: int,
+                 micro_batch: int, grad_accum: int) -> list[str]:
+    """The lines setup prints: the model, its active share under experts, and the batch (or the stage table)."""
+    rt = model.runtime
+    lines = [f"model: {model.num_params() / 1e6:.1f}M parameters ({model.num_params(False) / 1e6:.1f}M "
+             f"non-embedding), depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention "
+             f"{rt.attn_backend}, device {device}, dtype {rt.dtype}, strategy {strategy}"]
+    if cfg.model.moe_experts:
+        lines.append(f"experts: {model.active_params() / 1e6:.1f}M parameters active per token (MFU counts these)")
+    if plan.from_table:
+        return lines + plan.describe(cfg, world_size)
+    return lines + [f"batch: {cfg.train.batch_tokens} tokens/step = {world_size} rank(s) x {grad_accum} "
+                    f"micro-step(s) x {micro_batch} row(s) x {cfg.data.seq_len} tokens"]

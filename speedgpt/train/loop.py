@@ -33,8 +33,8 @@ from ..rundir import RunDir, default_run_dir
 from ..rundir.env import environment_snapshot
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan
-from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, fallback_notes,
-                    resolve_data_files, train_loader)
+from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, describe_run,
+                    fallback_notes, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward
 from .control import RunControl
@@ -44,7 +44,7 @@ from .nonfinite import Rollbacks
 from .preempt import StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .step_schedule import StepInputs, apply_hyperparameters
-from .validation import usable_val_tokens, validation_loss
+from .validation import Validator
 from .warmup import restored_afterwards, warmup_steps
 
 
@@ -105,7 +105,7 @@ class Trainer:
         barrier()
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
         check_data_capacity(cfg, self.plan, self.train_files, dist.world_size)
-        self.val_tokens = usable_val_tokens(d, self.val_files, self.micro_batch, dist.world_size, self.log)
+        self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log)
         self.loader = train_loader(cfg, self.train_files, dist, self.micro_batch, self.grad_accum)
         self.control = RunControl(cfg.train, dist, self.stop_request)
         self.model: GPT = build_model(cfg, self.device, dist.world_size, self.strategy)
@@ -135,28 +135,15 @@ class Trainer:
                                     loader=self.loader, guard=self.guard, grad_sync=self.grad_sync,
                                     device=self.device, peak=self.peak, world_size=dist.world_size,
                                     has_experts=self.has_experts)
-        self.log_setup()
+        for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device, dist.world_size,
+                                 self.micro_batch, self.grad_accum):
+            self.log(line)
+        if self.plan.from_table:
+            self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         if self.resume:
             self.load_latest()
         elif cfg.train.on_nonfinite == "rollback":
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
-
-    def log_setup(self) -> None:
-        cfg, rt = self.cfg, self.model.runtime
-        self.log(f"model: {self.model.num_params() / 1e6:.1f}M parameters "
-                 f"({self.model.num_params(False) / 1e6:.1f}M non-embedding), depth {cfg.model.depth}, "
-                 f"width {cfg.model.resolved_dim()}, attention {rt.attn_backend}, device {self.device}, "
-                 f"dtype {rt.dtype}, strategy {self.strategy}")
-        if self.has_experts:
-            self.log(f"experts: {self.model.active_params() / 1e6:.1f}M parameters active per token "
-                     f"(MFU counts these)")
-        if self.plan.from_table:
-            for line in self.plan.describe(cfg, self.dist.world_size):
-                self.log(line)
-            self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
-        else:
-            self.log(f"batch: {cfg.train.batch_tokens} tokens/step = {self.dist.world_size} rank(s) x "
-                     f"{self.grad_accum} micro-step(s) x {self.micro_batch} row(s) x {cfg.data.seq_len} tokens")
 
     # ------------------------------------------------------------------------------------------
     def enter_stage(self, step: int) -> Stage:
@@ -213,11 +200,7 @@ class Trainer:
         """Mean validation loss of the model after `step` training steps (default: the current one),
         at that step's attention windows."""
         step = self.step if step is None else step
-        d = self.cfg.data
-        return validation_loss(self.model, self.forward, self.val_files, seq_len=d.val_seq_len or d.seq_len,
-                               batch_size=self.micro_batch, max_tokens=self.val_tokens, rank=self.dist.rank,
-                               world_size=self.dist.world_size, device=self.device,
-                               windows=self.inputs.windows_at(step), rope=self.inputs.rope_at(step))
+        return self.validator.loss(self.model, self.forward, self.inputs.windows_at(step), self.inputs.rope_at(step))
 
     def record_validation(self, result: TrainResult) -> None:
         val = self.evaluate()

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..config import DataConfig
+from ..parallel.dist import DistInfo
 
 
 def usable_val_tokens(d: DataConfig, val_files: list[Path], micro_batch: int, world_size: int, log) -> int:
@@ -27,21 +28,30 @@ def usable_val_tokens(d: DataConfig, val_files: list[Path], micro_batch: int, wo
     return tokens
 
 
-@torch.no_grad()
-def validation_loss(model, forward, val_files: list[Path], *, seq_len: int, batch_size: int, max_tokens: int,
-                    rank: int, world_size: int, device: torch.device, windows, rope) -> float:
-    """Mean loss over the validation tokens and all ranks, with `forward` (the model, compiled or not)
-    at the given windows and rotary state; `model` is put in eval mode for it."""
-    from ..data.val import val_batches
+class Validator:
+    """Scores a model on this rank's share of the validation tokens, averaged over the ranks. Made in
+    setup, so a validation set too small for one evaluation step fails before the model is built."""
 
-    model.eval()
-    losses = []
-    for inputs, targets in val_batches(val_files, seq_len=seq_len, batch_size=batch_size, max_tokens=max_tokens,
-                                       rank=rank, world_size=world_size, device=device):
-        losses.append(forward(inputs, targets, windows=windows, rope=rope))
-    model.train()
-    loss = torch.stack(losses).mean()
-    if world_size > 1:
-        torch.distributed.all_reduce(loss)  # SUM, then divide: gloo has no AVG
-        loss /= world_size
-    return loss.item()
+    def __init__(self, d: DataConfig, val_files: list[Path], micro_batch: int, dist: DistInfo, log):
+        self.val_files, self.micro_batch, self.dist = val_files, micro_batch, dist
+        self.seq_len = d.val_seq_len or d.seq_len
+        self.tokens = usable_val_tokens(d, val_files, micro_batch, dist.world_size, log)
+
+    @torch.no_grad()
+    def loss(self, model, forward, windows, rope) -> float:
+        """Mean loss with `forward` (the model, compiled or not) at the given windows and rotary state;
+        `model` is in eval mode meanwhile."""
+        from ..data.val import val_batches
+
+        model.eval()
+        losses = []
+        for inputs, targets in val_batches(self.val_files, seq_len=self.seq_len, batch_size=self.micro_batch,
+                                           max_tokens=self.tokens, rank=self.dist.rank,
+                                           world_size=self.dist.world_size, device=self.dist.device):
+            losses.append(forward(inputs, targets, windows=windows, rope=rope))
+        model.train()
+        loss = torch.stack(losses).mean()
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(loss)  # SUM, then divide: gloo has no AVG
+            loss /= self.dist.world_size
+        return loss.item()
