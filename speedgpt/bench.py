@@ -126,7 +126,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
     trainer.metrics.close()
     mean_s = statistics.mean(step_times)
-    work = timed_work(trainer.plan, schedule_steps, trainer.flops_per_token)
+    work = timed_work(trainer.plan, schedule_steps, trainer.progress.flops_per_token)
     tokens_per_step = work["tokens"] / len(schedule_steps)
     tok_s = tokens_per_step / mean_s
     flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
@@ -164,7 +164,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
 def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
     """What the timed steps computed: {"tokens", "flops", "stages"}. Each step counts at its own stage's
     batch and row length (a stage table's stages differ in both, and attention's FLOPs per token grow
-    with the row length), with `flops_per_token(seq_len)` (the trainer's, which the run's logged MFU
+    with the row length), with `flops_per_token(seq_len)` (progress.py's, which the run's logged MFU
     uses too); "stages" says which stages were timed, for the printout."""
     tokens = flops = 0.0
     timed: dict[int, int] = {}  # stage index -> timed steps in it
