@@ -98,6 +98,18 @@ class ModelConfig:
     def resolved_kv_heads(self) -> int:
         return self.num_kv_heads or self.resolved_heads()
 
+    def value_embed_slot(self, layer: int) -> int | None:
+        """Which value embedding `layer` adds to its values (None: none): one per listed layer with
+        value_embed_layers (untied), else value_embeds shared U-shaped by the first and last k layers."""
+        if self.value_embed_layers:
+            return self.value_embed_layers.index(layer) if layer in self.value_embed_layers else None
+        k, depth = self.value_embeds, self.depth
+        if layer < k:
+            return layer
+        if layer >= depth - k:
+            return layer - (depth - k)
+        return None
+
     def padded_vocab(self) -> int:
         m = self.vocab_pad_multiple
         return math.ceil(self.vocab_size / m) * m if m > 1 else self.vocab_size

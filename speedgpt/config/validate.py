@@ -6,6 +6,7 @@ from .errors import ConfigError
 from .model_checks import check_model
 from .optim import OptimConfig
 from .sections import Config, ParallelConfig, ScheduleConfig, TrainConfig
+from .switch_bases import check_switch_bases
 
 
 def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
@@ -36,6 +37,7 @@ def validate(cfg: Config, world_size: int = 1) -> None:
     from ..stages import check_stages  # (stages.py builds on the config package)
 
     check_stages(cfg, world_size)
+    check_switch_bases(cfg)  # last: it reads the stage table checked above
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
