@@ -37,8 +37,8 @@ def _check_model_switches(m: ModelConfig) -> None:
     attn = attention_layers(m)
     unused = [i for i in m.value_embed_layers if i not in attn]
     if unused:
-        raise ConfigError(f"model.value_embed_layers={m.value_embed_layers} lists attention-free layers {unused}, whose "
-                          f"value embeddings would go unused; drop them from model.value_embed_layers")
+        raise ConfigError(f"model.value_embed_layers={m.value_embed_layers} lists attention-free layers {unused}, "
+                          f"whose value embeddings would go unused; drop them from model.value_embed_layers")
     if m.value_embed_gates and not any(m.value_embed_slot(i) is not None for i in attn):
         raise ConfigError("model.value_embed_gates=true does nothing without value embeddings on an attention layer; "
                           "set model.value_embeds (e.g. --model.value_embeds=1) or model.value_embed_layers")
