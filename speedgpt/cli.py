@@ -99,10 +99,19 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
 
 def _run_dir_usable(args, new_dir: str | None) -> bool:
     """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error."""
-    if not new_dir or args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
+    if args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
         return True
+    from .outdir import OutDirError, check_out_dir
     from .rundir import RunDir
     from .rundir.reuse import RunDirInUse, prepare_new_run_dir
+
+    try:  # a file where the run directory (or the default runs/) must go: the fix, not "[Errno 17]"
+        check_out_dir(new_dir or "runs", "--run-dir")
+    except OutDirError as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    if not new_dir:
+        return True
 
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
