@@ -469,6 +469,9 @@ COMMANDS = {
 }
 
 
+LOADS_TORCH = {"train", "bench", "eval", "sample", "export"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -491,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     # Last resort for what a command does not handle itself: one line and a non-zero status, never a
     # traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
     try:
+        if name in LOADS_TORCH and not {"-h", "--help"} & set(argv):
+            from .interrupt import holding_ctrl_c
+
+            holding_ctrl_c()  # torch's import can swallow a Ctrl-C (interrupt.py): load it with the signal held
         return COMMANDS[name][0](argv[1:])
     except KeyboardInterrupt:
         if os.environ.get("SPEEDGPT_DEBUG"):
