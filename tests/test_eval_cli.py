@@ -128,7 +128,7 @@ def test_run_without_checkpoints_is_an_error(tmp_path, capsys):
 def test_default_corpus_matches_the_trainers(tmp_path, monkeypatch):
     """With no data.train_files the run used the local corpus; eval must find the same shards."""
     from speedgpt.parallel.dist import DistInfo
-    from speedgpt.train.loop import resolve_data_files
+    from speedgpt.train.build import resolve_data_files
 
     def fake_build(out, max_tokens=None):  # stands in for the corpus builder: shards where it puts them
         write_corpus(Path(out))

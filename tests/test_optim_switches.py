@@ -357,6 +357,7 @@ def test_weight_decay_schedule_follows_the_lr_multiplier():
 @pytest.mark.parametrize("schedule", ["constant", "lr"])
 def test_trainer_sets_the_scheduled_weight_decay_each_step(schedule):
     from speedgpt.train.loop import Trainer
+    from speedgpt.train.step_schedule import apply_hyperparameters
 
     cfg = apply_overrides(load_preset("tiny-cpu"), [
         "--train.device=cpu", "--train.steps=100", "--optim.muon_weight_decay=0.05",
@@ -365,7 +366,7 @@ def test_trainer_sets_the_scheduled_weight_decay_each_step(schedule):
     model = build_model(cfg.model, cfg.data.seq_len, "cpu")
     trainer.optimizers = build_optimizers(model, cfg.optim, torch.device("cpu"))
     for step in (0, 54, 80, 99):
-        trainer.set_hyperparameters(step)
+        apply_hyperparameters(trainer.optimizers, trainer.cfg, trainer.plan, step)
         mult = lr_multiplier(cfg.schedule, step, 100)
         group = trainer.optimizers.muon.param_groups[0]
         assert group["cautious_wd"] is True

@@ -14,7 +14,7 @@ from distkit import spawn_local
 from speedgpt.config import ModelConfig, OptimConfig
 from speedgpt.model.build import build_model
 from speedgpt.optim.build import build_optimizers
-from speedgpt.train.loop import compile_blocks
+from speedgpt.train.compile import compile_blocks
 
 EVENTS: list = []
 

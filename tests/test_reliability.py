@@ -15,7 +15,8 @@ from speedgpt.config import apply_overrides
 from speedgpt import faults
 from speedgpt.rundir.checkpoint import CheckpointSaveError, list_checkpoints, load_checkpoint
 from speedgpt.train.guard import NonFiniteError
-from speedgpt.train.loop import should_resume, train
+from speedgpt.train.checkpointing import should_resume
+from speedgpt.train.loop import train
 from speedgpt.train.preempt import TrainingStopped
 
 BASE = ["--train.steps=8", "--train.val_every=0", "--train.log_every=4", "--train.keep_checkpoints=0"]

@@ -14,6 +14,7 @@ from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml
 from speedgpt.optim.schedules import lr_multiplier
 from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from speedgpt.train.loop import Trainer
+from speedgpt.train.warmup import warmup_steps
 
 # 12 steps: stage 0 = steps 0-5 (half batch, half rows, documents cut to 16 tokens, MTP over 3 tokens
 # ramping down, a fixed window),
@@ -138,7 +139,7 @@ def test_warmup_visits_every_stage_and_resets_exactly(full_run, tmp_path):
     cfg, _, cold = full_run
     tr = Recorder(apply_overrides(cfg, ["--train.warmup_steps=2"]), run_dir=tmp_path / "warm", quiet=True)
     warm = tr.run()
-    assert tr.warmup_schedule() == [0, 6, 9]
+    assert warmup_steps(tr.cfg, tr.plan) == [0, 6, 9]
     assert tr.shapes[:3] == [(8, 32), (8, 64), (8, 64)]  # each stage's first step, before the run
     assert tr.hook_calls[:4] == [(None, 0), (0, 1), (1, 2), (None, 0)]  # re-entered stage 0 after the reset
     assert warm.train_losses == cold.train_losses  # the warmup leaves no trace in the numbers

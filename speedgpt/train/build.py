@@ -1,0 +1,127 @@
+"""What the trainer builds from its config before the first step: the data files (and a check that
+they hold every stage's batches), the training loader, the parallel strategy, and the model under
+that strategy; plus the lines that say what was built and which switches fall back on this device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import Config, ConfigError
+from ..model.build import model_from_config
+from ..model.gpt import GPT
+from ..parallel.dist import DistInfo, barrier
+from ..stages import StagePlan, stage_micro_batch
+
+
+def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path], list[Path]]:
+    from ..data.shards import find_shards
+
+    d = cfg.data
+    if d.train_files:
+        train_files = find_shards(d.train_files, "train")
+        val_files = find_shards(d.val_files or d.train_files, "val")
+        return train_files, val_files
+    from ..data.tokenize import ensure_local_python_corpus
+
+    out = d.default_corpus_dir()
+    if dist_info.is_main:
+        log(f"data: no data.train_files given; using the local Python-source corpus at {out}")
+        ensure_local_python_corpus(out, max_tokens=d.local_max_tokens or None)
+    barrier()
+    return find_shards(out, "train"), find_shards(out, "val")
+
+
+def check_data_capacity(cfg: Config, plan: StagePlan, train_files: list[Path], world_size: int) -> None:
+    """Fail before training when the training shards cannot fill one step of some stage."""
+    from ..data.capacity import check_capacity
+
+    for stage in plan.stages:
+        rows, accum = stage_micro_batch(cfg, stage, world_size)
+        check_capacity(train_files, seq_len=stage.seq_len, batch_size=rows, world_size=world_size,
+                       grad_accum=accum, lenient=cfg.data.on_bad_shard == "skip")
+
+
+def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micro_batch: int, grad_accum: int):
+    from ..data.loader import TokenLoader
+
+    d = cfg.data
+    return TokenLoader(train_files, seq_len=d.seq_len, batch_size=micro_batch, rank=dist_info.rank,
+                       world_size=dist_info.world_size, device=dist_info.device, seed=cfg.train.seed,
+                       packing=d.packing, grad_accum=grad_accum, on_bad_shard=d.on_bad_shard,
+                       vocab_size=cfg.model.vocab_size)
+
+
+def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):
+    """(parallel.strategy resolved, memory estimate): "auto" is ddp if its estimate fits the device,
+    else fsdp; the estimate is printed. Raises ConfigError naming the knobs when it cannot fit."""
+    from ..device import resolve_dtype
+    from ..parallel.memory import choose_strategy as choose
+
+    dtype_bytes = resolve_dtype(cfg.train.dtype, device).itemsize
+    strategy, est = choose(cfg, world_size, device, dtype_bytes=dtype_bytes)
+    log(f"memory: {est.describe()}")
+    return strategy, est
+
+
+def build_model(cfg: Config, device: torch.device, world_size: int, strategy: str) -> GPT:
+    """The model on `device`, sharded under fsdp (compiled block by block there when train.compile).
+    Its windows are the finished model's (sampling, FLOP counts); training and validation pass each
+    step's own windows to the forward."""
+    if strategy == "fsdp":
+        from ..parallel.dist import ensure_process_group
+        from ..parallel.fsdp import build_fsdp_model
+
+        ensure_process_group(device)
+        return build_fsdp_model(cfg, device, world_size, compile_blocks=cfg.train.compile)
+    return model_from_config(cfg, device, world_size=world_size)
+
+
+def check_row_lengths(cfg: Config, plan: StagePlan, model: GPT) -> None:
+    """FlexAttention's masks come in blocks of schedule.window_block: every row length must be a multiple."""
+    rt, d = model.runtime, cfg.data
+    block = rt.window_block
+    lengths = [("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)]
+    lengths += [(f"train.stages[{s.index}].seq_len", s.seq_len) for s in plan.stages if plan.from_table]
+    for key, length in lengths:
+        if rt.attn_backend == "flex" and length % block:
+            raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
+                              f"FlexAttention; use {max(block, length // block * block)} or "
+                              f"--model.attn_backend=sdpa")
+
+
+def fallback_notes(cfg: Config, model: GPT, device: torch.device) -> list[str]:
+    """A line for each switch that cannot take effect here, saying what runs instead: the model's own dtype."""
+    rt, notes = model.runtime, []
+    where = device.type if device.type != "cuda" else "this GPU"
+    dtype = str(rt.dtype).removeprefix("torch.")
+    if cfg.model.fp8_head and not rt.fp8_head:
+        notes.append(f"fp8 head: not supported on {where} (needs CUDA capability >= 8.9); "
+                     f"the head runs in {dtype} like the rest of the model")
+    if cfg.model.fp8_mlp and not any(b.mlp.fp8_scaling for b in model.blocks):
+        notes.append(f"fp8 mlp: not supported on {where} (needs CUDA capability >= 8.9 and MLP widths that are "
+                     f"multiples of 16); the MLP runs in {dtype} like the rest of the model")
+    if cfg.model.fp8_attn and not any(b.attn is not None and b.attn.fp8_scaling for b in model.blocks):
+        notes.append(f"fp8 attn: not supported on {where} (needs CUDA capability >= 8.9 and attention widths "
+                     f"that are multiples of 16); the attention projections run in {dtype} like the rest of "
+                     f"the model")
+    if cfg.model.fused_ce and not rt.fused_ce:
+        notes.append(f"fused ce: not supported on {where} (needs CUDA and Triton); the loss runs as PyTorch ops "
+                     f"in float32")
+    return notes
+
+
+def describe_run(cfg: Config, model: GPT, plan: StagePlan, strategy: str, device: torch.device, world_size: int,
+                 micro_batch: int, grad_accum: int) -> list[str]:
+    """The lines setup prints: the model, its active share under experts, and the batch (or the stage table)."""
+    rt = model.runtime
+    lines = [f"model: {model.num_params() / 1e6:.1f}M parameters ({model.num_params(False) / 1e6:.1f}M "
+             f"non-embedding), depth {cfg.model.depth}, width {cfg.model.resolved_dim()}, attention "
+             f"{rt.attn_backend}, device {device}, dtype {rt.dtype}, strategy {strategy}"]
+    if cfg.model.moe_experts:
+        lines.append(f"experts: {model.active_params() / 1e6:.1f}M parameters active per token (MFU counts these)")
+    if plan.from_table:
+        return lines + plan.describe(cfg, world_size)
+    return lines + [f"batch: {cfg.train.batch_tokens} tokens/step = {world_size} rank(s) x {grad_accum} "
+                    f"micro-step(s) x {micro_batch} row(s) x {cfg.data.seq_len} tokens"]
