@@ -1,7 +1,7 @@
 """One line per config key, for `speedgpt config` (the one place config keys are described).
 
 tests/test_config_docs.py fails when a key of a config dataclass has no line here: a new key in
-speedgpt/config.py needs its description added in the same change.
+speedgpt/config/ needs its description added in the same change.
 """
 
 from __future__ import annotations

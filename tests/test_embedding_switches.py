@@ -374,7 +374,7 @@ def test_two_ranks_match_one_rank_with_every_switch(tmp_path, monkeypatch):
         monkeypatch.delenv(var, raising=False)
     on = [o for o in ALL_ON if not o.startswith(("--model.backout_layer", "--model.value_embed_layers"))]
     cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")),
-                          on + ["--model.backout_layer=1", "--model.value_embed_layers=[0,1]",
+                          on + ["--model.backout_layer=0", "--model.value_embed_layers=[0,1]",  # (1: the last block)
                                 "--model.attn_gate_dim=8", "--train.checkpoint_every=0"])
     losses_two, val_two = run_two(cfg, tmp_path / "two", tmp_path)
     losses_one, val_one = run_here(cfg, tmp_path / "one")

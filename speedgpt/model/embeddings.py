@@ -1,4 +1,4 @@
-"""Embedding-side switches of the later speedrun records (each off by default; see config.py).
+"""Embedding-side switches of the later speedrun records (each off by default; see config/model.py).
 
 - `BigramHashEmbedding` (record #62): a table indexed by a hash of (previous token, token), zero at
   init, added to every block's input through one learned scalar per layer.

@@ -1,4 +1,4 @@
-"""Residual-stream switches of the later speedrun records (each off by default; see config.py).
+"""Residual-stream switches of the later speedrun records (each off by default; see config/model.py).
 
 - Value-embedding gates (record #55): each head's value embedding is scaled by 2 sigmoid(w . x[:12])
   of the block's normed input, a factor 1 at init (zero w).

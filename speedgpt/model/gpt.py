@@ -28,19 +28,6 @@ from .rotary import Rotary
 from .runtime import ModelRuntime
 
 
-def value_embed_slot(cfg: ModelConfig, layer: int) -> int | None:
-    """Which value embedding `layer` adds to its values (None: none): one per listed layer with
-    model.value_embed_layers (untied), else value_embeds shared U-shaped by the first and last k layers."""
-    if cfg.value_embed_layers:
-        return cfg.value_embed_layers.index(layer) if layer in cfg.value_embed_layers else None
-    k, depth = cfg.value_embeds, cfg.depth
-    if layer < k:
-        return layer
-    if layer >= depth - k:
-        return layer - (depth - k)
-    return None
-
-
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden: int, *, fp8_scaling: str = "", fused_act: bool = False):
         super().__init__()
@@ -94,7 +81,7 @@ class Block(nn.Module):
         self.x0_mixing = cfg.x0_mixing
         # Per-head gates on this layer's value embedding (record #55), read from the normed input
         self.ve_gate = (nn.Parameter(torch.empty(cfg.resolved_kv_heads(), cfg.attn_gate_dim))
-                        if cfg.value_embed_gates and self.attn is not None and value_embed_slot(cfg, layer) is not None
+                        if cfg.value_embed_gates and self.attn is not None and cfg.value_embed_slot(layer) is not None
                         else None)
 
     def init_plan(self, prefix: str = "") -> list:
@@ -222,7 +209,7 @@ class GPT(nn.Module):
                 m.init_buffers()
 
     def value_embed_for_layer(self, ves: list[torch.Tensor], i: int) -> torch.Tensor | None:
-        slot = value_embed_slot(self.cfg, i) if ves else None
+        slot = self.cfg.value_embed_slot(i) if ves else None
         return None if slot is None else ves[slot]
 
     def embeddings(self) -> list[nn.Embedding]:

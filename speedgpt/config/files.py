@@ -1,0 +1,72 @@
+"""Presets and config files: the bundled presets/*.toml, reading a saved config.toml, writing one."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from .errors import ConfigError
+from .parse import config_from_dict
+from .sections import Config
+
+
+def preset_names() -> list[str]:
+    root = resources.files("speedgpt") / "presets"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def load_preset(name: str) -> Config:
+    path = resources.files("speedgpt") / "presets" / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(f"unknown preset '{name}'; available presets: {', '.join(preset_names())}")
+    data = tomllib.loads(path.read_text())
+    data.setdefault("preset", name)
+    return config_from_dict(data)
+
+
+def load_toml(path: str | Path) -> Config:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML ({e})") from None
+    return config_from_dict(data)
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} as TOML")
+
+
+def to_toml(cfg: Config) -> str:
+    d = cfg.to_dict()
+    lines = [f"preset = {_toml_value(d.pop('preset'))}"]
+    for section, values in d.items():
+        lines.append(f"\n[{section}]")
+        tables = {k: v for k, v in values.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        lines += [f"{k} = {_toml_value(v)}" for k, v in values.items() if k not in tables]
+        for k, rows in tables.items():  # arrays of tables (train.stages) after the section's plain keys
+            for row in rows:
+                lines.append(f"\n[[{section}.{k}]]")
+                lines += [f"{rk} = {_toml_value(rv)}" for rk, rv in row.items()]
+    return "\n".join(lines) + "\n"
+
+
+def save_toml(cfg: Config, path: str | Path) -> None:
+    from ..atomic import atomic_write
+
+    atomic_write(path, to_toml(cfg))

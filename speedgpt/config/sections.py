@@ -1,0 +1,167 @@
+"""The run's sections besides model and optim (data, parallel, schedule, training with its stage table,
+run) and `Config`, which holds them all; `SECTIONS` maps each section name to its dataclass."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .model import ModelConfig
+from .optim import OptimConfig
+
+
+@dataclass
+class DataConfig:
+    train_files: str = ""  # glob, directory or file of .bin shards; empty: the local Python-source corpus
+    val_files: str = ""
+    cache_dir: str = ""  # where the default corpus is built; empty: ~/.cache/speedgpt
+    local_max_tokens: int = 20_000_000  # cap for the default corpus (0: everything)
+    seq_len: int = 1024  # tokens per row
+    val_tokens: int = 1_048_576
+    val_seq_len: int = 0  # 0: seq_len
+    # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order,
+    # cropping the document a row end cuts; "bestfit": the largest buffered document that fits whole,
+    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped); "record28": record #28's
+    # find_batch_starts (a row is the seq_len + 1 tokens from a BOS, the next row starts at the first BOS
+    # >= seq_len later, and a step starts at the next shard when < 2 x its tokens + 1 are left in this one).
+    packing: str = "greedy"
+    # A shard found corrupt or truncated during training: "stop" the run (error naming file and
+    # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
+    on_bad_shard: str = "stop"
+
+    def cache_root(self) -> Path:
+        """Where built corpora and downloaded eval data live (read at call time, never at import)."""
+        return Path(self.cache_dir).expanduser() if self.cache_dir else Path.home() / ".cache" / "speedgpt"
+
+    def default_corpus_dir(self) -> Path:
+        """The local Python-source corpus used when no data.train_files is given."""
+        return self.cache_root() / (f"local-python-{self.local_max_tokens}" if self.local_max_tokens
+                                    else "local-python-all")
+
+@dataclass
+class ParallelConfig:
+    # How the model is spread over the ranks (docs/distributed.md):
+    #   "ddp": every rank holds the whole model and its gradients; optimizer state sharded (ZeRO-1 style);
+    #   "fsdp": parameters, gradients and optimizer state sharded per transformer block (FSDP2, fully_shard);
+    #   "auto": ddp when its estimated memory per GPU fits the device, fsdp otherwise.
+    strategy: str = "ddp"
+    reshard_after_forward: bool = True  # fsdp: free each block's gathered weights after its forward (less memory, one more all-gather)
+    activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of keeping them
+    memory_limit_gib: float = 0.0  # memory per device the estimate must fit in; 0: the GPU's own (no check on CPU)
+
+
+@dataclass
+class ScheduleConfig:
+    kind: str = "constant_cooldown"  # constant_cooldown (with warmup_frac: WSD) | warmup_cosine
+    warmup_frac: float = 0.0
+    cooldown_frac: float = 0.45
+    final_lr_frac: float = 0.1
+    # Sliding attention window, in tokens, grown linearly over training (rounded to window_block).
+    window_start: int = 1792
+    window_end: int = 1792
+    window_block: int = 128
+    short_window_frac: float = 0.5
+    # How the long window grows: "linear" (round(start + x (end - start)) blocks at progress x) or
+    # "record28" (record #28: ceil(x (end - block/2) / block) blocks, at least one; window_start unused).
+    window_rule: str = "linear"
+
+
+@dataclass
+class StageConfig:
+    """One row of a stage table (train.stages): a span of the run with its own batch, shapes, windows,
+    multi-token-prediction weights and lr multiplier. Zeros fall back to the run's own keys."""
+    share: float = 0.0  # this stage's share of train.steps; the shares of a table add up to 1
+    batch_tokens: int = 0  # global tokens per optimizer step in this stage; 0: train.batch_tokens
+    seq_len: int = 0  # tokens per training row in this stage; 0: data.seq_len
+    # Longest document piece in a row (greedy packing): each document is cut to at most this many tokens
+    # and its tail skipped, as the later records' max_doc_len / train_max_seq_len; 0: no cap.
+    max_doc_len: int = 0
+    window_long: int = 0  # long attention window in tokens for the whole stage; 0: the schedule's windows
+    window_short: int = 0  # short window in tokens; 0: schedule.short_window_frac of window_long
+    # Multi-token prediction: weight k scores the token k + 1 ahead (weight 0 is next-token, always 1).
+    # [1.0] (or []) is plain next-token training. mtp_weights_end (same length) ramps linearly to it.
+    mtp_weights: list[float] = field(default_factory=list)
+    mtp_weights_end: list[float] = field(default_factory=list)
+    lr_mul: float = 1.0  # multiplies every learning rate in this stage, on top of the lr schedule
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 1000  # ignored when tokens_per_param or flops_budget sets the horizon
+    batch_tokens: int = 524_288  # global tokens per optimizer step; 0: derived from the horizon (budget.py)
+    # The horizon as a budget (0: off; at most one of the two): training tokens = tokens_per_param x scaling
+    # parameters (transformer matrices + lm_head), or flops_budget / training FLOPs per token; steps follow.
+    tokens_per_param: float = 0.0
+    flops_budget: float = 0.0
+    micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
+    val_every: int = 125
+    log_every: int = 10
+    checkpoint_every: int = 0  # steps between checkpoints; 0: only by time (below) and at the end
+    # Minutes of wall-clock time between checkpoints (0: off): bounds what a crash can lose. A
+    # SIGTERM/SIGINT saves at the next step boundary anyway (docs/reliability.md).
+    checkpoint_every_min: float = 10.0
+    save_final_checkpoint: bool = True  # false: no checkpoint at the end (A/B runs that only need their curves)
+    # full: rank 0 writes whole tensors (model.pt, optim.pt); dcp: every rank writes its shards with
+    # torch.distributed.checkpoint; dcp_async: dcp, written in the background while training goes on
+    checkpoint_format: str = "full"
+    keep_checkpoints: int = 2  # keep the newest K checkpoints (0: keep all)
+    keep_checkpoint_every: int = 0  # also keep every checkpoint whose step is a multiple of M for good (0: none)
+    # A non-finite loss or gradient: "abort" (naming step, rank, last good checkpoint), "skip" the
+    # step's update, or "rollback" to the newest checkpoint with lrs x rollback_lr_factor.
+    on_nonfinite: str = "abort"
+    rollback_lr_factor: float = 0.5
+    max_rollbacks: int = 3
+    seed: int = 1337
+    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
+    dtype: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32
+    compile: bool = False
+    # What train.compile compiles under ddp: "model" (one graph: all gradients arrive at the end of the
+    # backward) or "block" (each transformer block on its own: a block's gradient reduction starts while
+    # the backward computes the blocks below it). fsdp always compiles per block.
+    compile_scope: str = "model"
+    # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
+    # coordinate descent: slower cold compile, faster steps where those kernels matter.
+    coordinate_descent_tuning: bool = False
+    # Inductor keeps rows of up to this many elements in registers for every reduction it can size
+    # statically (train/inductor_tuning.py); 0: Inductor's own heuristic.
+    persistent_reductions_upto: int = 0
+    warmup_steps: int = 0  # compile/kernel warmup steps on real data, then exact state reset
+    time_budget_s: float = 0.0  # stop early (with a final eval and checkpoint) after this much training time
+    peak_flops: float = 0.0  # bf16 peak for MFU; 0: the device's table value
+    # Training stages (speedgpt/stages.py): [[train.stages]] tables in a preset; empty: one stage made
+    # of the keys above (today's behaviour).
+    stages: list[StageConfig] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    name: str = ""
+    dir: str = ""  # empty: runs/<name>-<timestamp>
+    sample_tokens: int = 64  # sample printed at the end; 0 disables
+    sample_prompt: str = "import"  # no trailing space: GPT-2 attaches a word's space to the next token
+    report: bool = True
+    tensorboard: bool = False
+    wandb: bool = False
+    wandb_project: str = "speedgpt"
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    preset: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# Config's sections and the dataclass of each: the one table both parsing and rebuilding use.
+SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+            "schedule": ScheduleConfig, "train": TrainConfig, "run": RunConfig, "parallel": ParallelConfig}

@@ -1,0 +1,138 @@
+"""Validation of a whole Config: one line per problem, naming the key and the fix."""
+
+from __future__ import annotations
+
+from .errors import ConfigError
+from .model_checks import check_model
+from .optim import OptimConfig
+from .sections import Config, ParallelConfig, ScheduleConfig, TrainConfig
+from .switch_bases import check_switch_bases
+
+
+def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
+    """(rows per micro-step per rank, gradient-accumulation steps) for this world size."""
+    t = cfg.train
+    seq = cfg.data.seq_len
+    rows_global = t.batch_tokens // seq
+    if rows_global % world_size:
+        raise ConfigError(
+            f"train.batch_tokens={t.batch_tokens} is {rows_global} rows of data.seq_len={seq}, which does not divide "
+            f"across {world_size} ranks; make the row count a multiple of {world_size}")
+    rows_rank = rows_global // world_size
+    mb = t.micro_batch_size or rows_rank
+    if rows_rank % mb:
+        raise ConfigError(
+            f"train.micro_batch_size={mb} does not divide the {rows_rank} rows each of {world_size} rank(s) gets per "
+            f"step; choose a divisor of {rows_rank}")
+    return mb, rows_rank // mb
+
+
+def validate(cfg: Config, world_size: int = 1) -> None:
+    """Raise ConfigError for the first inconsistent value, section by section."""
+    check_model(cfg.model)
+    _check_data_and_batch(cfg, world_size)
+    _check_schedule(cfg.schedule)
+    _check_optim(cfg.optim)
+    _check_parallel(cfg.parallel, cfg.train)
+    from ..stages import check_stages  # (stages.py builds on the config package)
+
+    check_stages(cfg, world_size)
+    check_switch_bases(cfg)  # last: it reads the stage table checked above
+
+
+def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
+    if t.compile_scope not in ("model", "block"):
+        raise ConfigError(f"train.compile_scope='{t.compile_scope}' must be model or block")
+    if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
+        raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
+    if par.strategy not in ("ddp", "fsdp", "auto"):
+        raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
+    if par.memory_limit_gib < 0:
+        raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+
+
+def _check_data_and_batch(cfg: Config, world_size: int) -> None:
+    d, t = cfg.data, cfg.train
+    if d.seq_len < 2:
+        raise ConfigError(f"data.seq_len={d.seq_len} must be at least 2")
+    if t.batch_tokens % d.seq_len:
+        raise ConfigError(f"train.batch_tokens={t.batch_tokens} is not divisible by data.seq_len={d.seq_len}; "
+                          f"use a multiple such as {max(1, t.batch_tokens // d.seq_len) * d.seq_len}")
+    if t.micro_batch_size < 0:
+        raise ConfigError(f"train.micro_batch_size={t.micro_batch_size} must be >= 0 (0: all of a rank's rows at once)")
+    if t.batch_tokens < 0 or (t.batch_tokens == 0 and not (t.tokens_per_param or t.flops_budget)):
+        raise ConfigError(f"train.batch_tokens={t.batch_tokens} must be > 0, or 0 (derived) with "
+                          f"train.tokens_per_param or train.flops_budget set")
+    if t.batch_tokens:  # a derived batch (0) is checked once budget.resolve_budget has set it
+        micro_batch_rows(cfg, world_size)
+    if t.steps < 1:
+        raise ConfigError(f"train.steps={t.steps} must be at least 1")
+    if t.log_every < 1:
+        raise ConfigError(f"train.log_every={t.log_every} must be at least 1")
+    for key in ("val_every", "checkpoint_every", "warmup_steps"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
+    if d.packing not in ("greedy", "bestfit", "record28"):
+        raise ConfigError(f"data.packing='{d.packing}' must be greedy, bestfit or record28")
+    if d.on_bad_shard not in ("stop", "skip"):
+        raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
+    if d.on_bad_shard == "skip" and d.packing != "greedy":
+        raise ConfigError("data.on_bad_shard=skip works with data.packing=greedy only; use one or the other")
+    if t.on_nonfinite not in ("abort", "skip", "rollback"):
+        raise ConfigError(f"train.on_nonfinite='{t.on_nonfinite}' must be one of abort, skip, rollback")
+    if not 0.0 < t.rollback_lr_factor <= 1.0:
+        raise ConfigError(f"train.rollback_lr_factor={t.rollback_lr_factor} must lie in (0, 1], e.g. 0.5")
+    for key in ("checkpoint_every_min", "keep_checkpoints", "keep_checkpoint_every", "max_rollbacks"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
+    if d.val_seq_len and d.val_seq_len < 2:
+        raise ConfigError(f"data.val_seq_len={d.val_seq_len} must be 0 (same as data.seq_len) or at least 2")
+    if t.dtype not in ("auto", "bfloat16", "float32"):
+        raise ConfigError(f"train.dtype='{t.dtype}' must be auto, bfloat16 or float32")
+
+
+def _check_schedule(s: ScheduleConfig) -> None:
+    if s.window_block < 1:
+        raise ConfigError(f"schedule.window_block={s.window_block} must be at least 1 (128 suits FlexAttention)")
+    if s.kind == "wsd":
+        raise ConfigError("schedule.kind='wsd' is constant_cooldown with a warmup; use --schedule.kind=constant_cooldown "
+                          "and --schedule.warmup_frac")
+    if s.kind not in ("constant_cooldown", "warmup_cosine"):
+        raise ConfigError(f"schedule.kind='{s.kind}' must be one of constant_cooldown, warmup_cosine")
+    for key in ("warmup_frac", "cooldown_frac", "final_lr_frac", "short_window_frac"):
+        v = getattr(s, key)
+        if not 0.0 <= v <= 1.0:
+            raise ConfigError(f"schedule.{key}={v} must lie in [0, 1]")
+    if s.warmup_frac + s.cooldown_frac > 1.0 and s.kind != "warmup_cosine":
+        raise ConfigError(f"schedule.warmup_frac + schedule.cooldown_frac = {s.warmup_frac + s.cooldown_frac} > 1")
+    if s.window_start < 1 or s.window_end < s.window_start:
+        raise ConfigError(f"schedule.window_start={s.window_start}..window_end={s.window_end} must grow and be >= 1")
+    if s.window_rule not in ("linear", "record28"):
+        raise ConfigError(f"schedule.window_rule='{s.window_rule}' must be linear or record28")
+
+
+def _check_optim(o: OptimConfig) -> None:
+    if o.kind not in ("muon", "adamw"):
+        raise ConfigError(f"optim.kind='{o.kind}' must be muon or adamw")
+    if o.muon_ortho not in ("newton_schulz", "polar_express"):
+        raise ConfigError(f"optim.muon_ortho='{o.muon_ortho}' must be newton_schulz or polar_express")
+    if o.muon_ns_steps < 1:
+        raise ConfigError(f"optim.muon_ns_steps={o.muon_ns_steps} must be at least 1 (5 is the speedrun's)")
+    if o.muon_ortho == "polar_express" and o.muon_ns_steps > 5:
+        raise ConfigError(f"optim.muon_ns_steps={o.muon_ns_steps}: Polar Express has coefficients for at most 5 "
+                          f"iterations; use --optim.muon_ns_steps=5 or --optim.muon_ortho=newton_schulz")
+    if not 0.0 < o.normuon_beta2 < 1.0:
+        raise ConfigError(f"optim.normuon_beta2={o.normuon_beta2} must lie in (0, 1), e.g. 0.95")
+    if o.adam_every < 1:
+        raise ConfigError(f"optim.adam_every={o.adam_every} must be at least 1 (1: Adam steps every step; record #39: 2)")
+    if o.muon_weight_decay < 0:
+        raise ConfigError(f"optim.muon_weight_decay={o.muon_weight_decay} must be >= 0")
+    if o.muon_shape_factor not in ("rows_over_cols", "record28"):
+        raise ConfigError(f"optim.muon_shape_factor='{o.muon_shape_factor}' must be rows_over_cols or record28")
+    if o.wd_schedule not in ("constant", "lr", "linear"):
+        raise ConfigError(f"optim.wd_schedule='{o.wd_schedule}' must be constant, lr or linear")
+    if not o.muon_weight_decay:  # an A/B run with a switch that silently does nothing would mislead
+        for key, on in (("cautious_wd", o.cautious_wd), ("wd_schedule", o.wd_schedule != "constant")):
+            if on:
+                raise ConfigError(f"optim.{key}={getattr(o, key)!r} does nothing with optim.muon_weight_decay=0; "
+                                  f"set a decay, e.g. --optim.muon_weight_decay=0.036")
