@@ -99,10 +99,19 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
 
 def _run_dir_usable(args, new_dir: str | None) -> bool:
     """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error."""
-    if not new_dir or args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
+    if args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
         return True
+    from .outdir import OutDirError, check_out_dir
     from .rundir import RunDir
     from .rundir.reuse import RunDirInUse, prepare_new_run_dir
+
+    try:  # a file where the run directory (or the default runs/) must go: the fix, not "[Errno 17]"
+        check_out_dir(new_dir or "runs", "--run-dir")
+    except OutDirError as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    if not new_dir:
+        return True
 
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
@@ -460,6 +469,9 @@ COMMANDS = {
 }
 
 
+LOADS_TORCH = {"train", "bench", "eval", "sample", "export"}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
@@ -482,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     # Last resort for what a command does not handle itself: one line and a non-zero status, never a
     # traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
     try:
+        if name in LOADS_TORCH and not {"-h", "--help"} & set(argv):
+            from .interrupt import holding_ctrl_c
+
+            holding_ctrl_c()  # torch's import can swallow a Ctrl-C (interrupt.py): load it with the signal held
         return COMMANDS[name][0](argv[1:])
     except KeyboardInterrupt:
         if os.environ.get("SPEEDGPT_DEBUG"):

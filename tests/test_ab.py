@@ -72,10 +72,11 @@ def test_waves_pair_a_and_b_of_a_seed_and_swap_gpus(tmp_path):
     (dict(a="--optim.muon_lr=0.04", b="", seeds=1), "at least 2 seeds"),
     (dict(a="--train.seed=3", b=""), "sets train.seed"),
     (dict(a="oops", b=""), "is not a config override"),
+    (dict(a="--optim.muon_lr=0.04", b="", target="abc"), "--target-loss 'abc'"),  # before any run trains
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, kwargs, message):
     argv = ["--preset", "tiny-cpu", "--a", kwargs["a"], "--b", kwargs["b"], "--seeds", str(kwargs.get("seeds", 2)),
-            "--out", str(tmp_path / "ab"), "--dry-run"]
+            "--out", str(tmp_path / "ab"), "--dry-run"] + (["--target-loss", kwargs["target"]] if "target" in kwargs else [])
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
@@ -231,3 +232,59 @@ def test_a_run_stopped_by_its_time_budget_is_finished_and_says_so(tmp_path):
     result = run_result(run, None)
     assert (result["status"], result["ended_by"], result["steps"], result["final_loss"]) == \
         ("finished", "time budget", 7, 4.0)
+
+
+class FinishingProcess:
+    """Stands in for a training subprocess on a GPU: logs its launch (with the GPU it was given) and its
+    wait, and leaves a finished run's metrics (validation at steps 0 and 100, final loss by arm and seed)."""
+    events: list[tuple] = []
+
+    def __init__(self, cmd, stdout, stderr, env, cwd=None):
+        run_dir = Path(cmd[-1])
+        self.name = run_dir.name
+        FinishingProcess.events.append(("launch", self.name, env.get("CUDA_VISIBLE_DEVICES")))
+        final = 4.0 + (0.1 if self.name.startswith("a") else 0.0) + 0.01 * (int(self.name[-4:]) - 1337)
+        records = [{"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 11.0},
+                   {"step": 100, "tokens": 102400, "time_s": 50.0, "val_loss": final}]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def wait(self):
+        FinishingProcess.events.append(("wait", self.name))
+        return 0
+
+
+def test_on_two_gpus_a_and_b_of_a_seed_run_at_once_one_gpu_each(tmp_path, monkeypatch, capsys):
+    """Issue 15: "on a machine with several GPUs, A and B of one seed run at once, one GPU each" (no GPU
+    needed: the subprocesses are stand-ins; what is checked is when each starts and which GPU it sees)."""
+    import speedgpt.ab.run as ab
+
+    monkeypatch.setattr(ab.subprocess, "Popen", FinishingProcess)
+    FinishingProcess.events = []
+    out = tmp_path / "ab"
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "0,1",
+            "--out", str(out)]
+    assert main(argv) == 0
+    assert FinishingProcess.events == [
+        ("launch", "a-seed1337", "0"), ("launch", "b-seed1337", "1"), ("wait", "a-seed1337"), ("wait", "b-seed1337"),
+        ("launch", "a-seed1338", "1"), ("launch", "b-seed1338", "0"), ("wait", "a-seed1338"), ("wait", "b-seed1338")]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["devices"] == ["0", "1"] and summary["times_are_speed_figures"] is True
+    assert summary["paired"]["final_loss"]["diffs"] == pytest.approx([-0.1, -0.1])
+
+
+def test_a_target_never_reached_is_stated_not_an_error(tmp_path, monkeypatch, capsys):
+    import speedgpt.ab.run as ab
+
+    monkeypatch.setattr(ab.subprocess, "Popen", FinishingProcess)
+    out = tmp_path / "ab"
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "cpu",
+            "--target-loss", "3.5", "--out", str(out)]  # every run ends at 4.0 or above
+    assert main(argv) == 0  # the loss comparison stands; the time comparison is stated as impossible
+    text = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted((u["arm"], u["seed"]) for u in summary["unreached"]) == [("a", 1337), ("a", 1338), ("b", 1337),
+                                                                           ("b", 1338)]
+    assert summary["paired"]["time_to_target_s"]["n"] == 0 and summary["paired"]["time_to_target_s"]["pairs_dropped"] == 2
+    assert "target not reached: A seed 1337 (final 4.1000)" in text
+    assert "B - A time to target: mean -, 95% CI -, n=0: 0 complete pair(s)" in text
+    assert summary["paired"]["final_loss"]["n"] == 2

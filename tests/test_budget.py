@@ -126,3 +126,28 @@ def test_ladder_presets_resolve_to_their_comments(name, width, batch, steps):
     text = (resources.files("speedgpt") / "presets" / f"{name}.toml").read_text()
     assert f"resolved: {n:,} scaling params, batch {batch:,} tokens, {steps:,} steps" in text
     assert cfg.optim.muon_weight_decay == pytest.approx(0.036 * (768 / width) ** 2)
+
+
+@pytest.mark.parametrize("name", ["d12", "d20", "d26"])
+def test_ladder_memory_and_expected_time_in_comments_and_docs_are_the_estimates(name):
+    """Issue 20's "memory and expected time per GPU kind in the docs": the estimator's ddp bf16 memory on 1
+    and 8 GPUs and the FLOPs at 50 % MFU of the 989 TFLOP/s peak the H100 and H200 share, in the preset's
+    comments and docs/scaling.md's ladder table."""
+    from importlib import resources
+    from pathlib import Path
+
+    from speedgpt.parallel.memory import GIB, estimate_memory, param_counts
+    from speedgpt.train.hardware import BF16_PEAK_FLOPS
+
+    peaks = dict(BF16_PEAK_FLOPS)
+    assert peaks["H100"] == peaks["H200"] == 989e12
+    cfg, _ = resolve_budget(load_preset(name))
+    counts = param_counts(cfg)
+    m1, m8 = (estimate_memory(cfg, "ddp", w, counts=counts).total / GIB for w in (1, 8))
+    h1 = describe(cfg).flops / (0.5 * 989e12) / 3600
+    comment = " ".join((resources.files("speedgpt") / "presets" / f"{name}.toml").read_text().replace("# ", "").split())
+    assert f"ddp, bf16): {m1:.1f} GiB on 1 GPU, {m8:.1f} on 8" in comment
+    assert f"{h1:.2f} h on 1 GPU, {h1 / 8:.2f} h on 8 GPUs" in comment
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
+    row = next(line for line in docs.splitlines() if line.startswith(f"| {name} |"))
+    assert row.endswith(f"| {m1:.1f} / {m8:.1f} GiB | {h1:.2f} h / {h1 / 8:.2f} h |"), row

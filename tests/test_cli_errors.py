@@ -32,6 +32,7 @@ COMMANDS = {
 OUTPUT_ONLY = {
     "data-local-python": ["data", "local-python", "--out", "PATH", "--max-tokens", "1000", "--workers", "1"],
     "data-fineweb": ["data", "fineweb", "--out", "PATH", "--shards", "1", "--endpoint", "http://127.0.0.1:9"],
+    "train-run-dir": ["train", "--train.device=cpu", "--run-dir", "PATH"],
 }
 
 
@@ -71,6 +72,17 @@ def test_output_path_that_is_a_file_is_a_one_line_error(command, tmp_path, capsy
     path = make_path(tmp_path, "wrong-type-file")
     line = expect_one_line_error([str(path) if a == "PATH" else a for a in OUTPUT_ONLY[command]], capsys)
     assert "is a file" in line
+
+
+def test_run_dir_under_a_file_is_a_one_line_error_before_training(tmp_path, monkeypatch, capsys):
+    """Was "[Errno 20] Not a directory" (and "[Errno 17] File exists" for the default runs/), naming no fix."""
+    path = make_path(tmp_path, "wrong-type-file")
+    line = expect_one_line_error(["train", "--train.device=cpu", "--run-dir", str(path / "run")], capsys)
+    assert f"{path} is a file, not a directory" in line
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a directory")
+    line = expect_one_line_error(["train", "--train.device=cpu"], capsys)
+    assert "--run-dir runs" in line and "is a file" in line
 
 
 def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys, text_shards):

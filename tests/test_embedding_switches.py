@@ -392,3 +392,22 @@ def test_warmup_compiles_the_untied_model_when_the_untie_comes_late(tiny_cfg):
     assert warmup_steps(cfg, stage_plan(cfg)) == [*range(0, 100, 10), 95]
     untied = apply_overrides(cfg, ["--model.tie_embed_frac=0"])
     assert warmup_steps(untied, stage_plan(untied)) == list(range(0, 100, 10))
+
+
+def test_untie_into_a_bf16_embedding_keeps_training():
+    """speedrun-latest has both: model.bf16_embeds and the untie. The head's fp32 Adam moments were copied
+    as they were, and the first Adam step after the untie failed on the bf16 gradient (dtype mismatch)."""
+    x, y = batch()
+    cfg = apply_overrides(load_preset("tiny-cpu"), SMALL + ["--model.tie_embed_frac=0.5", "--model.bf16_embeds=true"])
+    m = build_model(cfg.model, SEQ, "cpu", seed=0)
+    assert m.embed.weight.dtype == torch.bfloat16 and m.lm_head.weight.dtype == torch.float32
+    opt = build_optimizers(m, cfg.optim, torch.device("cpu"), world_size=1)
+    for step in range(4):  # untied at step 2
+        m.sync_embed_tying(step, 4, opt)
+        m(x, y).backward()
+        opt.step()
+        opt.zero_grad()
+    assert not m.embed_tied
+    state = opt.adam.state[m.embed.weight]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
+    assert state["step"].dtype == torch.float32

@@ -18,7 +18,7 @@ from .notebook import NOTEBOOK_HEADER, device_name, notebook_row
 from .plan import ARMS, AbError, detect_devices, make_plan, waves
 from .plot import plot
 from .run import execute
-from .summary import format_table, summarize
+from .summary import format_table, resolve_target, summarize
 
 EPILOG = """\
 examples:
@@ -116,6 +116,7 @@ def main(argv: list[str]) -> int:
         plan = make_plan(preset=args.preset, common=common, a=args.a, b=args.b, seeds=args.seeds, out=out,
                          allow_same=args.allow_same, seed_base=args.seed_base,
                          save_checkpoint=not args.no_checkpoint)
+        resolve_target(args.target_loss, [])  # a bad --target-loss now, not after every run has trained
         devices = detect_devices(args.devices)
         if args.dry_run:
             print_commands(plan, devices, args.concurrent)

@@ -122,4 +122,7 @@ class EmbedTying:
         for opt in optimizers or []:
             state = opt.state.get(head)
             if state:
-                opt.state[embed] = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+                # Moments in the embedding's own dtype: a bf16 embedding (model.bf16_embeds) under an fp32
+                # head got fp32 moments, and torch's Adam refused its bf16 gradient at the next step.
+                opt.state[embed] = {k: (v.to(embed.dtype, copy=True) if v.shape == head.shape else v.clone())
+                                    if isinstance(v, torch.Tensor) else v for k, v in state.items()}
