@@ -79,7 +79,13 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     if args.resume:
         from .rundir import RunDir
 
-        config_file = config_file or str(RunDir(args.resume).config_path)
+        run = RunDir(args.resume)
+        if not run.is_run() and not config_file:
+            what = "does not exist" if not run.root.exists() else "holds no run (no config.toml)"
+            print(f"speedgpt train: --resume {args.resume} {what}; give the directory of an earlier run "
+                  f"(runs/<name>), or start one with --run-dir", file=sys.stderr)
+            return None
+        config_file = config_file or str(run.config_path)
     preset = args.preset
     if not preset and not config_file:
         import torch

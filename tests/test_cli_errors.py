@@ -277,3 +277,11 @@ def test_bench_takes_an_ab_value_that_starts_with_dashes(monkeypatch):
     monkeypatch.setattr(bench, "bench_config", lambda cfg, *a, **k: seen.append(cfg) or {"tok_per_s": 1.0, "world_size": 1})
     assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--ab", "--model.depth=3"]) == 0
     assert [c.model.depth for c in seen][1] == 3
+
+
+@pytest.mark.parametrize("kind, says", [("missing", "does not exist"), ("empty-folder", "holds no run")])
+def test_resume_of_something_that_is_no_run_says_so(tmp_path, capsys, kind, says):
+    """--resume of a missing or empty folder names what is wrong with it, not its absent config.toml."""
+    path = make_path(tmp_path, kind)
+    line = expect_one_line_error(["train", "--resume", str(path)], capsys)
+    assert f"--resume {path} {says}" in line and "--run-dir" in line
