@@ -411,3 +411,19 @@ def test_untie_into_a_bf16_embedding_keeps_training():
     state = opt.adam.state[m.embed.weight]
     assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
     assert state["step"].dtype == torch.float32
+
+
+def test_untie_into_a_bf16_embedding_on_two_ranks(tmp_path, monkeypatch):
+    """DistAdam keeps each rank's slice of the moments as a flat shard: the untie must give those the
+    bf16 embedding's dtype too, or the first Adam step after it fails on 2+ ranks (speedrun-latest on 8)."""
+    import numpy as np
+    from test_parallel_train import make_shards, run_cfg, run_here, run_two
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")),
+                          ["--model.tie_embed_frac=0.5", "--model.bf16_embeds=true", "--train.checkpoint_every=0"])
+    losses_two, _ = run_two(cfg, tmp_path / "two", tmp_path)
+    losses_one, _ = run_here(cfg, tmp_path / "one")
+    assert len(losses_two) == len(losses_one) == 6 and all(np.isfinite(losses_two))
+    np.testing.assert_allclose(losses_two, losses_one, rtol=2e-3, atol=0)

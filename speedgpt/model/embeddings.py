@@ -123,6 +123,7 @@ class EmbedTying:
             state = opt.state.get(head)
             if state:
                 # Moments in the embedding's own dtype: a bf16 embedding (model.bf16_embeds) under an fp32
-                # head got fp32 moments, and torch's Adam refused its bf16 gradient at the next step.
-                opt.state[embed] = {k: (v.to(embed.dtype, copy=True) if v.shape == head.shape else v.clone())
+                # head got fp32 moments, and Adam refused its bf16 gradient at the next step. Every moment
+                # tensor, whole or a rank's flat DistAdam shard; only the scalar step count keeps its dtype.
+                opt.state[embed] = {k: (v.to(embed.dtype, copy=True) if v.dim() > 0 else v.clone())
                                     if isinstance(v, torch.Tensor) else v for k, v in state.items()}
