@@ -29,8 +29,7 @@ def attention_layers(m: ModelConfig) -> list[int]:
 
 def window_keys(m: ModelConfig) -> set[str]:
     """The window letters (L, S) of the blocks that have attention."""
-    pattern = m.window_pattern * m.depth
-    return {pattern[i] for i in attention_layers(m)}
+    return {m.window_key(i) for i in attention_layers(m)}
 
 
 def _check_model_switches(m: ModelConfig) -> None:
