@@ -98,6 +98,10 @@ class ModelConfig:
     def resolved_kv_heads(self) -> int:
         return self.num_kv_heads or self.resolved_heads()
 
+    def window_key(self, layer: int) -> str:
+        """The window letter of `layer` (L: long, S: short): window_pattern repeated to depth."""
+        return (self.window_pattern * self.depth)[layer]
+
     def value_embed_slot(self, layer: int) -> int | None:
         """Which value embedding `layer` adds to its values (None: none): one per listed layer with
         value_embed_layers (untied), else value_embeds shared U-shaped by the first and last k layers."""

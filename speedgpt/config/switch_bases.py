@@ -9,17 +9,25 @@ stage table is known to be consistent (the window and MTP checks read it).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import ConfigError
 from .model import ModelConfig
 from .sections import Config
 
+if TYPE_CHECKING:
+    from ..stages import StagePlan
+
 
 def check_switch_bases(cfg: Config) -> None:
     """Raise ConfigError for the first switch that is on but would do nothing in this config."""
+    from ..stages import stage_plan  # (stages.py builds on the config package)
+
+    plan = stage_plan(cfg)
     _check_model_switches(cfg.model)
-    _check_yarn_growth(cfg)
+    _check_yarn_growth(cfg, plan)
     _check_adam_every(cfg)
-    _check_stage_rows(cfg)
+    _check_stage_rows(cfg, plan)
 
 
 def attention_layers(m: ModelConfig) -> list[int]:
@@ -29,8 +37,7 @@ def attention_layers(m: ModelConfig) -> list[int]:
 
 def window_keys(m: ModelConfig) -> set[str]:
     """The window letters (L, S) of the blocks that have attention."""
-    pattern = m.window_pattern * m.depth
-    return {pattern[i] for i in attention_layers(m)}
+    return {m.window_key(i) for i in attention_layers(m)}
 
 
 def _check_model_switches(m: ModelConfig) -> None:
@@ -58,15 +65,14 @@ def _check_model_switches(m: ModelConfig) -> None:
                               f"layers from model.attn_free_layers")
 
 
-def _check_yarn_growth(cfg: Config) -> None:
+def _check_yarn_growth(cfg: Config, plan: StagePlan) -> None:
     """YaRN rescales rotary at each growth of the long window: a window that never changes gives it nothing to do."""
     if not cfg.model.yarn:
         return
-    from ..stages import stage_plan, windows_at
+    from ..stages import windows_at
 
     # Within a stage the long window is constant (its window_long) or the schedule's, which never
     # shrinks, so the windows at each stage's first and last step show every change there is.
-    plan = stage_plan(cfg)
     steps = {s for stage in plan.stages for s in (stage.start, stage.end - 1)} | {cfg.train.steps}
     if len({windows_at(cfg, s, plan)[0] for s in steps}) == 1:
         raise ConfigError("model.yarn=true does nothing: the long attention window never grows in this run; set "
@@ -83,15 +89,15 @@ def _check_adam_every(cfg: Config) -> None:
                           f"set optim.adam_every <= {t.steps} (record #39: 2)")
 
 
-def _check_stage_rows(cfg: Config) -> None:
+def _check_stage_rows(cfg: Config, plan: StagePlan) -> None:
     short_layers = "S" in window_keys(cfg.model)
-    for i, s in enumerate(cfg.train.stages):
+    for stage in plan.stages if plan.from_table else ():
+        i, s = stage.index, stage.row
         if s.window_short and not short_layers:
             raise ConfigError(f"train.stages[{i}].window_short={s.window_short} does nothing: no attention layer has a "
                               f"short window; leave it at 0 or add S to model.window_pattern")
-        weights = s.mtp_weights
-        end = s.mtp_weights_end or weights
-        if len(weights) > 1 and weights[-1] == 0 and end[-1] == 0:
+        # the plan's weights have the row's defaults filled in (empty: [1.0]; no end: the start's)
+        if stage.predicts > 1 and stage.mtp_weights[-1] == 0 and stage.mtp_weights_end[-1] == 0:
             raise ConfigError(f"train.stages[{i}]: the last MTP weight is 0 at both ends ({s.mtp_weights} -> "
                               f"{s.mtp_weights_end}), so that token ahead is scored for nothing; drop it from "
                               f"mtp_weights and mtp_weights_end")

@@ -63,7 +63,7 @@ class Block(nn.Module):
         super().__init__()
         dim = cfg.resolved_dim()
         scale = cfg.attn_scale or cfg.head_dim ** -0.5
-        window_key = (cfg.window_pattern * cfg.depth)[layer]
+        window_key = cfg.window_key(layer)
         self.attn = (CausalSelfAttention(dim, cfg.resolved_heads(), cfg.head_dim, rotary, scale=scale,
                                          gate_dim=cfg.attn_gate_dim if cfg.attn_gate else 0, layer=layer,
                                          window_key=window_key, window_block=runtime.window_block,
