@@ -238,6 +238,16 @@ def cmd_data(argv: list[str]) -> int:
             raise
         print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # no permission, a full disk, ...: while writing the output, or reading an input
+        from .outdir import os_error_line
+
+        out = Path(args.out).resolve()
+        if e.filename is None or out in Path(e.filename).resolve().parents or Path(e.filename).resolve() == out:
+            print(f"speedgpt data {args.what}: error: {os_error_line(e, '--out', args.out)}", file=sys.stderr)
+        else:
+            print(f"speedgpt data {args.what}: error: cannot read {e.filename}: {e.strerror}; check the input path",
+                  file=sys.stderr)
+        return 2
     print(summary_text(m, args.out))
     return 0
 

@@ -82,16 +82,26 @@ def run_overrides(point: Point, kind: str) -> list[str]:
             f"--train.{kind}={point.budget!r}", f"--train.{other}=0"]
 
 
-def finished(run_dir: Path) -> str | None:
-    """How a run ended ("steps" or "time budget": both finished, rundir/metrics.py ended_by), or
-    None while it has not: its metrics hold no final validation."""
+def _read_run(run_dir: Path):
+    """(config, metrics records) of a run directory, or None when it has no run or no metrics yet."""
     from .rundir import RunDir
-    from .rundir.metrics import ended_by
 
     run = RunDir(run_dir)
     if not run.is_run() or not run.metrics_path.is_file():
         return None
-    return ended_by(run.read_metrics(), run.read_config().train.steps)
+    return run.read_config(), run.read_metrics()
+
+
+def _ended_by(read) -> str | None:
+    from .rundir.metrics import ended_by
+
+    return ended_by(read[1], read[0].train.steps) if read else None
+
+
+def finished(run_dir: Path) -> str | None:
+    """How a run ended ("steps" or "time budget": both finished, rundir/metrics.py ended_by), or
+    None while it has not: its metrics hold no final validation."""
+    return _ended_by(_read_run(run_dir))
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -132,17 +142,16 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
 def collect(out: Path) -> list[RunResult]:
     """The finished runs of a sweep directory."""
     from .budget import describe, training_flops_per_token
-    from .rundir import RunDir
 
     results = []
     for run_dir in sorted(p for p in out.iterdir() if p.is_dir()):
-        how = finished(run_dir)
+        read = _read_run(run_dir)  # once: what `finished` reads is what the row needs
+        how = _ended_by(read)
         if not how:
             continue
-        run = RunDir(run_dir)
-        cfg = run.read_config()
+        cfg, records = read
         b = describe(cfg)
-        last = [r for r in run.read_metrics() if "val_loss" in r and r.get("event") != "eval"][-1]
+        last = [r for r in records if "val_loss" in r and r.get("event") != "eval"][-1]
         kind = "flops_budget" if cfg.train.flops_budget else "tokens_per_param"
         budget = cfg.train.tokens_per_param or cfg.train.flops_budget
         results.append(RunResult(run_dir.name, kind, cfg.model.depth, budget, b.scaling_params, b.batch_tokens,

@@ -229,7 +229,7 @@ def test_a_run_stopped_by_its_time_budget_is_finished_and_says_so(tmp_path):
                {"step": 7, "tokens": 70, "time_s": 9.0, "val_loss": 4.0}]
     (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert run.steps > 7 and is_finished(run)
-    result = run_result(run, None)
+    result = run_result(run)
     assert (result["status"], result["ended_by"], result["steps"], result["final_loss"]) == \
         ("finished", "time budget", 7, 4.0)
 

@@ -285,3 +285,32 @@ def test_resume_of_something_that_is_no_run_says_so(tmp_path, capsys, kind, says
     path = make_path(tmp_path, kind)
     line = expect_one_line_error(["train", "--resume", str(path)], capsys)
     assert f"--resume {path} {says}" in line and "--run-dir" in line
+
+
+def test_a_run_refused_for_its_data_leaves_no_run_behind(tmp_path, capsys):
+    """The corrected command must not be refused as 'already holds a run' by the failed one's leftovers."""
+    argv = ["train", "--train.device=cpu", f"--data.train_files={tmp_path / 'no-such-data'}",
+            "--run-dir", str(tmp_path / "run")]
+    for _ in range(2):
+        line = expect_one_line_error(argv, capsys)
+        assert "no files match" in line, line
+    assert not (tmp_path / "run" / "config.toml").exists()
+
+
+@pytest.mark.parametrize("inside_out, says", [(True, "no permission to write"), (False, "cannot read")])
+def test_data_os_errors_are_one_line(tmp_path, capsys, monkeypatch, inside_out, says):
+    """An OSError while building a corpus (no permission, a full disk) names the path and the fix; errors
+    are injected, since root ignores file permissions."""
+    import errno
+
+    import speedgpt.data.tokenize as tok
+
+    out = tmp_path / "out"
+    where = out / "train_000000.bin" if inside_out else tmp_path / "input.txt"
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", str(where))
+
+    monkeypatch.setattr(tok, "tokenize_files", refuse)
+    line = expect_one_line_error(["data", "tokenize", str(tmp_path), "--out", str(out)], capsys)
+    assert says in line and str(where) in line, line

@@ -96,5 +96,10 @@ def test_missing_and_broken_config_files(tmp_path):
     (tmp_path / "bad.toml").write_text("[model\ndepth=")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_toml(tmp_path / "bad.toml")
+    (tmp_path / "binary.toml").write_bytes(b"\x00\x01junk\xff\xfe")  # not even UTF-8
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_toml(tmp_path / "binary.toml")
+    with pytest.raises(ConfigError, match="is a directory; pass a config file"):
+        load_toml(tmp_path)
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_preset("nope")

@@ -95,10 +95,9 @@ def comparable_config(d: dict) -> dict:
 
 
 def _config_without_seed_and_dir(cfg) -> dict:
-    d = cfg.to_dict()
+    """`comparable_config`, less the seed and the preset's name: what makes two arms the same."""
+    d = comparable_config(cfg.to_dict())
     d["train"].pop("seed")
-    d["run"].pop("dir")
-    d["run"].pop("name")
     d.pop("preset")
     return d
 

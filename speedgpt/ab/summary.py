@@ -21,7 +21,8 @@ def crossing(curve: list[tuple[float, float]], target: float) -> float | None:
     return None
 
 
-def run_result(run: Run, target: float | None) -> dict:
+def run_result(run: Run) -> dict:
+    """A run's status and, once finished, its curve and final figures (`to_target` adds the target's)."""
     from ..rundir.metrics import ended_by
 
     records = read_records(run.run_dir)
@@ -40,11 +41,14 @@ def run_result(run: Run, target: float | None) -> dict:
     final = curve[-1]
     out.update(curve=curve, final_loss=final["val_loss"], steps=final["step"], tokens=final["tokens"],
                train_time_s=final["time_s"], step_ms=1000 * final["time_s"] / max(1, final["step"]))
-    if target is not None:
-        out["time_to_target_s"] = crossing([(c["time_s"], c["val_loss"]) for c in curve], target)
-        out["steps_to_target"] = crossing([(c["step"], c["val_loss"]) for c in curve], target)
-        out["tokens_to_target"] = crossing([(c["tokens"], c["val_loss"]) for c in curve], target)
     return out
+
+
+def to_target(curve: list[dict], target: float) -> dict:
+    """Time, steps and tokens at which a run's curve (run_result's) first reaches `target`."""
+    return {"time_to_target_s": crossing([(c["time_s"], c["val_loss"]) for c in curve], target),
+            "steps_to_target": crossing([(c["step"], c["val_loss"]) for c in curve], target),
+            "tokens_to_target": crossing([(c["tokens"], c["val_loss"]) for c in curve], target)}
 
 
 def resolve_target(spec: str | None, results: list[dict]) -> float | None:
@@ -62,9 +66,11 @@ def resolve_target(spec: str | None, results: list[dict]) -> float | None:
 
 def summarize(plan: Plan, target_spec: str | None, *, concurrent: int = 1,
               step_ms: dict[str, float] | None = None) -> dict:
-    results = [run_result(r, None) for r in plan.runs]
-    target = resolve_target(target_spec, results)
-    results = [run_result(r, target) for r in plan.runs]
+    results = [run_result(r) for r in plan.runs]
+    target = resolve_target(target_spec, results)  # may be a mean of the results: each run's metrics read once
+    for r in results:
+        if target is not None and "curve" in r:
+            r.update(to_target(r["curve"], target))
     speed_ok = concurrent == 1
     for r in results:
         if "final_loss" not in r or target is None:

@@ -32,11 +32,13 @@ def load_preset(name: str) -> Config:
 
 def load_toml(path: str | Path) -> Config:
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"{path} is a directory; pass a config file (a run's is {path / 'config.toml'})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
     return config_from_dict(data)
 

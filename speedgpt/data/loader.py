@@ -391,17 +391,15 @@ class TokenLoader:
         if self._bestfit is not None:
             return self._bestfit.plan(state, n_rows, row_len)
         epoch, pos, cropped = state.epoch, state.pos, state.cropped
-        rows = []
-        if max_doc:
-            for _ in range(n_rows):
-                pieces, epoch, pos, crop = self._planner.next_row_capped(epoch, pos, row_len, max_doc)
-                rows.append(pieces)
-                cropped += crop
-            return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
         next_row = self._planner.next_row_record28 if self.packing == "record28" else self._planner.next_row
+        rows = []
         for _ in range(n_rows):
-            row, epoch, pos, crop = next_row(epoch, pos, row_len)
-            rows.append([(row.epoch, row.start, row.end, row.continued)])
+            if max_doc:
+                pieces, epoch, pos, crop = self._planner.next_row_capped(epoch, pos, row_len, max_doc)
+            else:
+                row, epoch, pos, crop = next_row(epoch, pos, row_len)
+                pieces = [(row.epoch, row.start, row.end, row.continued)]
+            rows.append(pieces)
             cropped += crop
         return rows, _GreedyState(epoch, pos, state.row_tokens + n_rows * row_len, cropped)
 

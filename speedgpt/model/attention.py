@@ -134,14 +134,15 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
         backend = "sdpa"
     wanted = set(patterns)
     flex: dict[bool, FlexMasks] = {}
+    # Paired-head layers attend over a sequence twice as long (two heads per position), whose
+    # documents are the same, each position doubled; windows count its (doubled) positions.
+    doubled = doc.repeat_interleave(2, dim=1) if wanted & {"L" + PAIRED, "S" + PAIRED} else None
     for key in ("L", "S", "L" + PAIRED, "S" + PAIRED):
         if key not in wanted:
             continue
         window = windows[0] if key[0] == "L" else windows[1]
         paired = key.endswith(PAIRED)
-        # Paired-head layers attend over a sequence twice as long (two heads per position), whose
-        # documents are the same, each position doubled; windows count its (doubled) positions.
-        d, n = (doc.repeat_interleave(2, dim=1), 2 * T) if paired else (doc, T)
+        d, n = (doubled, 2 * T) if paired else (doc, T)
         if backend == "flex":
             if paired not in flex:
                 flex[paired] = FlexMasks(d, block)

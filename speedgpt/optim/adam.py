@@ -19,6 +19,7 @@ import math
 import torch
 
 from ..parallel.dist import all_gather, reduce_scatter
+from .container import add_pending
 
 
 class DistAdam(torch.optim.Optimizer):
@@ -98,20 +99,14 @@ class DistAdam(torch.optim.Optimizer):
     def stash_grads(self) -> None:
         """A step without an update (optim.adam_every): the reduced gradients go into `pending`, and
         the parameters stay as they are (nothing to all-gather)."""
-        def add(p, g):
-            if p in self.pending:
-                self.pending[p].add_(g)
-            else:
-                self.pending[p] = g.clone()
-
         if self.world_size == 1:
             for group in self.param_groups:
                 for p in group["params"]:
                     if p.grad is not None:
-                        add(p, p.grad)
+                        add_pending(self.pending, p, p.grad)
             return
         for p, b in self._params_in_launch_order():
-            add(p, self.grad_sync.wait(b)[: self._shard(p)[2]])
+            add_pending(self.pending, p, self.grad_sync.wait(b)[: self._shard(p)[2]])
             self.grad_sync.release(b)
 
     def _with_pending(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -24,6 +24,14 @@ from collections.abc import Iterator
 import torch
 
 
+def add_pending(pending: dict[torch.Tensor, torch.Tensor], p: torch.Tensor, g: torch.Tensor) -> None:
+    """Add gradient `g` of `p` to the sum waiting for Adam's next step (optim.adam_every)."""
+    if p in pending:
+        pending[p].add_(g)
+    else:
+        pending[p] = g.clone()
+
+
 class Optimizers:
     def __init__(self, adam: torch.optim.Optimizer, muon: torch.optim.Optimizer | None, names: dict[int, str],
                  grad_sync, adam_every: int = 1):
@@ -36,6 +44,7 @@ class Optimizers:
         # used: the numerics guard restores tensors in place). The sharded DistAdam fills its own dict
         # with its reduced slices (optim/adam.py); torch's AdamW has none, and this container fills one.
         self.pending: dict[torch.Tensor, torch.Tensor] = getattr(adam, "pending", {})
+        self._adam_stashes = hasattr(adam, "stash_grads")  # DistAdam: keeps its pending slices itself
 
     def members(self) -> dict[str, torch.optim.Optimizer]:
         """The members present (`muon` is None with optim.kind="adamw")."""
@@ -58,12 +67,10 @@ class Optimizers:
         if step is None:
             raise ValueError("optim.adam_every > 1: Optimizers.step needs the step number")
         if self.adam_due(step):
-            if hasattr(self.adam, "stash_grads"):
-                self.adam.step()  # DistAdam adds its pending slices itself
-            else:
+            if not self._adam_stashes:  # DistAdam adds its pending slices itself
                 self._add_pending_to_grads()
-                self.adam.step()
-        elif hasattr(self.adam, "stash_grads"):
+            self.adam.step()
+        elif self._adam_stashes:
             self.adam.stash_grads()
         else:
             self._stash_grads()
@@ -73,12 +80,8 @@ class Optimizers:
     @torch.no_grad()
     def _stash_grads(self) -> None:
         for p in self._params(self.adam):
-            if p.grad is None:
-                continue
-            if p in self.pending:
-                self.pending[p].add_(p.grad)
-            else:
-                self.pending[p] = p.grad.clone()
+            if p.grad is not None:
+                add_pending(self.pending, p, p.grad)
 
     @torch.no_grad()
     def _add_pending_to_grads(self) -> None:
@@ -117,7 +120,7 @@ class Optimizers:
             if p not in self.pending:
                 continue
             g = self.pending[p]
-            if hasattr(self.adam, "stash_grads") and self.adam.world_size > 1:
+            if self._adam_stashes and self.adam.world_size > 1:
                 full = self.adam._gather(p, g)  # DistAdam's slice of the flattened parameter
             else:
                 full = _gathered({"grad": g})["grad"] if gather else g
@@ -132,7 +135,7 @@ class Optimizers:
             raise KeyError(f"pending Adam gradients for parameters this model's Adam does not have: {', '.join(unknown[:3])}")
         for name, st in saved.items():
             p, g = by_name[name], st["grad"]
-            if hasattr(self.adam, "stash_grads") and self.adam.world_size > 1:
+            if self._adam_stashes and self.adam.world_size > 1:
                 _, lo, n = self.adam._shard(p)
                 self.pending[p] = g.reshape(-1)[lo:lo + n].to(p.device).clone()
             else:  # a whole tensor, or this rank's DTensor shard of it (fsdp)

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from . import CONFIG_FILE, RunDir
-from .checkpoint import STEP_PREFIX, CheckpointError, list_checkpoints, verify_files
+from .checkpoint import STEP_PREFIX, CheckpointError, list_checkpoints, read_state, verify_files
 
 EXPORT_WEIGHTS = "model.safetensors"
 EXPORT_CONFIG = "config.json"
@@ -143,9 +143,9 @@ def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.T
         except Exception as e:
             raise LoadError(f"checkpoint {source.weights}/dcp is unreadable ({type(e).__name__}: {str(e)[:120]}); "
                             f"name another with --checkpoint STEP") from None
+    fix = "name another with --checkpoint STEP"
     try:  # the checksum recorded at save: a corrupted file is an error, not wrong weights
-        verify_files(source.weights, json.loads((source.weights / "state.json").read_text()), ("model.pt",),
-                     fix="name another with --checkpoint STEP")
+        verify_files(source.weights, read_state(source.weights, fix), ("model.pt",), fix=fix)
     except CheckpointError as e:
         raise LoadError(str(e)) from None
     try:

@@ -100,12 +100,14 @@ class Trainer:
         cfg, d, dist = self.cfg, self.cfg.data, self.dist
         # Before anything is allocated: a config that cannot fit fails here.
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
+        self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
+        check_data_capacity(cfg, self.plan, self.train_files, dist.world_size)
+        # Only once the data is there: a run refused for its data must not leave a run directory
+        # behind, which would refuse the corrected command as "already holds a run".
         if dist.is_main:
             self.rundir.write_config(cfg)
             self.rundir.write_env(environment_snapshot(self.device))
         barrier()
-        self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
-        check_data_capacity(cfg, self.plan, self.train_files, dist.world_size)
         self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log)
         self.loader = train_loader(cfg, self.train_files, dist, self.micro_batch, self.grad_accum)
         self.control = RunControl(cfg.train, dist, self.stop_request)
