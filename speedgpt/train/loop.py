@@ -83,6 +83,7 @@ class Trainer:
         self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
         self.plan = stage_plan(cfg)
         self.stage: Stage | None = None  # the stage the loop last set up; None: none yet (start, resume, warmup)
+        self.stage_batch: tuple[int, int] = (self.micro_batch, self.grad_accum)  # self.stage's (enter_stage)
         # Called as hook(trainer, previous, stage) when training enters another stage (previous None after
         # the start, a resume or the warmup's reset): a switch that changes the model at a stage boundary
         # (untying the embedding from the head, say) sets itself up for `stage` here, reading its own key
@@ -153,8 +154,9 @@ class Trainer:
         stage = self.plan.stage_at(step)
         if stage is not self.stage:
             previous, self.stage = self.stage, stage
-            _, accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
-            self.loader.set_grad_accum(accum)
+            # (rows per micro-step, micro-steps) of this stage: fixed within it, so worked out once here
+            self.stage_batch = stage_micro_batch(self.cfg, stage, self.dist.world_size)
+            self.loader.set_grad_accum(self.stage_batch[1])
             for hook in self.stage_hooks:
                 hook(self, previous, stage)
         return stage
@@ -166,7 +168,7 @@ class Trainer:
         if faults.fires("sigterm", step, rank):
             os.kill(os.getpid(), signal.SIGTERM)
         stage = self.enter_stage(step)
-        rows, grad_accum = stage_micro_batch(self.cfg, stage, self.dist.world_size)
+        rows, grad_accum = self.stage_batch
         mtp_weights = self.inputs.mtp_weights_at(step)
         apply_hyperparameters(self.optimizers, self.cfg, self.plan, step, self.rollbacks.lr_scale)
         windows, rope = self.inputs.windows_at(step), self.inputs.rope_at(step)
