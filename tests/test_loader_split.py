@@ -242,3 +242,23 @@ def test_run_start_prints_tokens_read_against_the_corpus_and_warns_past_one_epoc
         assert f"data: {need:,} tokens in {steps} steps, from training shards of {corpus:,} tokens" in out
         assert ("warning: more than one epoch of data: from about step "
                 f"{corpus // cfg.train.batch_tokens} on") in out if warned else "more than one epoch" not in out
+
+
+@pytest.mark.parametrize("rows,world_size,batch_size", [(15, 2, 4), (6, 4, 1), (3, 4, 2), (12, 3, 5), (8, 1, 3)])
+def test_validation_rows_are_the_same_whatever_the_world_size(tmp_path, rows, world_size, batch_size):
+    from speedgpt.data.val import rank_val_batches
+
+    files, _ = make_corpus(tmp_path, random_lens(40, seed=11), [40], prefix="val")
+    data = stream_tokens(files)
+    seq = 16
+    per_rank = [list(rank_val_batches(files, seq_len=seq, batch_size=batch_size, rows=rows, rank=r,
+                                      world_size=world_size)) for r in range(world_size)]
+    assert len({len(b) for b in per_rank}) == 1  # every rank runs the same number of forwards
+    scored = []
+    for batches in per_rank:
+        for x, y, real in batches:
+            assert x.shape == y.shape and x.shape[0] <= batch_size and torch.equal(x[:, 1:].long(), y[:, :-1])
+            if real:
+                assert real == x.shape[0]
+                scored += y.flatten().tolist()
+    assert sorted(scored) == sorted(data[1:rows * seq + 1].tolist())  # every row once, nothing else
