@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .config import Config, apply_overrides, resolve
+from .config import Config, apply_overrides, default_preset, resolve
 
 
 def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) -> float:
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps {args.steps}: must be >= 1")
     preset = args.preset
     if not preset and not args.config:
-        preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"
+        preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
     if args.ab:

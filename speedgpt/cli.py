@@ -62,7 +62,7 @@ def cmd_train(argv: list[str]) -> int:
 def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     """The run's config from --preset / --config / --resume and the overrides, on a device that
     exists here; None (after a one-line error) when it cannot be had."""
-    from .config import ConfigError, resolve
+    from .config import ConfigError, default_preset, resolve
     from .device import DeviceError, resolve_device
 
     # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
@@ -88,9 +88,7 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
         config_file = config_file or str(run.config_path)
     preset = args.preset
     if not preset and not config_file:
-        import torch
-
-        preset = "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"
+        preset = default_preset()
     try:
         cfg = resolve(preset, config_file, folded)
         resolve_device(cfg.train.device, option="--train.device")

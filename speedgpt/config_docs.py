@@ -81,8 +81,9 @@ DESCRIPTIONS: dict[str, str] = {
     "data.val_seq_len": "tokens per validation row; 0: seq_len",
     "data.on_bad_shard": "a shard found corrupt or truncated mid-run: stop (error naming file and byte) | skip it "
                          "(counted as bad_shards; greedy packing only)",
-    "data.packing": "how documents fill rows: greedy (stream order, crop at the row end) | bestfit (largest that fits) "
-                    "| record28 (record #28's rows and shard changes)",
+    "data.packing": "how documents fill rows: greedy (stream order) | bestfit (largest that fits) | record28 (record #28's rows and shard changes)",
+    "data.long_docs": "tokens a row cannot take whole (a document past a stage's max_doc_len, or cut by the row's end): split (further pieces behind a BOS) | crop (skipped, as the records do)",
+    "data.continued_bos": "greedy + split: a piece continuing a document starts with a BOS (its own document for the masks); false: none",
     # optim
     "optim.muon_lr": "Muon learning rate for the hidden matrices",
     "optim.muon_momentum": "Muon momentum after its warmup",

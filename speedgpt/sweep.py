@@ -318,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")
     out = Path(args.out)
-    from .config import ConfigError
+    from .config import ConfigError, default_preset
     from .outdir import OutDirError, make_out_dir, os_error_line
 
     try:
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         budgets = _numbers(args.tokens_per_param or args.flops, "--" + ("tokens-per-param" if args.tokens_per_param
                                                                           else "flops"), float)
         points = grid(depths, budgets, kind)
-        preset = args.preset or _default_preset()
+        preset = args.preset or default_preset()
         plan(points, kind, preset, overrides)  # every run's config resolves before any starts
         if args.dry_run:
             return 0
@@ -365,8 +365,3 @@ def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo
         echo(f"sweep: {pt.name}: {b.scaling_params:,} scaling params, batch {b.batch_tokens:,}, {b.steps:,} steps, "
              f"{b.tokens:,} tokens, {b.flops:.3g} FLOPs")
 
-
-def _default_preset() -> str:
-    import torch
-
-    return "speedrun-124m" if torch.cuda.is_available() else "tiny-cpu"

@@ -39,9 +39,11 @@ def test_hand_counted_rows_and_cropped_share(tmp_path):
     #  row 1: buffer {6, 3, 8}: 8 fits; refill {6, 3, 4}: nothing fits 2 -> crop the 3 to 2 (1 cropped)
     #  row 2: refill {6, 4, 5}: 6; refill {4, 5, 2}: 4 fills the row exactly
     #  row 3: refill (next pass) {5, 2, 6}: 6; refill {5, 2, 3}: 3; refill {5, 2, 8}: crop the 2 to 1 (1 more)
+    # long_docs="crop": the cropping rows of nanochat and the records; the next pass reads the shard in order.
     files, docs = make_corpus(tmp_path, [6, 3, 8, 4, 5, 2], [6])
+    crop = dict(long_docs="crop", epoch_shuffle="shards")
     loader = TokenLoader(files, seq_len=9, batch_size=1, prefetch=False, packing="bestfit", buffer_docs=3,
-                         seed=0)
+                         seed=0, **crop)
     loader.on_epoch = None
     rows = []
     for _ in range(3):
@@ -53,7 +55,7 @@ def test_hand_counted_rows_and_cropped_share(tmp_path):
     assert loader.cropped_share == pytest.approx(2 / 32)
     # Greedy on the same data crops 7 (the 8-token document cut after its BOS) and 1 in the first pass
     # and 7 again in the second: 15 of 45 tokens.
-    greedy = TokenLoader(files, seq_len=9, batch_size=1, prefetch=False, seed=0)
+    greedy = TokenLoader(files, seq_len=9, batch_size=1, prefetch=False, seed=0, **crop)
     greedy.on_epoch = None
     for _ in range(3):
         greedy.next_batch()
@@ -63,7 +65,7 @@ def test_hand_counted_rows_and_cropped_share(tmp_path):
 def test_rows_start_at_bos_are_full_and_made_of_document_runs(tmp_path):
     lens = random_lens(300, seed=7, hi=120) + [333]  # one document longer than several rows
     files, docs = make_corpus(tmp_path, lens, [150, 151])
-    loader = TokenLoader(files, seq_len=63, batch_size=4, packing="bestfit", buffer_docs=50)
+    loader = TokenLoader(files, seq_len=63, batch_size=4, packing="bestfit", buffer_docs=50, long_docs="crop")
     seen = []
     for _ in range(40):
         x, y = loader.next_batch()
@@ -139,8 +141,8 @@ def test_resume_refuses_another_packing(tmp_path):
 
 def test_packing_stats_bestfit_crops_less(tmp_path):
     files, _ = make_corpus(tmp_path, random_lens(400, seed=11, hi=200), [400])
-    greedy = packing_stats(files, seq_len=127)
-    best = packing_stats(files, seq_len=127, packing="bestfit", buffer_docs=100)
+    greedy = packing_stats(files, seq_len=127, long_docs="crop")
+    best = packing_stats(files, seq_len=127, packing="bestfit", buffer_docs=100, long_docs="crop")
     assert best["cropped_share"] < greedy["cropped_share"]
 
 

@@ -6,13 +6,16 @@ identifies exactly where in the data it came from.
 
 import json
 import warnings
+from collections import namedtuple
 
 import numpy as np
 import pytest
 import torch
 
 from speedgpt.data.capacity import check_capacity, packing_stats
-from speedgpt.data.loader import TokenLoader, _Planner, _Shards
+from speedgpt.data.greedy import GreedyRows
+from speedgpt.data.loader import TokenLoader
+from speedgpt.data.stream import EpochStreams, ShardCache
 from speedgpt.data.val import val_batches
 from speedgpt.data.shards import write_shard
 
@@ -42,15 +45,18 @@ def random_lens(n, seed=0, lo=2, hi=300):
     return [int(x) for x in rng.integers(lo, hi, size=n)]
 
 
+Row = namedtuple("Row", "start end continued")
+
+
 def epoch_rows(files, seq_len):
-    """The planner's row list for epoch 0: [(start, end, continued)]."""
-    planner = _Planner(_Shards(files, BOS), seed=0)
+    """The cropping greedy planner's rows of epoch 0 (one piece each): [Row(start, end, continued)]."""
+    rows_of = GreedyRows(EpochStreams(ShardCache(files, BOS), seed=0), long_docs="crop")
     rows, epoch, pos = [], 0, 0
     while True:
-        row, epoch, pos, _ = planner.next_row(epoch, pos, seq_len + 1)
-        if row.epoch:
-            return rows, planner.stream(0)
-        rows.append(row)
+        (piece,), epoch, pos, _ = rows_of.row(epoch, pos, seq_len + 1)
+        if piece[0]:
+            return rows, rows_of.streams.stream(0)
+        rows.append(Row(*piece[1:]))
 
 
 def stream_tokens(files):
@@ -83,7 +89,7 @@ def test_planner_gaps_are_only_document_tails(tmp_path):
             assert row.start == prev_end  # continuations pick up exactly where the last row stopped
         prev_end = row.end
     assert len(data) - prev_end < 128  # only the epoch's last partial row is left
-    stats = packing_stats(files, seq_len=127)
+    stats = packing_stats(files, seq_len=127, long_docs="crop")
     covered = sum(r.end - r.start for r in rows)
     assert stats["rows"] == len(rows)
     assert covered + stats["cropped_tokens"] == len(data)
@@ -102,7 +108,8 @@ def test_ranks_disjoint_and_union_covers(tmp_path, world_size, batch_size):
     n_batches = len(rows) // (world_size * batch_size)
     seen = []
     for rank in range(world_size):
-        loader = TokenLoader(files, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size)
+        loader = TokenLoader(files, seq_len=seq_len, batch_size=batch_size, rank=rank, world_size=world_size,
+                             long_docs="crop")
         for _ in range(n_batches):
             x, y = loader.next_batch()
             assert (x[:, 0] == BOS).all()
@@ -162,7 +169,7 @@ def test_shape_change_mid_stream_continues_the_stream(tmp_path):
 
 def test_epoch_rollover_notice_and_reshuffle(tmp_path):
     files, _ = make_corpus(tmp_path, random_lens(40, seed=6, hi=60), [10, 10, 10, 10])
-    loader = TokenLoader(files, seq_len=31, batch_size=2, seed=1)
+    loader = TokenLoader(files, seq_len=31, batch_size=2, seed=1, long_docs="crop")
     rows, _ = epoch_rows(files, 31)
     per_epoch = len(rows) // 2
     with warnings.catch_warnings():
@@ -179,9 +186,11 @@ def test_epoch_rollover_notice_and_reshuffle(tmp_path):
     for _ in range(per_epoch + 2):
         loader.next_batch()
     assert events == [2] and loader.epoch == 2
-    # Later epochs reorder shards, deterministically from the seed.
-    assert list(_Planner(_Shards(files, BOS), seed=1).stream(1).order) != [0, 1, 2, 3]
-    assert list(_Planner(_Shards(files, BOS), seed=1).stream(2).order) == list(loader._planner.stream(2).order)
+    # Later epochs shuffle documents, deterministically from the seed.
+    fresh = EpochStreams(ShardCache(files, BOS), seed=1)
+    first, again = fresh.stream(0), fresh.stream(2)
+    assert len(again.seg_shard) == 40 and not np.array_equal(again.seg_lo, first.seg_lo[:1].repeat(40))
+    assert np.array_equal(again.seg_lo, loader._streams.stream(2).seg_lo)
 
 
 def test_errors(tmp_path):

@@ -1,5 +1,6 @@
-"""TokenLoader's maximum document length (max_doc_len, a stage key): rows of whole documents, each cut
-to at most max_doc_len tokens with its tail skipped, the next piece at the next document's BOS."""
+"""TokenLoader's maximum document length (max_doc_len, a stage key) with long_docs="crop" (the records'
+rows): rows of whole documents, each cut to at most max_doc_len tokens with its tail skipped, the next
+piece at the next document's BOS. tests/test_loader_split.py has the default, long_docs="split"."""
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ def pieces_of(row):
 
 def test_rows_are_documents_cut_to_max_doc_len(tmp_path):
     files, docs = make_corpus(tmp_path, [5, 30, 12, 40, 3, 25, 9, 60, 7, 11] * 6, [30, 30])
-    loader = TokenLoader(files, seq_len=31, batch_size=2, prefetch=False)
+    loader = TokenLoader(files, seq_len=31, batch_size=2, prefetch=False, long_docs="crop")
     firsts = {d[1]: d for d in docs if len(d) > 1}  # a document by its first token after BOS (unique ids)
     seen = []
     for _ in range(6):
@@ -41,13 +42,13 @@ def test_rows_are_documents_cut_to_max_doc_len(tmp_path):
 
 def test_max_doc_len_resumes_exactly_and_changes_between_calls(tmp_path):
     files, _ = make_corpus(tmp_path, random_lens(300, seed=3), [150, 150])
-    a = TokenLoader(files, seq_len=64, batch_size=2, prefetch=True)
+    a = TokenLoader(files, seq_len=64, batch_size=2, prefetch=True, long_docs="crop")
     plan = [(2, 64, 16), (4, 32, 16), (2, 64, 0), (2, 64, 48)]
     for args in plan:
         a.next_batch(*args)
     state = a.state_dict()
     expect = [a.next_batch(*args) for args in plan]
-    b = TokenLoader(files, seq_len=64, batch_size=2, prefetch=False)
+    b = TokenLoader(files, seq_len=64, batch_size=2, prefetch=False, long_docs="crop")
     b.load_state_dict(state)
     for (x, y), args in zip(expect, plan):
         bx, by = b.next_batch(*args)

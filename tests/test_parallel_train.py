@@ -38,7 +38,8 @@ def run_cfg(data_dir):
     return apply_overrides(load_preset("tiny-cpu"), [
         "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         "--data.seq_len=32", f"--data.train_files={data_dir}/train_*.bin", f"--data.val_files={data_dir}/val_*.bin",
-        "--data.val_tokens=512", "--train.batch_tokens=256", "--train.micro_batch_size=4", "--train.steps=6",
+        # 15 validation rows: 8 on rank 0 and 7 on rank 1 score the same rows as one rank does
+        "--data.val_tokens=480", "--train.batch_tokens=256", "--train.micro_batch_size=4", "--train.steps=6",
         "--train.checkpoint_every=3", "--train.keep_checkpoints=0", "--train.val_every=0", "--train.log_every=1",
         "--train.device=cpu", "--run.sample_tokens=0", "--run.report=false",
         "--schedule.window_start=32", "--schedule.window_end=32", "--schedule.window_block=16",

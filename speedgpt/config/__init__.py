@@ -15,7 +15,7 @@ itself; each lives in a module with one job:
 """
 
 from .errors import ConfigError
-from .files import load_preset, load_toml, preset_names, save_toml, to_toml
+from .files import default_preset, load_preset, load_toml, preset_names, save_toml, to_toml
 from .model import ModelConfig
 from .optim import OptimConfig
 from .overrides import apply_overrides, resolve
@@ -27,6 +27,6 @@ from .validate import micro_batch_rows, validate
 __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
     "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "config_from_dict",
-    "config_from_plain", "load_preset", "load_toml", "micro_batch_rows", "preset_names", "resolve", "save_toml",
+    "config_from_plain", "default_preset", "load_preset", "load_toml", "micro_batch_rows", "preset_names", "resolve", "save_toml",
     "to_toml", "validate",
 ]

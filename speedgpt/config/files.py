@@ -16,6 +16,19 @@ from .parse import config_from_dict
 from .sections import Config
 
 
+# The preset `speedgpt train` (and bench, sweep) runs when none is named: the GPU default is the fastest
+# recipe to a target loss that the A/Bs in docs/experiments.md support.
+GPU_DEFAULT_PRESET = "speedrun-124m"
+CPU_DEFAULT_PRESET = "tiny-cpu"
+
+
+def default_preset() -> str:
+    """The preset for this machine when none is named (reads the device at call time, never at import)."""
+    import torch
+
+    return GPU_DEFAULT_PRESET if torch.cuda.is_available() else CPU_DEFAULT_PRESET
+
+
 def preset_names() -> list[str]:
     root = resources.files("speedgpt") / "presets"
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".toml"))

@@ -21,12 +21,20 @@ class DataConfig:
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
-    # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order,
-    # cropping the document a row end cuts; "bestfit": the largest buffered document that fits whole,
-    # cropping one only when none fits (data/bestfit.py; fewer tokens cropped); "record28": record #28's
-    # find_batch_starts (a row is the seq_len + 1 tokens from a BOS, the next row starts at the first BOS
-    # >= seq_len later, and a step starts at the next shard when < 2 x its tokens + 1 are left in this one).
+    # How documents fill training rows (every row starts at a BOS, no padding): "greedy" in stream order
+    # (data/greedy.py); "bestfit": the largest buffered document that fits whole, cutting one only when
+    # none fits (data/bestfit.py); "record28": record #28's find_batch_starts (a row is the seq_len + 1
+    # tokens from a BOS, the next row starts at the first BOS >= seq_len later, and a step starts at the
+    # next shard when < 2 x its tokens + 1 are left in this one; it skips document tails by design).
     packing: str = "greedy"
+    # The tokens a row cannot take whole (the tail of a document longer than a stage's max_doc_len, or cut
+    # by the row's end): "split" puts them in further pieces, each starting with a BOS (no token skipped);
+    # "crop" skips them, as the speedrun records' loaders do (fine for short web documents, costly for
+    # code, books and papers: 77 % of a Python-source corpus under speedrun-latest's stages).
+    long_docs: str = "split"
+    # greedy + split: a piece that continues a document starts with a BOS, so the attention masks see it as a
+    # document of its own; false: it attends back to the document's piece before it where both share a row.
+    continued_bos: bool = True
     # A shard found corrupt or truncated during training: "stop" the run (error naming file and
     # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
     on_bad_shard: str = "stop"
@@ -75,7 +83,8 @@ class StageConfig:
     share: float = 0.0  # this stage's share of train.steps; the shares of a table add up to 1
     batch_tokens: int = 0  # global tokens per optimizer step in this stage; 0: train.batch_tokens
     seq_len: int = 0  # tokens per training row in this stage; 0: data.seq_len
-    # Longest document piece in a row (greedy packing): each document is cut to at most this many tokens
+    # Longest document piece in a row (greedy packing): a document longer than this goes on as further pieces
+    # (data.long_docs="split") or loses its tail ("crop", the records' max_doc_len / train_max_seq_len); 0: no cap.
     # and its tail skipped, as the later records' max_doc_len / train_max_seq_len; 0: no cap.
     max_doc_len: int = 0
     window_long: int = 0  # long attention window in tokens for the whole stage; 0: the schedule's windows

@@ -74,6 +74,11 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
     if d.packing not in ("greedy", "bestfit", "record28"):
         raise ConfigError(f"data.packing='{d.packing}' must be greedy, bestfit or record28")
+    if d.long_docs not in ("split", "crop"):
+        raise ConfigError(f"data.long_docs='{d.long_docs}' must be split or crop")
+    if not d.continued_bos and (d.packing != "greedy" or d.long_docs != "split"):
+        raise ConfigError("data.continued_bos=false works with data.packing=greedy and data.long_docs=split only "
+                          "(best-fit rows put other documents before a continuing piece); set it back to true")
     if d.on_bad_shard not in ("stop", "skip"):
         raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
     if d.on_bad_shard == "skip" and d.packing != "greedy":

@@ -49,20 +49,23 @@ def _length(piece: tuple[int, int, int, bool]) -> int:
 
 
 class BestFitPacker:
-    """Plans best-fit rows over the epoch streams of a loader ``_Planner`` (which knows the shards)."""
+    """Plans best-fit rows over the epoch streams of a loader (data/stream.py ``EpochStreams``).
+    ``split``: the tail of a cropped document goes back into the buffer as a piece of its own (after a
+    BOS), so no token is skipped; otherwise it is dropped (nanochat's loader)."""
 
-    def __init__(self, planner, buffer_docs: int = DEFAULT_BUFFER_DOCS):
+    def __init__(self, streams, buffer_docs: int = DEFAULT_BUFFER_DOCS, split: bool = False):
         if buffer_docs < 1:
             raise ValueError(f"buffer_docs={buffer_docs} must be at least 1")
-        self.planner = planner
+        self.streams = streams
         self.buffer_docs = buffer_docs
+        self.split = split
 
     def _read_piece(self, epoch: int, pos: int, row_len: int) -> tuple[tuple[int, int, int, bool], int, int]:
         """The next document (or row-sized piece of a long one) from (epoch, pos); the new position."""
-        stream = self.planner.stream(epoch)
+        stream = self.streams.stream(epoch)
         if pos >= stream.total:
             epoch, pos = epoch + 1, 0
-            stream = self.planner.stream(epoch)
+            stream = self.streams.stream(epoch)
         continued = not stream.is_bos(pos)
         end = min(stream.next_bos(pos + 1), pos + row_len - continued)
         return (epoch, pos, end, continued), epoch, end
@@ -95,8 +98,14 @@ class BestFitPacker:
                     i = bisect.bisect_right(keys, (keys[0][0], math.inf)) - 1
                     length, neg_order = keys.pop(i)
                     e, s, t, c = entries.pop(-neg_order)
-                    pieces.append((e, s, s + remaining - c, c))
-                    cropped += length - remaining
+                    cut = s + remaining - c
+                    pieces.append((e, s, cut, c))
+                    if self.split:  # the tail waits in the buffer for a row with room
+                        entries[next_order] = (e, cut, t, True)
+                        bisect.insort(keys, (t - cut + 1, -next_order))
+                        next_order += 1
+                    else:
+                        cropped += length - remaining
                     remaining = 0
             rows.append(pieces)
             row_tokens += row_len

@@ -55,8 +55,8 @@ def val_batches(
     return _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device)
 
 
-def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device):
-    need = max_tokens + 1
+def _read_stream(files: list[Path], sizes: list[int], need: int) -> np.ndarray:
+    """The first `need` tokens of the val shards."""
     stream = np.empty(need, dtype=np.uint16)
     filled = 0
     for f, n in zip(files, sizes):
@@ -66,13 +66,54 @@ def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, d
         take = min(n, need - filled)
         stream[filled : filled + take] = tokens[:take]
         filled += take
+    return stream
+
+
+def _to_device(chunk: np.ndarray, rows: int, seq_len: int, device: torch.device):
+    inputs = torch.from_numpy(chunk[:-1].astype(np.int32).reshape(rows, seq_len))
+    targets = torch.from_numpy(chunk[1:].astype(np.int64).reshape(rows, seq_len))
+    if device.type != "cpu":
+        inputs = inputs.pin_memory().to(device, non_blocking=True)
+        targets = targets.pin_memory().to(device, non_blocking=True)
+    return inputs, targets
+
+
+def rank_val_batches(
+    files: list[Path],
+    *,
+    seq_len: int,
+    batch_size: int,
+    rows: int,
+    rank: int = 0,
+    world_size: int = 1,
+    device: str | torch.device = "cpu",
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+    """The first `rows` rows of seq_len tokens of the val stream, dealt to the ranks in contiguous blocks
+    (sizes differing by at most one row), in batches of up to `batch_size` rows: (inputs, targets, real
+    rows). Every rank yields the same number of batches, so a step with collectives (FSDP) never waits on
+    a rank that ran out: a rank short of batches gets a one-row batch that scores nothing (0 real rows).
+    The ranks together score exactly those rows whatever the world size, so a validation loss is the
+    same figure on 1, 2 or 4 GPUs (up to the order of the float sums)."""
+    _check_shape(batch_size, seq_len)
+    per_rank, extra = divmod(rows, world_size)
+    start = rank * per_rank + min(rank, extra)
+    mine = per_rank + (rank < extra)
+    most = per_rank + (extra > 0)
+    device = torch.device(device)
+    stream = _read_stream(files, [read_header(f) for f in files], rows * seq_len + 1)
+    row = start
+    for _ in range(-(-most // batch_size)):
+        n = min(batch_size, start + mine - row)
+        if n > 0:
+            yield (*_to_device(stream[row * seq_len:(row + n) * seq_len + 1], n, seq_len, device), n)
+            row += n
+        else:
+            yield (*_to_device(stream[:seq_len + 1], 1, seq_len, device), 0)
+
+
+def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device):
+    stream = _read_stream(files, sizes, max_tokens + 1)
     local = batch_size * seq_len
     for step in range(max_tokens // (world_size * local)):
         start = step * world_size * local + rank * local
-        chunk = stream[start : start + local + 1]
-        inputs = torch.from_numpy(chunk[:-1].astype(np.int32).reshape(batch_size, seq_len))
-        targets = torch.from_numpy(chunk[1:].astype(np.int64).reshape(batch_size, seq_len))
-        if device.type != "cpu":
-            inputs = inputs.pin_memory().to(device, non_blocking=True)
-            targets = targets.pin_memory().to(device, non_blocking=True)
-        yield inputs, targets
+        yield _to_device(stream[start : start + local + 1], batch_size, seq_len, device)

@@ -50,7 +50,7 @@ def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micr
     return TokenLoader(train_files, seq_len=d.seq_len, batch_size=micro_batch, rank=dist_info.rank,
                        world_size=dist_info.world_size, device=dist_info.device, seed=cfg.train.seed,
                        packing=d.packing, grad_accum=grad_accum, on_bad_shard=d.on_bad_shard,
-                       vocab_size=cfg.model.vocab_size)
+                       vocab_size=cfg.model.vocab_size, long_docs=d.long_docs, continued_bos=d.continued_bos)
 
 
 def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):
@@ -125,3 +125,22 @@ def describe_run(cfg: Config, model: GPT, plan: StagePlan, strategy: str, device
         return lines + plan.describe(cfg, world_size)
     return lines + [f"batch: {cfg.train.batch_tokens} tokens/step = {world_size} rank(s) x {grad_accum} "
                     f"micro-step(s) x {micro_batch} row(s) x {cfg.data.seq_len} tokens"]
+
+
+def data_epoch_lines(cfg: Config, plan: StagePlan, corpus_tokens: int) -> list[str]:
+    """What the run will read against the training shards' size, and a warning when that is more than
+    one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch)."""
+    total, repeat_step = 0, None
+    for stage in plan.stages:
+        for step in range(stage.start, stage.end):
+            total += stage.batch_tokens
+            if repeat_step is None and total > corpus_tokens:
+                repeat_step = step
+    skips = cfg.data.long_docs == "crop" or cfg.data.packing == "record28"
+    lines = [f"data: {total:,} tokens in {cfg.train.steps} steps, from training shards of {corpus_tokens:,} "
+             f"tokens: {total / corpus_tokens:.2f} epochs" + (" or more (document tails are skipped: "
+                                                                "cropped_share in the log)" if skips else "")]
+    if repeat_step is not None:
+        lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
+                     f"repeated documents; use more data (or fewer steps) for a run that sees each token once")
+    return lines

@@ -33,8 +33,8 @@ from ..rundir import RunDir, default_run_dir
 from ..rundir.env import environment_snapshot
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan
-from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, describe_run,
-                    fallback_notes, resolve_data_files, train_loader)
+from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
+                    describe_run, fallback_notes, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward
 from .control import RunControl
@@ -140,6 +140,8 @@ class Trainer:
                                     has_experts=self.has_experts)
         for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device, dist.world_size,
                                  self.micro_batch, self.grad_accum):
+            self.log(line)
+        for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens):
             self.log(line)
         if self.plan.from_table:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})

@@ -12,46 +12,48 @@ from ..config import DataConfig
 from ..parallel.dist import DistInfo
 
 
-def usable_val_tokens(d: DataConfig, val_files: list[Path], micro_batch: int, world_size: int, log) -> int:
-    """data.val_tokens, rounded down to whole evaluation steps and capped by the val shards' size."""
+def usable_val_tokens(d: DataConfig, val_files: list[Path], log) -> int:
+    """data.val_tokens, rounded down to whole rows of data.val_seq_len and capped by the val shards' size.
+    The world size and micro-batch do not enter: every run of a config scores the same tokens."""
     from ..data.shards import read_header
 
-    step = (d.val_seq_len or d.seq_len) * micro_batch * world_size
+    row = d.val_seq_len or d.seq_len
     available = sum(read_header(f) for f in val_files) - 1
-    tokens = min(d.val_tokens, available) // step * step
+    tokens = min(d.val_tokens, available) // row * row
     if tokens <= 0:
-        raise ValueError(f"the validation shards hold {available + 1:,} tokens, less than one evaluation step of "
-                         f"{step:,}; add validation data or lower data.seq_len / data.val_seq_len")
+        raise ValueError(f"the validation shards hold {available + 1:,} tokens, less than one row of {row:,}; "
+                         f"add validation data or lower data.seq_len / data.val_seq_len")
     if tokens != d.val_tokens:
         log(f"validation: scoring {tokens:,} tokens (data.val_tokens={d.val_tokens:,}, "
-            f"val shards hold {available + 1:,}, steps of {step:,})")
+            f"val shards hold {available + 1:,}, rows of {row:,})")
     return tokens
 
 
 class Validator:
-    """Scores a model on this rank's share of the validation tokens, averaged over the ranks. Made in
-    setup, so a validation set too small for one evaluation step fails before the model is built."""
+    """Scores a model on this rank's share of the validation rows; the mean over all rows is the same
+    whatever the world size. Made in setup, so a validation set too small for one row fails before the
+    model is built."""
 
     def __init__(self, d: DataConfig, val_files: list[Path], micro_batch: int, dist: DistInfo, log):
         self.val_files, self.micro_batch, self.dist = val_files, micro_batch, dist
         self.seq_len = d.val_seq_len or d.seq_len
-        self.tokens = usable_val_tokens(d, val_files, micro_batch, dist.world_size, log)
+        self.tokens = usable_val_tokens(d, val_files, log)
 
     @torch.no_grad()
     def loss(self, model, forward, windows, rope) -> float:
         """Mean loss with `forward` (the model, compiled or not) at the given windows and rotary state;
         `model` is in eval mode meanwhile."""
-        from ..data.val import val_batches
+        from ..data.val import rank_val_batches
 
         model.eval()
-        losses = []
-        for inputs, targets in val_batches(self.val_files, seq_len=self.seq_len, batch_size=self.micro_batch,
-                                           max_tokens=self.tokens, rank=self.dist.rank,
-                                           world_size=self.dist.world_size, device=self.dist.device):
-            losses.append(forward(inputs, targets, windows=windows, rope=rope))
+        weighted, rows = [], self.tokens // self.seq_len
+        for inputs, targets, real in rank_val_batches(self.val_files, seq_len=self.seq_len,
+                                                      batch_size=self.micro_batch, rows=rows, rank=self.dist.rank,
+                                                      world_size=self.dist.world_size, device=self.dist.device):
+            weighted.append(forward(inputs, targets, windows=windows, rope=rope) * real)
         model.train()
-        loss = torch.stack(losses).mean()
+        # Each batch's mean times its rows: a sum over rows, exact to divide (every row has seq_len tokens).
+        loss = torch.stack(weighted).sum()
         if self.dist.world_size > 1:
-            torch.distributed.all_reduce(loss)  # SUM, then divide: gloo has no AVG
-            loss /= self.dist.world_size
-        return loss.item()
+            torch.distributed.all_reduce(loss)  # SUM
+        return (loss / rows).item()
