@@ -159,12 +159,12 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float) -> d
             with record_function(STEP_RANGE):  # waits for the GPU inside: a step's kernels start in its range
                 trainer.train_step(s)
                 trainer.sync_device()
-    steps, outside, linked = profiled_steps(prof)
+    steps, outside, unlinked = profiled_steps(prof)
     per_step = [step_overlap(kernels) for kernels in steps]
     if trainer.dist.is_main:
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
         print_kernel_categories(prof, steps=len(positions), step_ms=step_ms)
-        print("\n".join(describe_overlap(per_step, outside, linked)), flush=True)
+        print("\n".join(describe_overlap(per_step, outside, unlinked)), flush=True)
     return mean_overlap(per_step)
 
 

@@ -157,9 +157,9 @@ def _is_backward(op) -> bool:
     return False
 
 
-def profiled_steps(prof) -> tuple[list[list[Kernel]], int, bool]:
-    """(the kernels of each STEP_RANGE range in `prof`, kernels outside every range, whether any
-    kernel could be linked to the CPU op that launched it)."""
+def profiled_steps(prof) -> tuple[list[list[Kernel]], int, int]:
+    """(the kernels of each STEP_RANGE range in `prof`, how many started outside every range, how
+    many could not be linked to the CPU op that launched it: never counted as the backward's)."""
     import torch
 
     cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
@@ -167,16 +167,16 @@ def profiled_steps(prof) -> tuple[list[list[Kernel]], int, bool]:
     # Frontend ops (linked to nothing themselves) carry the correlation id their kernels link to.
     # Id 0 is no correlation (and a torch without linked_correlation_id links nothing).
     launchers = {e.id: e for e in cpu if e.id and not getattr(e, "linked_correlation_id", 0) and not e.is_async}
-    kernels, linked = [], False
+    kernels, unlinked = [], 0
     for evt in device_kernels(prof):
         op = launchers.get(getattr(evt, "linked_correlation_id", 0) or -1)
-        linked |= op is not None
+        unlinked += op is None
         kernels.append(Kernel(evt.name, evt.time_range.start, evt.time_range.end, _is_backward(op)))
     steps, outside = split_by_step(kernels, windows)
-    return steps, outside, linked
+    return steps, outside, unlinked
 
 
-def describe_overlap(per_step: list[dict], outside: int, linked: bool) -> list[str]:
+def describe_overlap(per_step: list[dict], outside: int, unlinked: int) -> list[str]:
     """The printout: each step's figures, then their means."""
     lines = ["Communication (NCCL kernels) against compute kernels, per profiled step (ms):"]
     if not per_step:
@@ -193,8 +193,9 @@ def describe_overlap(per_step: list[dict], outside: int, linked: bool) -> list[s
                      f"exposed {s['exposed_ms']:8.2f} | last backward kernel end - first NCCL start {lead_text}")
     if not any(s["comm_ms"] for s in per_step):
         lines.append("  (no NCCL kernel: one rank, or a strategy without communication)")
-    if not linked:
-        lines.append("  (no kernel was linked to its launching op: the backward's end is unknown)")
+    if unlinked:
+        lines.append(f"  ({unlinked} kernel(s) not linked to the op that launched them: none of them counts as the "
+                     f"backward's)")
     if outside:
         lines.append(f"  ({outside} kernel(s) started outside the profiled steps and are not counted)")
     return lines

@@ -101,8 +101,8 @@ def test_profiled_steps_links_kernels_to_backward_ops_and_skips_gpu_annotations(
               FakeEvent("## Call CompiledFxGraph ##", CUDA, Range(10, 60), is_user_annotation=True),
               FakeEvent(STEP_RANGE, CUDA, Range(10, 70)),
               FakeEvent("triton_next_step", CUDA, Range(120, 130), linked_correlation_id=99)]  # unlinked
-    steps, outside, linked = profiled_steps(FakeProfile(events))
-    assert linked and outside == 0
+    steps, outside, unlinked = profiled_steps(FakeProfile(events))
+    assert unlinked == 1 and outside == 0
     assert [(k.name, k.backward) for k in steps[0]] == [("triton_fwd", False), ("triton_bwd", True), (NCCL, True)]
     assert [(k.name, k.backward) for k in steps[1]] == [("triton_next_step", False)]
     s = step_overlap(steps[0])
@@ -126,3 +126,14 @@ def test_a_real_profile_marks_the_autograd_engines_ops_as_backward():
     backward = [e for e in events if e.name == "aten::mm"]  # the weight's gradient
     assert forward and backward
     assert not any(_is_backward(e) for e in forward) and all(_is_backward(e) for e in backward)
+
+
+def test_the_printout_says_where_the_reduction_starts():
+    from speedgpt.kernel_timeline import describe_overlap
+
+    inside = {"comm_ms": 4.0, "overlapped_ms": 3.0, "exposed_ms": 1.0, "comm_lead_ms": 2.5}
+    after = dict(inside, comm_lead_ms=-1.0)
+    text = "\n".join(describe_overlap([inside, after], outside=2, unlinked=0))
+    assert "step 1" in text and "+2.50 (starts inside the backward)" in text and "(75%)" in text
+    assert "-1.00 (starts after the backward)" in text and "mean" in text and "+0.75" in text
+    assert "2 kernel(s) started outside" in text and "not linked" not in text
