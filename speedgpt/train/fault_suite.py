@@ -112,13 +112,33 @@ def make_data(out: Path, shards: int = 8, shard_tokens: int = 600) -> Path:
     return out
 
 
+def run_env() -> dict[str, str]:
+    """The environment of a run started here: this checkout's speedgpt, one CPU thread per process
+    (several share the cores), no planned fault and no torchrun restart count inherited."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "SPEEDGPT_INJECT": ""}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    return env
+
+
+def speedgpt_command(args: list[str], nproc: int = 0, max_restarts: int = 0) -> list[str]:
+    """`python -m speedgpt ARGS`, under `torchrun --standalone` with `nproc` processes when nproc > 0."""
+    if not nproc:
+        return [sys.executable, "-m", "speedgpt", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            f"--max-restarts={max_restarts}", "-m", "speedgpt", *args]
+
+
 class ReferenceRunFailed(RuntimeError):
     """The uninterrupted run a fault is compared with did not finish: nothing can be compared."""
 
 
 def last_line(out: str) -> str:
-    lines = out.strip().splitlines()
-    return lines[-1] if lines else "(no output)"
+    """The line of a run's output that says why it failed: speedgpt's own last one-line message
+    ("speedgpt train: ..."; torchrun prints its own report after it), else the last line."""
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    ours = [line for line in lines if re.match(r"speedgpt \w+: ", line)]
+    return (ours or lines or ["(no output)"])[-1]
 
 
 class Suite:
@@ -132,9 +152,7 @@ class Suite:
         if runs.preset is None and not (self.data / "val_000000.bin").exists():
             self.data.mkdir(exist_ok=True)
             make_data(self.data)
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-                    "SPEEDGPT_INJECT": ""}
-        self.env.pop("TORCHELASTIC_RESTART_COUNT", None)
+        self.env = run_env()
         self._n = 0
         self._refs: dict[str, tuple[dict, float, float]] = {}
         self._ref_dirs: dict[str, Path] = {}
@@ -156,11 +174,7 @@ class Suite:
 
     def start(self, args: list[str], inject: str = "", torchrun: bool = False) -> subprocess.Popen:
         env = {**self.env, "SPEEDGPT_INJECT": inject}
-        if torchrun:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                   f"--nproc_per_node={self.runs.nproc}", "--max-restarts=1", "-m", "speedgpt", *args]
-        else:
-            cmd = [sys.executable, "-m", "speedgpt", *args]
+        cmd = speedgpt_command(args, self.runs.nproc, max_restarts=1) if torchrun else speedgpt_command(args)
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
 
@@ -506,10 +520,10 @@ def check_runs(runs: Runs, chosen: list[str]) -> str | None:
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if visible < runs.nproc:
             return f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where there are {runs.nproc}, or lower --nproc"
-    from ..config import ConfigError, resolve
+    from ..config import ConfigError, resolve, validate
 
-    try:  # a mistyped override fails here, not in every run
-        resolve(runs.preset or "tiny-cpu", None, runs.config()[2:])
+    try:  # a mistyped override or a batch the ranks cannot share fails here, not in every run
+        validate(resolve(runs.preset or "tiny-cpu", None, runs.config()[2:]), runs.nproc)
     except ConfigError as e:
         return f"config error: {e}"
     return None
