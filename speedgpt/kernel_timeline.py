@@ -99,16 +99,19 @@ def step_overlap(kernels: list[Kernel]) -> dict:
     """One step's communication against its compute, in ms: "comm_ms" (time some NCCL kernel runs),
     "overlapped_ms" (of it, time some compute kernel runs too), "exposed_ms" (the rest), and
     "comm_lead_ms": the end of the last backward compute kernel minus the start of the first NCCL
-    kernel, > 0 when the reduction starts that long before the backward ends (None without NCCL
-    kernels or without a kernel known to be the backward's)."""
+    kernel the backward launched (the gradient reduction; the first NCCL kernel of the step if the
+    backward launched none), > 0 when the reduction starts that long before the backward ends.
+    None without NCCL kernels or without a compute kernel known to be the backward's. Only the
+    backward's NCCL kernels count for the start: under fsdp the forward's all-gathers come first."""
     comm = [(k.start, k.end) for k in kernels if k.is_comm]
     compute = [k for k in kernels if not k.is_comm and not k.is_copy]
     comm_us = covered(comm)
     overlapped_us = overlap(comm, [(k.start, k.end) for k in compute])
     backward_ends = [k.end for k in compute if k.backward]
+    reduction_starts = [k.start for k in kernels if k.is_comm and k.backward] or [start for start, _ in comm]
     lead = None
-    if comm and backward_ends:
-        lead = (max(backward_ends) - min(start for start, _ in comm)) / 1e3
+    if reduction_starts and backward_ends:
+        lead = (max(backward_ends) - min(reduction_starts)) / 1e3
     return {"comm_ms": comm_us / 1e3, "overlapped_ms": overlapped_us / 1e3,
             "exposed_ms": (comm_us - overlapped_us) / 1e3, "comm_lead_ms": lead}
 

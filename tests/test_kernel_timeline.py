@@ -44,6 +44,8 @@ def test_step_overlap_splits_the_reduction_into_hidden_and_exposed_time():
     assert s["exposed_ms"] == pytest.approx(0.020)
     assert s["comm_lead_ms"] == pytest.approx(0.020)  # 60 - 40 µs: starts inside the backward
 
+    fsdp = step_overlap([Kernel(NCCL, 0, 5, False), *kernels])  # a forward all-gather comes first
+    assert fsdp["comm_lead_ms"] == pytest.approx(0.020) and fsdp["comm_ms"] == pytest.approx(0.045)
     after = step_overlap([Kernel("gemm_backward", 0, 50, True), Kernel(NCCL, 55, 65, True)])
     assert after["comm_lead_ms"] == pytest.approx(-0.005) and after["overlapped_ms"] == 0
     none = step_overlap([Kernel("gemm", 0, 50, True)])
