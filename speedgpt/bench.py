@@ -92,14 +92,16 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     stage_rows = None
     if per_stage:
         stage_rows, schedule_steps, step_times, comm_ms, loader_s = time_stages(trainer, steps)
-        mean = run_mean(stage_rows)
-        mean_s, tokens_per_step, flops = mean["step_s"], mean["tokens_per_step"], mean["flops_per_token"]
     else:
         # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
         schedule_steps = timed_steps(cfg.train.steps, steps, at_step, cfg.optim.adam_every)
         step_times, comm_ms, loader_s = time_steps(trainer, schedule_steps)
+    work = timed_work(trainer.plan, schedule_steps, trainer.progress.flops_per_token)
+    if per_stage:  # the run's mean: every stage counted with its steps in the run
+        mean = run_mean(stage_rows)
+        mean_s, tokens_per_step, flops = mean["step_s"], mean["tokens_per_step"], mean["flops_per_token"]
+    else:
         mean_s = statistics.mean(step_times)
-        work = timed_work(trainer.plan, schedule_steps, trainer.progress.flops_per_token)
         tokens_per_step = work["tokens"] / len(schedule_steps)
         flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
     overlap = None
@@ -109,7 +111,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     tok_s = tokens_per_step / mean_s
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
-        "timed_stages": timed_work(trainer.plan, schedule_steps, trainer.progress.flops_per_token)["stages"],
+        "timed_stages": work["stages"],
         "tokens_per_step": tokens_per_step,
         "step_ms_mean": mean_s * 1e3,
         "step_ms_median": statistics.median(step_times) * 1e3,

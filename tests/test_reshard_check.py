@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedgpt.train.reshard_check import check_args, loss_table, main, world_sizes
+from speedgpt.train.reshard_check import check_args, gpu_sets, loss_table, main, world_sizes
 
 TINY = ["--model.depth=1", "--model.model_dim=32", "--model.head_dim=16", "--model.value_embeds=0",
         "--data.seq_len=64", "--train.batch_tokens=512", "--train.micro_batch_size=2", "--schedule.window_start=64",
@@ -54,3 +54,8 @@ def test_arguments_that_cannot_run_are_refused_first(tmp_path, change, says):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "x").write_text("")
     assert "is not empty" in check_args(args)
+
+
+def test_resumed_runs_get_disjoint_gpus():
+    assert gpu_sets([2, 1], {"CUDA_VISIBLE_DEVICES": "0,1,2,3"}) == ["0,1", "2"]
+    assert gpu_sets([4, 2, 1], {"CUDA_VISIBLE_DEVICES": "7,6,5,4,3,2,1,0"}) == ["7,6,5,4", "3,2", "1"]

@@ -69,7 +69,10 @@ class Runs:
         if self.preset is None:
             fixed = {"--train.steps": str(self.steps), "--train.checkpoint_every": str(self.checkpoint_every),
                      "--train.device": self.device}
-            own = [f"{k}={fixed[k]}" if k in fixed else o for o in CONFIG for k in [o.split("=", 1)[0]]]
+            own = []
+            for item in CONFIG:
+                key = item.split("=", 1)[0]
+                own.append(f"{key}={fixed[key]}" if key in fixed else item)
             return ["--preset", "tiny-cpu", *own, *self.overrides]
         return ["--preset", self.preset, f"--train.steps={self.steps}",
                 f"--train.checkpoint_every={self.checkpoint_every}", "--train.keep_checkpoints=2",
@@ -519,7 +522,8 @@ def check_runs(runs: Runs, chosen: list[str]) -> str | None:
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if visible < runs.nproc:
-            return f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where there are {runs.nproc}, or lower --nproc"
+            return (f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where "
+                    f"there are {runs.nproc}, or lower --nproc")
     from ..config import ConfigError, resolve, validate
 
     try:  # a mistyped override or a batch the ranks cannot share fails here, not in every run

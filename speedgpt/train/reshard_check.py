@@ -4,7 +4,7 @@
 --data.train_files=DIR` trains K + M steps on W ranks with `train.checkpoint_format=dcp` and a
 checkpoint at step K, copies the run directory as it was at step K (checkpoints after K left out)
 once for each smaller world size, resumes each copy with `speedgpt train --resume` on W/2 and on 1
-rank, and prints the M steps' training losses of all of them side by side with the largest
+rank (at once, on disjoint GPUs: W/2 + 1 <= W), and prints the M steps' training losses of all of them side by side with the largest
 difference from the W-rank run. Every run is the real command (`torchrun ... -m speedgpt train`);
 gloo on CPUs, NCCL on GPUs (one per rank). Arguments like --train.x=1 are config overrides of the
 W-rank run; the resumed runs read its saved config.
@@ -64,7 +64,8 @@ def step_losses(run_dir: Path, steps: range) -> list[float | None]:
     return [by_step.get(s) for s in steps]
 
 
-def loss_table(sizes: list[int], losses: dict[int, list[float | None]], steps: range) -> tuple[list[str], dict[int, float]]:
+def loss_table(sizes: list[int], losses: dict[int, list[float | None]],
+               steps: range) -> tuple[list[str], dict[int, float]]:
     """The printout (one row per step, a column per world size, then each smaller world size's
     largest |difference| from the first) and those largest differences by world size."""
     base, others = sizes[0], sizes[1:]
@@ -83,15 +84,34 @@ def loss_table(sizes: list[int], losses: dict[int, list[float | None]], steps: r
     return lines, worst
 
 
-def run(cmd: list[str], log: Path, env: dict) -> float:
-    """Run `cmd` with its output in `log`; its seconds. Raises RunFailed naming the log."""
-    t0 = time.monotonic()
+def start(cmd: list[str], log: Path, env: dict) -> tuple[subprocess.Popen, Path, float]:
+    """Start `cmd` with its output in `log`."""
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT), log, time.monotonic()
+
+
+def finish(started: tuple[subprocess.Popen, Path, float]) -> float:
+    """Wait for a started run; its seconds. Raises RunFailed naming its log."""
+    proc, log, t0 = started
+    rc = proc.wait()
     if rc != 0:
+        cmd = proc.args
         raise RunFailed(f"{' '.join(cmd[cmd.index('speedgpt'):][:4])} ... exited with status {rc}: "
                         f"{last_line(log.read_text(errors='replace'))} (whole output in {log})")
     return time.monotonic() - t0
+
+
+def gpu_sets(sizes: list[int], env: dict) -> list[str]:
+    """CUDA_VISIBLE_DEVICES for each of the resumed runs, on disjoint GPUs so they run at once
+    (W/2 + 1 <= W): the GPUs visible here, in order."""
+    import torch
+
+    visible = env.get("CUDA_VISIBLE_DEVICES") or ",".join(str(i) for i in range(torch.cuda.device_count()))
+    ids, sets, at = visible.split(","), [], 0
+    for w in sizes:
+        sets.append(",".join(ids[at:at + w]))
+        at += w
+    return sets
 
 
 def check(args, log=print) -> dict[int, float]:
@@ -102,15 +122,25 @@ def check(args, log=print) -> dict[int, float]:
     env = run_env()
     sizes = world_sizes(args.nproc)
     first = work / f"ranks{sizes[0]}"
-    secs = run(speedgpt_command(["train", *run_config(args, device), "--run-dir", str(first)], args.nproc),
-               work / f"ranks{sizes[0]}.log", env)
+    cmd = speedgpt_command(["train", *run_config(args, device), "--run-dir", str(first)], args.nproc)
+    secs = finish(start(cmd, work / f"ranks{sizes[0]}.log", env))
     log(f"{sizes[0]} rank(s): {args.steps + args.more} steps with a DCP checkpoint at step {args.steps} ({secs:.0f}s)")
-    dirs = {sizes[0]: first}
-    for w in sizes[1:]:
+    dirs, runs = {sizes[0]: first}, {}
+    gpus = gpu_sets(sizes[1:], env) if device == "cuda" else [None] * len(sizes[1:])
+    for w, visible in zip(sizes[1:], gpus):  # the resumed runs at once, each on its own GPUs
         dirs[w] = copy_at_step(first, work / f"ranks{w}", args.steps)
         # One rank needs no torchrun (no process group either way).
-        secs = run(speedgpt_command(["train", "--resume", str(dirs[w])], w if w > 1 else 0), work / f"ranks{w}.log", env)
-        log(f"{w} rank(s): resumed at step {args.steps}, {args.more} more steps ({secs:.0f}s)")
+        cmd = speedgpt_command(["train", "--resume", str(dirs[w])], w if w > 1 else 0)
+        runs[w] = start(cmd, work / f"ranks{w}.log", env if visible is None else {**env, "CUDA_VISIBLE_DEVICES": visible})
+    try:
+        for w, started in runs.items():
+            log(f"{w} rank(s): resumed at step {args.steps}, {args.more} more steps ({finish(started):.0f}s)")
+    except RunFailed:
+        for proc, _, _ in runs.values():  # none is left running after the check has failed
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+        raise
     steps = range(args.steps + 1, args.steps + args.more + 1)
     losses = {w: step_losses(d, steps) for w, d in dirs.items()}
     lines, worst = loss_table(sizes, losses, steps)
