@@ -39,8 +39,10 @@ def run_config(args, device: str) -> list[str]:
     """The W-rank run's arguments after `train`: the preset, the check's steps and checkpoints, then
     the user's overrides."""
     total = args.steps + args.more
+    # Only step K's checkpoint is resumed: no final one (dense-1b's is 13 GB per run).
     return ["--preset", args.preset, f"--train.steps={total}", f"--train.checkpoint_every={args.steps}",
             "--train.checkpoint_format=dcp", "--train.keep_checkpoints=0", "--train.checkpoint_every_min=0",
+            "--train.save_final_checkpoint=false",
             "--train.log_every=1", "--run.report=false", "--run.sample_tokens=0", f"--train.device={device}",
             *args.overrides]
 
