@@ -54,6 +54,7 @@ def test_arguments_that_cannot_run_are_refused_first(tmp_path, change, says):
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / "x").write_text("")
     assert "is not empty" in check_args(args)
+    assert "is a file; pass a directory" in check_args(SimpleNamespace(**{**vars(args), "workdir": str(tmp_path / "w" / "x")}))
 
 
 def test_resumed_runs_get_disjoint_gpus():

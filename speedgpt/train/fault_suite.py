@@ -485,6 +485,12 @@ def main(argv: list[str] | None = None) -> int:
     error = check_runs(runs, chosen)
     if error:
         p.error(error)
+    from ..outdir import OutDirError, make_out_dir
+
+    try:
+        make_out_dir(args.workdir, "--workdir")
+    except OutDirError as e:
+        p.error(str(e))
     suite = Suite(Path(args.workdir), seed=args.seed, runs=runs)
     results = {}
     t0 = time.monotonic()
