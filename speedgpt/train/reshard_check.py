@@ -4,8 +4,8 @@
 --data.train_files=DIR` trains K + M steps on W ranks with `train.checkpoint_format=dcp` and a
 checkpoint at step K, copies the run directory as it was at step K (checkpoints after K left out)
 once for each smaller world size, resumes each copy with `speedgpt train --resume` on W/2 and on 1
-rank (at once, on disjoint GPUs: W/2 + 1 <= W), and prints the M steps' training losses of all of them side by side with the largest
-difference from the W-rank run. Every run is the real command (`torchrun ... -m speedgpt train`);
+rank (at once, on disjoint GPUs: W/2 + 1 <= W), and prints the M steps' training losses of all of
+them side by side with the largest difference from the W-rank run. Every run is the real command (`torchrun ... -m speedgpt train`);
 gloo on CPUs, NCCL on GPUs (one per rank). Arguments like --train.x=1 are config overrides of the
 W-rank run; the resumed runs read its saved config.
 
@@ -17,6 +17,7 @@ CPU (tests/test_reshard_check.py), within bf16 noise on GPUs.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -49,12 +50,25 @@ def run_config(args, device: str) -> list[str]:
 
 def copy_at_step(run_dir: Path, dest: Path, step: int) -> Path:
     """A copy of run_dir as it was after its checkpoint of `step`: later checkpoints left out (its
-    metrics stay; a resume marks the later records as abandoned, rundir/metrics.py)."""
+    metrics stay; a resume marks the later records as abandoned, rundir/metrics.py). Checkpoint
+    files are hard links where the file system allows (a resume only reads them, and dense-1b's
+    are 13 GB); everything else, which the resumed run appends to, is copied."""
     from ..rundir.checkpoint import list_checkpoints
 
-    later = {p.name for p in list_checkpoints(run_dir / "checkpoints") if int(p.name.split("_")[-1]) > step}
-    shutil.copytree(run_dir, dest, ignore=lambda d, names: [n for n in names if n in later]
-                    if Path(d) == run_dir / "checkpoints" else [])
+    checkpoints = run_dir / "checkpoints"
+    later = {p.name for p in list_checkpoints(checkpoints) if int(p.name.split("_")[-1]) > step}
+
+    def link_or_copy(src: str, dst: str) -> None:
+        if Path(src).is_relative_to(checkpoints):
+            try:
+                os.link(src, dst)
+                return
+            except OSError:
+                pass
+        shutil.copy2(src, dst)
+
+    shutil.copytree(run_dir, dest, copy_function=link_or_copy,
+                    ignore=lambda d, names: [n for n in names if n in later] if Path(d) == checkpoints else [])
     return dest
 
 
