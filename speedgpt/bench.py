@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .config import Config, apply_overrides, default_preset, resolve
+from .kernel_timeline import device_kernels, kernel_category
 
 
 def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) -> float:
@@ -52,38 +53,13 @@ def cuda_ms(fn, iters: int = 10, warmup: int = 1) -> float:
     return start.elapsed_time(end) / iters
 
 
-# GPU kernels by what they do, matched on kernel names (first match wins); the rest is "other".
-KERNEL_CATEGORIES = (
-    ("flex attention", ("flex", "attention")),
-    ("cross-entropy (ours)", ("softcap_ce",)),
-    ("relu² + fp8 casts (ours)", ("relu2_fp8",)),
-    # cuBLAS names its FP8 kernels nvjet_sm90_qq* / qr* (bf16: nvjet_sm90_tst*)
-    ("fp8 matmul", ("f8", "fp8", "e4m3", "e5m2", "sm90_qq", "sm90_qr", "sm90_rq")),
-    ("matmul", ("gemm", "nvjet", "xmma", "cutlass", "sm90_", "wgmma")),
-    ("triton templates (flex)", ("triton_tem",)),
-    ("nccl", ("nccl",)),
-    ("memcpy/memset", ("memcpy", "memset")),
-    ("triton fused (inductor)", ("triton_",)),
-    ("aten elementwise/reduce", ("elementwise", "reduce", "vectorized")),
-)
-
-
-def kernel_category(name: str) -> str:
-    low = name.lower()
-    for category, keys in KERNEL_CATEGORIES:
-        if any(k in low for k in keys):
-            return category
-    return "other"
-
-
 def print_kernel_categories(prof, steps: int, step_ms: float | None = None) -> None:
     """Per-step GPU time by kernel category, from the profiler's device-side kernel events."""
     from collections import Counter
 
     totals: Counter = Counter()
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA:
-            totals[kernel_category(evt.name)] += evt.device_time_total / 1e3 / steps
+    for evt in device_kernels(prof):
+        totals[kernel_category(evt.name)] += evt.device_time_total / 1e3 / steps
     print(f"GPU time per step by kernel category (ms, {steps} profiled steps):")
     for category, ms in totals.most_common():
         print(f"  {category:28s} {ms:9.1f}")
@@ -92,8 +68,10 @@ def print_kernel_categories(prof, steps: int, step_ms: float | None = None) -> N
         print(f"  {'step time, unprofiled':28s} {step_ms:9.1f}  (GPU idle ~{step_ms - sum(totals.values()):.1f})")
 
 
-def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0) -> dict:
-    """Time `steps` training steps of `cfg` after its compile/warmup; returns the figures."""
+def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0,
+                 per_stage: bool = False) -> dict:
+    """Time `steps` training steps of `cfg` after its compile/warmup (`per_stage`: `steps` in each
+    stage of its table); returns the figures."""
     from .train.loop import Trainer
 
     # Each config compiles its own graph: dynamo would otherwise reuse the first config's compiled
@@ -111,25 +89,26 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     cuda = device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    total = cfg.train.steps
-    # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
-    schedule_steps = timed_steps(total, steps, at_step, cfg.optim.adam_every)
-    step_times, comm_ms, loader_s = time_steps(trainer, schedule_steps)
-    if profile and cuda:
-        from torch.profiler import ProfilerActivity, profile as torch_profile
-
-        with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            for s in schedule_steps[-2:]:
-                trainer.train_step(s)
-            torch.cuda.synchronize(device)
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=profile))
-        print_kernel_categories(prof, steps=2, step_ms=statistics.mean(step_times[-2:]) * 1e3)
-    trainer.metrics.close()
-    mean_s = statistics.mean(step_times)
+    stage_rows = None
+    if per_stage:
+        stage_rows, schedule_steps, step_times, comm_ms, loader_s = time_stages(trainer, steps)
+    else:
+        # Time steps spread over the schedule: the attention window (and so the cost) grows with progress.
+        schedule_steps = timed_steps(cfg.train.steps, steps, at_step, cfg.optim.adam_every)
+        step_times, comm_ms, loader_s = time_steps(trainer, schedule_steps)
     work = timed_work(trainer.plan, schedule_steps, trainer.progress.flops_per_token)
-    tokens_per_step = work["tokens"] / len(schedule_steps)
+    if per_stage:  # the run's mean: every stage counted with its steps in the run
+        mean = run_mean(stage_rows)
+        mean_s, tokens_per_step, flops = mean["step_s"], mean["tokens_per_step"], mean["flops_per_token"]
+    else:
+        mean_s = statistics.mean(step_times)
+        tokens_per_step = work["tokens"] / len(schedule_steps)
+        flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
+    overlap = None
+    if profile and cuda:
+        overlap = profile_steps(trainer, schedule_steps[-2:], profile, statistics.mean(step_times[-2:]) * 1e3)
+    trainer.metrics.close()
     tok_s = tokens_per_step / mean_s
-    flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
         "timed_stages": work["stages"],
@@ -144,14 +123,22 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "world_size": trainer.dist.world_size,
         "strategy": trainer.strategy,
         "memory_estimate_gib": trainer.memory_estimate.total / 2**30,  # to set against the measured peak
+        "memory_estimate": trainer.memory_estimate.describe(),
         "attn_backend": trainer.model.runtime.attn_backend,
         "fp8_head": trainer.model.runtime.fp8_head,
     }
+    if stage_rows is not None:
+        out["per_stage"] = stage_rows
+        out["run_train_s"] = mean["train_s"]
+    if overlap is not None:
+        out["comm_overlap"] = overlap
     if comm_ms:
         out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)
         out["comm_exposed_frac"] = statistics.mean(comm_ms) / 1e3 / mean_s
     if trainer.peak:
         out["mfu_datasheet"] = tok_s * flops / (trainer.peak * trainer.dist.world_size)
+        for row in stage_rows or ():
+            row["mfu_datasheet"] = row["tok_per_s"] * row["flops_per_token"] / (trainer.peak * trainer.dist.world_size)
     if cuda:
         out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
@@ -159,6 +146,28 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def profile_steps(trainer, positions: list[int], rows: int, step_ms: float) -> dict:
+    """Profile the training steps at `positions` and print (on rank 0) the `rows` costliest ops, GPU
+    time by kernel category and the communication against compute per step; returns the mean of
+    the latter (kernel_timeline.py)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
+
+    from .kernel_timeline import STEP_RANGE, describe_overlap, mean_overlap, profiled_steps, step_overlap
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for s in positions:
+            with record_function(STEP_RANGE):  # waits for the GPU inside: a step's kernels start in its range
+                trainer.train_step(s)
+                trainer.sync_device()
+    steps, outside, unlinked = profiled_steps(prof)
+    per_step = [step_overlap(kernels) for kernels in steps]
+    if trainer.dist.is_main:
+        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
+        print_kernel_categories(prof, steps=len(positions), step_ms=step_ms)
+        print("\n".join(describe_overlap(per_step, outside, unlinked)), flush=True)
+    return mean_overlap(per_step)
 
 
 def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
@@ -180,15 +189,20 @@ def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
     return {"tokens": tokens, "flops": flops, "stages": stages}
 
 
-def timed_steps(total: int, steps: int, at_step: int | None = None, adam_every: int = 1) -> list[int]:
-    """The schedule positions bench times: `at_step` repeated, or `steps` spread over the run. With
-    optim.adam_every = k, Adam steps only on steps whose index is k - 1 mod k, so the positions are
-    moved to cycle through the k phases: spread positions are all multiples of total // steps, and
-    (often all even) would otherwise time only the steps without Adam."""
-    base = [at_step] * steps if at_step is not None else [(i * total) // steps for i in range(steps)]
+def timed_steps(total: int, steps: int, at_step: int | None = None, adam_every: int = 1, first: int = 0) -> list[int]:
+    """The schedule positions bench times: `at_step` repeated, or `steps` spread over steps
+    [first, total). With optim.adam_every = k, Adam steps only on steps whose index is k - 1 mod k,
+    so the positions are moved to cycle through the k phases: spread positions are all multiples of
+    total // steps, and (often all even) would otherwise time only the steps without Adam."""
+    span = total - first
+    base = [at_step] * steps if at_step is not None else [first + (i * span) // steps for i in range(steps)]
     if adam_every == 1:
         return base
-    return [min(total - 1, s - s % adam_every + i % adam_every) for i, s in enumerate(base)]
+    moved = []
+    for i, s in enumerate(base):
+        p = s - s % adam_every + i % adam_every
+        moved.append(min(total - 1, p + adam_every if p < first else p))  # never before `first`
+    return moved
 
 
 def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[float], float]:
@@ -207,27 +221,105 @@ def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[fl
 
     trainer.loader.next_batch = timed_next_batch
     step_times, comm_ms = [], []
-    for s in schedule_steps:
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            trainer.train_step(s)
-            end.record()
-            end.synchronize()
-            step_times.append(start.elapsed_time(end) / 1e3)
-            wait = trainer.grad_sync.comm_wait_ms()
-            if wait is not None:
-                comm_ms.append(wait)
-        else:
-            t = time.perf_counter()
-            trainer.train_step(s)
-            step_times.append(time.perf_counter() - t)
+    try:
+        for s in schedule_steps:
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                trainer.train_step(s)
+                end.record()
+                end.synchronize()
+                step_times.append(start.elapsed_time(end) / 1e3)
+                wait = trainer.grad_sync.comm_wait_ms()
+                if wait is not None:
+                    comm_ms.append(wait)
+            else:
+                t = time.perf_counter()
+                trainer.train_step(s)
+                step_times.append(time.perf_counter() - t)
+    finally:
+        trainer.loader.next_batch = next_batch  # unwrapped: a later call wraps it afresh
     return step_times, comm_ms, loader_s[0]
+
+
+def dynamo_compiles() -> int:
+    """Frames torch.compile has compiled (or tried to) in this process so far. Dynamo is asked only
+    when no compiled graph's guards match, so after the warmup any increase is a recompile."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["total"]
+
+
+def time_stages(trainer, steps: int):
+    """Time `steps` steps spread over each stage of the run (its table's, or the one stage of a run
+    without a table). Each stage first trains one untimed step at its start: entering a stage sets
+    up new shapes (loader rows, micro-steps), a once-per-stage cost that is not a step's. Returns
+    (one row of figures per stage, the timed positions, their seconds, exposed communication ms per
+    step, loader host seconds)."""
+    from .stages import stage_micro_batch
+
+    cfg, world = trainer.cfg, trainer.dist.world_size
+    rows, positions, times, comm, loader_s = [], [], [], [], 0.0
+    for stage in trainer.plan.stages:
+        before = dynamo_compiles()
+        trainer.train_step(stage.start)
+        pos = timed_steps(stage.end, steps, adam_every=cfg.optim.adam_every, first=stage.start)
+        stage_times, stage_comm, stage_loader_s = time_steps(trainer, pos)
+        micro_rows, accum = stage_micro_batch(cfg, stage, world)
+        step_s = statistics.mean(stage_times)
+        rows.append({"stage": stage.index, "first_step": stage.start, "last_step": stage.end - 1,
+                     "run_steps": stage.steps, "batch_tokens": stage.batch_tokens,
+                     "rows": stage.batch_tokens // stage.seq_len, "seq_len": stage.seq_len,
+                     "ranks_micro_rows": f"{world} x {accum} x {micro_rows}", "timed_steps": len(pos),
+                     "step_ms": step_s * 1e3, "tok_per_s": stage.batch_tokens / step_s,
+                     "flops_per_token": trainer.progress.flops_per_token(stage.seq_len),
+                     "recompiles": dynamo_compiles() - before})
+        positions += pos
+        times += stage_times
+        comm += stage_comm
+        loader_s += stage_loader_s
+    return rows, positions, times, comm, loader_s
+
+
+def run_mean(stage_rows: list[dict]) -> dict:
+    """The whole run's figures from per-stage ones, each stage weighted by its number of steps in
+    the run: total tokens over total time, so a stage table compares with a one-stage run's single
+    figure. {"tok_per_s", "step_s", "train_s" (the run's steps at these speeds), "tokens_per_step",
+    "flops_per_token"}."""
+    steps = sum(r["run_steps"] for r in stage_rows)
+    train_s = sum(r["run_steps"] * r["step_ms"] / 1e3 for r in stage_rows)
+    tokens = sum(r["run_steps"] * r["batch_tokens"] for r in stage_rows)
+    flops = sum(r["run_steps"] * r["batch_tokens"] * r["flops_per_token"] for r in stage_rows)
+    return {"tok_per_s": tokens / train_s, "step_s": train_s / steps, "train_s": train_s,
+            "tokens_per_step": tokens / steps, "flops_per_token": flops / tokens}
+
+
+def format_stages(name: str, r: dict) -> list[str]:
+    """The per-stage table of one config's figures (bench --per-stage)."""
+    rows = r["per_stage"]
+    lines = [f"{name} per stage ({rows[0]['timed_steps']} timed steps in each, after one untimed step at its start):",
+             f"  {'stage':>5} {'steps':>11} {'batch':>9} {'rows x seq_len':>15} {'ranks x micro x rows':>21} "
+             f"{'ms/step':>9} {'tok/s':>11} {'MFU':>6} {'recompiles':>10}"]
+    for s in rows:
+        mfu = f"{s['mfu_datasheet']:.1%}" if "mfu_datasheet" in s else "-"
+        steps = f"{s['first_step']}-{s['last_step']}"
+        lines.append(f"  {s['stage']:>5} {steps:>11} {s['batch_tokens']:>9,} "
+                     f"{s['rows']:>6} x {s['seq_len']:<6} {s['ranks_micro_rows']:>21} {s['step_ms']:>9.1f} "
+                     f"{s['tok_per_s']:>11,.0f} {mfu:>6} {s['recompiles']:>10}")
+    mfu = f", MFU {r['mfu_datasheet']:.1%}" if "mfu_datasheet" in r else ""
+    steps = sum(s["run_steps"] for s in rows)
+    lines.append(f"  run mean (stages weighted by their steps): {r['tok_per_s']:,.0f} tok/s, "
+                 f"{r['step_ms_mean']:.1f} ms/step{mfu}; {r['run_train_s']:.1f} s for the run's {steps} steps")
+    for s in rows:
+        if s["recompiles"]:
+            lines.append(f"  stage {s['stage']}: {s['recompiles']} recompile(s) after the warmup (a finding: "
+                         f"the warmup did not compile every graph this stage runs)")
+    return lines
 
 
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
-            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "strategy", "loader_ms_per_step", "comm_wait_ms_per_step",
+            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s", "strategy", "loader_ms_per_step", "comm_wait_ms_per_step",
             "comm_exposed_frac", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
@@ -245,6 +337,10 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
     for name, r in rows:  # MFU counts each timed step at its own stage's row length
         if "timed_stages" in r:
             lines.append(f"{name} timed steps: {r['timed_stages']}")
+        if "memory_estimate" in r:  # beside the measured peak above
+            lines.append(f"{name} memory estimate: {r['memory_estimate']}")
+        if "per_stage" in r:
+            lines += format_stages(name, r)
     return "\n".join(lines)
 
 
@@ -258,21 +354,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")
     p.add_argument("--ab", default=None, help='overrides for config B, e.g. "--model.fp8_head=false"')
     p.add_argument("--peak", action="store_true", help="also measure the device's bf16 matmul peak")
-    p.add_argument("--profile", type=int, default=0, metavar="N", help="print the N costliest ops of 2 profiled steps (of each config)")
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="print the N costliest ops of 2 profiled steps (of each config), GPU time by kernel category, "
+                        "and the communication kernels' overlap with compute")
+    p.add_argument("--per-stage", action="store_true",
+                   help="time --steps steps inside each stage of the config's stage table (train.stages) and print "
+                        "each stage's figures and the run's mean (stages weighted by their steps)")
     from .argv import bind_values
 
     args, overrides = p.parse_known_args(bind_values(list(argv if argv is not None else sys.argv[1:]), ("--ab",)))
     if args.steps < 1:
         p.error(f"--steps {args.steps}: must be >= 1")
+    if args.per_stage and args.at_step is not None:
+        p.error("--per-stage times steps inside every stage; drop --at-step")
     preset = args.preset
     if not preset and not args.config:
         preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
-    rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile))]
+    rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage))]
     if args.ab:
         print(f"A: {format_results(rows, None)}", flush=True)  # kept even if B fails or times out
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step,
-                                             args.profile)))
+                                       args.profile, args.per_stage)))
     from .parallel.dist import barrier, teardown
 
     rank = int(os.environ.get("RANK", "0"))

@@ -8,17 +8,21 @@ full disk), `exit@6:1` (rank 1 dies with exit status 1 at the start of step 6, a
 worker). Steps are 0-based optimizer steps (the step being computed); RANK defaults to 0. A
 fault fires at most once per process, so a rollback or a restarted worker does not meet it again
 unless the variable says so, and only in the first attempt of a torchrun group
-(TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted worker runs clean. Unset (the normal
-case), every check is one dictionary lookup.
+(TORCHELASTIC_RESTART_COUNT unset or 0), so a restarted worker runs clean. Faults never fire
+inside `suspended()`: the compile warmup trains real steps of the schedule, and a fault planned
+for step 6 belongs to the run's step 6, not to the warmup's. Unset (the normal case), every check
+is one dictionary lookup.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 
 KINDS = ("nan", "sigterm", "save_error", "exit")
 _fired: set[tuple[str, int, int]] = set()
 _parsed: tuple[str, set[tuple[str, int, int]]] = ("", set())
+_suspended = False
 
 
 def _plan() -> set[tuple[str, int, int]]:
@@ -43,13 +47,24 @@ def _plan() -> set[tuple[str, int, int]]:
 def fires(kind: str, step: int, rank: int = 0) -> bool:
     """Whether the fault `kind` is planned for `step` on `rank` and has not fired yet (it fires now)."""
     plan = _plan()
-    if not plan or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
+    if not plan or _suspended or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0:
         return False
     key = (kind, step, rank)
     if key in plan and key not in _fired:
         _fired.add(key)
         return True
     return False
+
+
+@contextmanager
+def suspended():
+    """No fault fires inside the block (the compile warmup's steps)."""
+    global _suspended
+    before, _suspended = _suspended, True
+    try:
+        yield
+    finally:
+        _suspended = before
 
 
 def reset() -> None:

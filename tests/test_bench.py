@@ -44,3 +44,63 @@ def test_the_printout_names_the_timed_stages():
     row = {"tok_per_s": 1.0, "world_size": 1, "timed_stages": "stage 1 (seq_len 64) x2"}
     text = format_results([("A", row), ("B", dict(row, tok_per_s=2.0))], None)
     assert "A timed steps: stage 1 (seq_len 64) x2" in text and "B timed steps:" in text
+
+
+def test_run_mean_weights_each_stage_by_its_steps():
+    """Total tokens over total time: a plain mean of the stages' tok/s (1250 here) would overstate a
+    run whose long stage is the slow one."""
+    from speedgpt.bench import run_mean
+
+    rows = [{"run_steps": 100, "batch_tokens": 1000, "step_ms": 1000.0, "flops_per_token": 10.0},
+            {"run_steps": 300, "batch_tokens": 3000, "step_ms": 2000.0, "flops_per_token": 20.0}]
+    m = run_mean(rows)
+    assert m["train_s"] == pytest.approx(700.0)
+    assert m["tok_per_s"] == pytest.approx(1_000_000 / 700)
+    assert m["step_s"] == pytest.approx(700 / 400)
+    assert m["tokens_per_step"] == pytest.approx(1_000_000 / 400)
+    assert m["flops_per_token"] == pytest.approx((100_000 * 10 + 900_000 * 20) / 1_000_000)
+
+
+def test_timed_steps_stay_inside_a_stage_and_cycle_adams_phases():
+    from speedgpt.optim.container import Optimizers
+
+    assert timed_steps(20, 4, first=11) == [11, 13, 15, 17]
+    opts = Optimizers(None, None, {}, None, adam_every=2)
+    steps = timed_steps(20, 4, adam_every=2, first=11)
+    assert all(11 <= s < 20 for s in steps) and sum(opts.adam_due(s) for s in steps) == 2
+
+
+def test_dynamo_compiles_counts_a_recompile():
+    import torch
+
+    from speedgpt.bench import dynamo_compiles
+
+    fn = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    fn(torch.ones(2))
+    before = dynamo_compiles()
+    fn(torch.ones(2))
+    assert dynamo_compiles() == before  # guards match: no compile
+    fn(torch.ones(3))
+    assert dynamo_compiles() > before  # a new shape: recompiled
+
+
+def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread, capsys):
+    """`bench --per-stage` on CPU with a 2-stage table: the structure of its figures, not their speed."""
+    from speedgpt.bench import bench_config
+
+    cfg = apply_overrides(tiny_cfg, ["--train.stages=[{share=0.5, batch_tokens=256, seq_len=32}, {share=0.5}]",
+                                     "--train.val_every=0", "--train.peak_flops=1e12"])
+    out = bench_config(cfg, 1, per_stage=True)
+    rows = out["per_stage"]
+    assert [(r["stage"], r["first_step"], r["last_step"], r["run_steps"]) for r in rows] == [(0, 0, 5, 6), (1, 6, 11, 6)]
+    assert [(r["batch_tokens"], r["rows"], r["seq_len"], r["ranks_micro_rows"]) for r in rows] == [
+        (256, 8, 32, "1 x 1 x 8"), (512, 8, 64, "1 x 1 x 8")]
+    assert all(r["timed_steps"] == 1 and r["recompiles"] == 0 and r["step_ms"] > 0 for r in rows)
+    assert all(0 < r["mfu_datasheet"] for r in rows)
+    assert out["run_train_s"] == pytest.approx(sum(6 * r["step_ms"] / 1e3 for r in rows))
+    assert out["tok_per_s"] == pytest.approx((6 * 256 + 6 * 512) / out["run_train_s"])
+    assert out["timed_stages"] == "stage 0 (seq_len 32) x1, stage 1 (seq_len 64) x1"
+    text = format_results([("A", out)], None)
+    assert "A per stage (1 timed steps in each" in text and "run mean (stages weighted by their steps)" in text
+    assert "A memory estimate: ddp on 1 rank(s)" in text and "recompile(s) after the warmup" not in text
+    assert "recompile(s) after the warmup" in format_results([("A", dict(out, per_stage=[dict(rows[0], recompiles=2)]))], None)

@@ -5,9 +5,12 @@ faulted, resumed, and compared bit for bit with an uninterrupted run. The full m
 Kill and signal times are random, but no assertion depends on when they land: every outcome
 (killed before the first checkpoint, mid-save, after the end) must resume to the same weights."""
 
-import pytest
+import json
 
-from speedgpt.train.fault_suite import Suite, Tally
+import pytest
+import torch
+
+from speedgpt.train.fault_suite import Runs, Suite, Tally, check_runs, compare_runs, main
 
 
 @pytest.fixture(scope="module")
@@ -42,5 +45,35 @@ def test_failing_checkpoint_write(suite):
     _clean(suite.save(1, Tally()))
 
 
-def test_killed_worker_of_two_process_gloo_run_restarts_and_resumes(suite):
-    _clean(suite.worker(1, Tally()))
+def test_killed_worker_of_two_process_gloo_run_restarts_and_resumes(tmp_path, capsys):
+    """Through the command line, with the run length and checkpoint cadence the GPU runs set."""
+    assert main(["--faults", "worker", "--each", "1", "--steps", "10", "--checkpoint-every", "3",
+                 "--workdir", str(tmp_path)]) == 0
+    t = Tally(**json.loads((tmp_path / "results.json").read_text())["worker"])
+    _clean(t)
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith("worker fault on 2 x gloo, tiny-cpu (suite config), 10 steps: rank 1 exited at step ")
+    assert "resumed at step 3, rc 0" in summary or "resumed at step 6, rc 0" in summary
+    assert "bit-equal to the uninterrupted run" in summary and "final train loss" in summary
+
+
+def test_the_worker_summary_gives_the_difference_when_not_bit_equal():
+    want = {"model.w": torch.zeros(3), "model.b": torch.ones(2), "optim.m": torch.zeros(1)}
+    got = dict(want, **{"model.b": torch.tensor([1.0, 1.5])})
+    text = compare_runs(got, want, {"train_loss": 3.5, "val_loss": 3.25}, {"train_loss": 3.0, "val_loss": 3.25})
+    assert "weights differ from the uninterrupted run: max |diff| 0.5 (in b)" in text
+    assert "final train loss 3.500000 vs 3.000000 (+5.00e-01)" in text and "final val loss 3.250000 vs 3.250000" in text
+    assert compare_runs(None, want, {}, {}) == "no final checkpoint to compare"
+
+
+@pytest.mark.parametrize("runs, faults, says", [
+    (Runs(nproc=4), ["kill9"], "apply to the worker fault only"),
+    (Runs(nproc=1), ["worker"], "at least 2 processes"),
+    (Runs(steps=4), ["worker"], "steps >= checkpoint-every + 3"),
+    (Runs(device="cuda", nproc=64), ["worker"], "needs 64 GPUs"),
+    (Runs(overrides=("--train.nope=1",)), ["worker"], "unknown config key 'train.nope'"),
+])
+def test_worker_options_that_cannot_run_are_refused_before_any_run(runs, faults, says):
+    assert says in check_runs(runs, faults)
+    assert check_runs(Runs(preset="speedrun-124m", steps=40, checkpoint_every=10, nproc=4,
+                           overrides=("--data.val_tokens=65536",)), ["worker"]) is None

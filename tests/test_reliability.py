@@ -92,6 +92,14 @@ def test_nan_abort_names_step_rank_and_last_good_checkpoint(cfg, tmp_path, injec
     assert [p.name for p in list_checkpoints(run / "checkpoints")] == ["step_000004"]
 
 
+def test_a_fault_planned_for_a_step_the_warmup_also_trains_fires_in_the_run(cfg, tmp_path, inject):
+    """The compile warmup trains step 0 too: the fault must wait for the run's own step 0 (it used to
+    fire in the warmup, whose state is then thrown away, and never reach the run)."""
+    inject("nan@0")
+    with pytest.raises(NonFiniteError, match=r"at step 1 \(rank 0\)"):
+        train(apply_overrides(cfg, ["--train.warmup_steps=2", "--train.steps=4"]), run_dir=tmp_path / "run", quiet=True)
+
+
 def test_nan_skip_leaves_the_update_out(cfg, tmp_path, inject):
     run = tmp_path / "run"
     inject("nan@3")  # the 4th and last step

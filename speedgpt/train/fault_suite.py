@@ -14,6 +14,11 @@ final weights and optimizer state with an uninterrupted run, bit for bit. Faults
 
 `python scripts/fault_suite.py --trials 100 --faults kill9` is the measurement in
 docs/reliability.md; tests/test_fault_suite.py runs a few trials of each.
+
+The worker fault also runs on GPUs with a real preset (`--faults worker --nproc 4 --backend nccl
+--preset speedrun-124m --steps 40 --data.train_files=...`): there it compares the final weights and
+losses with an uninterrupted run of the same command and says whether they are bit-equal, and if
+not, by how much they differ (GPU kernels need not be deterministic).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 STEPS = 12
+CHECKPOINT_EVERY = 2
 # As small as the trainer allows while keeping GPT-2's vocabulary: a run is a few seconds of
 # compute, and checkpoints every 2 steps make a kill during a save likely.
 CONFIG = [
@@ -40,10 +46,42 @@ CONFIG = [
     "--data.seq_len=64", "--train.batch_tokens=256", f"--train.steps={STEPS}", "--train.log_every=4",
     "--train.val_every=0", "--data.val_tokens=256", "--train.device=cpu", "--run.report=false",
     "--run.sample_tokens=0", "--schedule.window_start=64", "--schedule.window_end=64",
-    "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5", "--train.checkpoint_every=2",
-    "--train.keep_checkpoints=2", "--train.checkpoint_every_min=0",
+    "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5",
+    f"--train.checkpoint_every={CHECKPOINT_EVERY}", "--train.keep_checkpoints=2", "--train.checkpoint_every_min=0",
 ]
 FAULTS = ("kill9", "sigterm", "nan", "shard", "save", "worker")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How the suite's runs are made. The defaults are the tiny CPU config above; the worker fault
+    also runs a real preset on N GPUs (`preset` set: its own config, these steps and checkpoints,
+    a loss logged every step so the final losses compare, then `overrides`)."""
+
+    nproc: int = 2  # processes of a torchrun group (the worker fault)
+    device: str = "cpu"  # "cuda": NCCL between the processes, one GPU each
+    preset: str | None = None  # None: tiny-cpu with CONFIG and the suite's own small shards
+    steps: int = STEPS
+    checkpoint_every: int = CHECKPOINT_EVERY
+    overrides: tuple[str, ...] = ()
+
+    def config(self) -> list[str]:
+        if self.preset is None:
+            fixed = {"--train.steps": str(self.steps), "--train.checkpoint_every": str(self.checkpoint_every),
+                     "--train.device": self.device}
+            own = []
+            for item in CONFIG:
+                key = item.split("=", 1)[0]
+                own.append(f"{key}={fixed[key]}" if key in fixed else item)
+            return ["--preset", "tiny-cpu", *own, *self.overrides]
+        return ["--preset", self.preset, f"--train.steps={self.steps}",
+                f"--train.checkpoint_every={self.checkpoint_every}", "--train.keep_checkpoints=2",
+                "--train.checkpoint_every_min=0", "--train.log_every=1", "--run.report=false",
+                "--run.sample_tokens=0", f"--train.device={self.device}", *self.overrides]
+
+    def describe(self) -> str:
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        return f"{self.nproc} x {backend}, {self.preset or 'tiny-cpu (suite config)'}, {self.steps} steps"
 
 
 @dataclass
@@ -77,21 +115,50 @@ def make_data(out: Path, shards: int = 8, shard_tokens: int = 600) -> Path:
     return out
 
 
+def run_env() -> dict[str, str]:
+    """The environment of a run started here: this checkout's speedgpt, one CPU thread per process
+    (several share the cores), no planned fault and no torchrun restart count inherited."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+           "SPEEDGPT_INJECT": ""}
+    env.pop("TORCHELASTIC_RESTART_COUNT", None)
+    return env
+
+
+def speedgpt_command(args: list[str], nproc: int = 0, max_restarts: int = 0) -> list[str]:
+    """`python -m speedgpt ARGS`, under `torchrun --standalone` with `nproc` processes when nproc > 0."""
+    if not nproc:
+        return [sys.executable, "-m", "speedgpt", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+            f"--max-restarts={max_restarts}", "-m", "speedgpt", *args]
+
+
+class ReferenceRunFailed(RuntimeError):
+    """The uninterrupted run a fault is compared with did not finish: nothing can be compared."""
+
+
+def last_line(out: str) -> str:
+    """The line of a run's output that says why it failed: speedgpt's own last one-line message
+    ("speedgpt train: ..."; torchrun prints its own report after it), else the last line."""
+    lines = [line for line in out.strip().splitlines() if line.strip()]
+    ours = [line for line in lines if re.match(r"speedgpt \w+: ", line)]
+    return (ours or lines or ["(no output)"])[-1]
+
+
 class Suite:
-    def __init__(self, workdir: Path, seed: int = 0, log=print):
+    def __init__(self, workdir: Path, seed: int = 0, log=print, runs: Runs = Runs()):
         self.work = Path(workdir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.log = log
+        self.runs = runs
         self.data = self.work / "data"
-        if not (self.data / "val_000000.bin").exists():
+        if runs.preset is None and not (self.data / "val_000000.bin").exists():
             self.data.mkdir(exist_ok=True)
             make_data(self.data)
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-                    "SPEEDGPT_INJECT": ""}
-        self.env.pop("TORCHELASTIC_RESTART_COUNT", None)
+        self.env = run_env()
         self._n = 0
         self._refs: dict[str, tuple[dict, float, float]] = {}
+        self._ref_dirs: dict[str, Path] = {}
 
     # -- running ---------------------------------------------------------------------------------
     def _dir(self, name: str) -> Path:
@@ -99,20 +166,18 @@ class Suite:
         return self.work / f"{self._n:04d}-{name}"
 
     def _args(self, run_dir: Path, data: Path | None = None, extra=(), resume: str = "auto") -> list[str]:
-        data = data or self.data
-        cmd = ["train", "--preset", "tiny-cpu", *CONFIG, f"--data.train_files={data}/train_*.bin",
-               f"--data.val_files={data}/val_*.bin", *extra]
+        cmd = ["train", *self.runs.config()]
+        if self.runs.preset is None:  # the suite's own shards
+            data = data or self.data
+            cmd += [f"--data.train_files={data}/train_*.bin", f"--data.val_files={data}/val_*.bin"]
+        cmd += extra
         if resume == "auto":
             return [*cmd, "--run-dir", str(run_dir), "--auto-resume"]
         return [*cmd, "--resume", str(run_dir)]
 
     def start(self, args: list[str], inject: str = "", torchrun: bool = False) -> subprocess.Popen:
         env = {**self.env, "SPEEDGPT_INJECT": inject}
-        if torchrun:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                   "--max-restarts=1", "-m", "speedgpt", *args]
-        else:
-            cmd = [sys.executable, "-m", "speedgpt", *args]
+        cmd = speedgpt_command(args, self.runs.nproc, max_restarts=1) if torchrun else speedgpt_command(args)
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
 
@@ -152,14 +217,13 @@ class Suite:
         return p.returncode, "".join(lines), sent, exit_s
 
     # -- results ---------------------------------------------------------------------------------
-    @staticmethod
-    def final_state(run_dir: Path) -> dict | None:
+    def final_state(self, run_dir: Path) -> dict | None:
         import torch
 
         from ..rundir.checkpoint import list_checkpoints, load_checkpoint
 
         found = list_checkpoints(run_dir / "checkpoints")
-        if not found or not found[-1].name.endswith(f"{STEPS:06d}"):
+        if not found or not found[-1].name.endswith(f"{self.runs.steps:06d}"):
             return None
         model, optim, _ = load_checkpoint(found[-1])
         flat = {f"model.{k}": v for k, v in model.items()}
@@ -186,9 +250,13 @@ class Suite:
                     t_ready = time.monotonic()
             p.wait()
             if p.returncode != 0:
-                raise RuntimeError(f"reference run {name} failed (rc {p.returncode}):\n{out[-2000:]}")
+                log = d.parent / f"{d.name}.log"
+                log.write_text(out)
+                raise ReferenceRunFailed(f"the uninterrupted reference run ({name}) failed with exit status "
+                                         f"{p.returncode}: {last_line(out)} (whole output in {log})")
             end = time.monotonic()
             self._refs[name] = (self.final_state(d), end - (t_ready or t0), end - t0)
+            self._ref_dirs[name] = d
         return self._refs[name]
 
     # -- faults ----------------------------------------------------------------------------------
@@ -217,7 +285,7 @@ class Suite:
                 tally.notes.append("killed mid-save (temporary directory left, ignored)")
             if rc2 != 0 or not ok or lost:
                 tally.notes.append(f"{d.name}: rc {rc2}, bit-equal {ok}, resumed at {resumed}, newest {newest_step}: "
-                                   f"{out.strip().splitlines()[-1] if out.strip() else ''}")
+                                   f"{last_line(out)}")
         return tally
 
     def sigterm(self, trials: int, tally: Tally) -> Tally:
@@ -311,20 +379,66 @@ class Suite:
         return tally
 
     def worker(self, trials: int, tally: Tally) -> Tally:
-        want, _, _ = self.reference("gloo2", torchrun=True)
+        ref = f"torchrun{self.runs.nproc}"
+        want, _, _ = self.reference(ref, torchrun=True)
+        ref_losses = final_losses(self._ref_dirs[ref], self.runs.steps)
         for _ in range(trials):
-            step = self.rng.randrange(3, STEPS - 1)
+            # After the first checkpoint, before the last step: the group must resume mid-run.
+            step = self.rng.randrange(self.runs.checkpoint_every + 1, self.runs.steps - 1)
             d = self._dir("worker")
             rc, out = self.run(self._args(d), inject=f"exit@{step}:1", torchrun=True)
             (d.parent / f"{d.name}.log").write_text(out)
             m = re.search(r"resumed from \S+ at step (\d+)", out)
             tally.trials += 1
             tally.survived += rc == 0 and m is not None
-            ok = self.equal(self.final_state(d), want)
+            got = self.final_state(d)
+            ok = self.equal(got, want)
             tally.bit_equal += ok
-            tally.notes.append(f"rank 1 exited at step {step + 1}; group restarted, resumed at step "
-                               f"{m.group(1) if m else '?'}, rc {rc}, bit-equal {ok}")
+            tally.notes.append(f"worker fault on {self.runs.describe()}: rank 1 exited at step {step + 1}; group "
+                               f"restarted, resumed at step {m.group(1) if m else '?'}, rc {rc}; "
+                               + compare_runs(got, want, final_losses(d, self.runs.steps), ref_losses))
         return tally
+
+
+def final_losses(run_dir: Path, step: int) -> dict[str, float]:
+    """The train and val loss a run logged at `step` (after a resume: the resumed timeline's)."""
+    from ..rundir.metrics import read_metrics
+
+    out = {}
+    try:
+        records = read_metrics(run_dir)
+    except FileNotFoundError:
+        return out
+    for r in records:
+        if r["step"] == step:
+            for key in ("train_loss", "val_loss"):
+                if key in r:
+                    out[key] = r[key]
+    return out
+
+
+def compare_runs(got: dict | None, want: dict | None, losses: dict, want_losses: dict) -> str:
+    """One clause: the final weights bit-equal or their largest difference, and the final losses
+    against the uninterrupted run's."""
+    import torch
+
+    if got is None or want is None:
+        weights = "no final checkpoint to compare"
+    elif Suite.equal(got, want):
+        weights = "weights and optimizer state bit-equal to the uninterrupted run"
+    else:
+        model = [k for k in want if k.startswith("model.") and k in got]
+        diffs = {k: (got[k].double() - want[k].double()).abs().max().item() for k in model
+                 if got[k].shape == want[k].shape}
+        worst = max(diffs, key=diffs.get) if diffs else None
+        weights = ("weights differ from the uninterrupted run: max |diff| "
+                   + (f"{diffs[worst]:.3g} (in {worst.removeprefix('model.')})" if worst else "n/a"))
+    parts = [weights]
+    for key in ("train_loss", "val_loss"):
+        if key in losses and key in want_losses:
+            a, b = losses[key], want_losses[key]
+            parts.append(f"final {key.replace('_', ' ')} {a:.6f} vs {b:.6f} ({a - b:+.2e})")
+    return "; ".join(parts)
 
 
 def _flatten(obj, prefix=""):
@@ -343,28 +457,83 @@ def _flatten(obj, prefix=""):
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="Fault-injection suite: faulted `speedgpt train` runs, resumed, "
-                                            "compared bit for bit with an uninterrupted run (CPU).")
+                                            "compared bit for bit with an uninterrupted run (CPU; the worker fault "
+                                            "also on GPUs with a real preset). Arguments like --train.x=1 are config "
+                                            "overrides of the worker fault's runs.")
     p.add_argument("--trials", type=int, default=10, help="kill -9 trials (default 10)")
     p.add_argument("--each", type=int, default=2, help="trials of every other fault (default 2)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma list of {', '.join(FAULTS)}")
     p.add_argument("--workdir", default="fault-suite", help="where runs are written (default ./fault-suite)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    worker = p.add_argument_group("worker fault only")
+    worker.add_argument("--nproc", type=int, default=2, help="processes in the torchrun group (default 2)")
+    worker.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                        help="gloo: CPU processes (default); nccl: one GPU per process")
+    worker.add_argument("--preset", default=None,
+                        help="a preset to run instead of the suite's tiny config (give its data with "
+                             "--data.train_files=DIR)")
+    worker.add_argument("--steps", type=int, default=STEPS, help=f"steps of each run (default {STEPS})")
+    worker.add_argument("--checkpoint-every", type=int, default=CHECKPOINT_EVERY,
+                        help=f"steps between checkpoints (default {CHECKPOINT_EVERY})")
+    args, overrides = p.parse_known_args(argv)
     chosen = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(chosen) - set(FAULTS))
     if unknown:
         p.error(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
-    suite = Suite(Path(args.workdir), seed=args.seed)
+    runs = Runs(nproc=args.nproc, device="cuda" if args.backend == "nccl" else "cpu", preset=args.preset,
+                steps=args.steps, checkpoint_every=args.checkpoint_every, overrides=tuple(overrides))
+    error = check_runs(runs, chosen)
+    if error:
+        p.error(error)
+    from ..outdir import OutDirError, make_out_dir
+
+    try:
+        make_out_dir(args.workdir, "--workdir")
+    except OutDirError as e:
+        p.error(str(e))
+    suite = Suite(Path(args.workdir), seed=args.seed, runs=runs)
     results = {}
     t0 = time.monotonic()
     for name in chosen:
         n = args.trials if name == "kill9" else args.each
-        tally = getattr(suite, name)(n, Tally())
+        try:
+            tally = getattr(suite, name)(n, Tally())
+        except ReferenceRunFailed as e:
+            print(f"fault_suite: {e}", file=sys.stderr)
+            return 1
         results[name] = tally
         print(f"{name:8s} trials {tally.trials:3d} | survived {tally.survived:3d} | bit-equal {tally.bit_equal:3d} | "
               f"data lost {tally.data_lost:3d}", flush=True)
     print(f"({time.monotonic() - t0:.0f}s)")
     (Path(args.workdir) / "results.json").write_text(json.dumps(
         {k: v.__dict__ for k, v in results.items()}, indent=1))
+    if "worker" in results:  # the summary: bit-equal, or how far from the uninterrupted run
+        print("\n".join(results["worker"].notes))
     failed = any(t.data_lost or t.survived < t.trials for t in results.values())
     return 1 if failed else 0
+
+
+def check_runs(runs: Runs, chosen: list[str]) -> str | None:
+    """Why `runs` cannot be run for the faults `chosen` (one line naming the fix), or None."""
+    if runs != Runs() and chosen != ["worker"]:
+        return ("--nproc, --backend, --preset, --steps, --checkpoint-every and config overrides apply to the "
+                    "worker fault only; add --faults worker")
+    if runs.nproc < 2:
+        return f"--nproc {runs.nproc}: the worker fault needs at least 2 processes (rank 1 is the one that dies)"
+    if runs.checkpoint_every < 1 or runs.steps < runs.checkpoint_every + 3:
+        return (f"--steps {runs.steps} --checkpoint-every {runs.checkpoint_every}: a run needs a checkpoint, then "
+                f"a step to fail in, then one more (steps >= checkpoint-every + 3, checkpoint-every >= 1)")
+    if runs.device == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible < runs.nproc:
+            return (f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where "
+                    f"there are {runs.nproc}, or lower --nproc")
+    from ..config import ConfigError, resolve, validate
+
+    try:  # a mistyped override or a batch the ranks cannot share fails here, not in every run
+        validate(resolve(runs.preset or "tiny-cpu", None, runs.config()[2:]), runs.nproc)
+    except ConfigError as e:
+        return f"config error: {e}"
+    return None

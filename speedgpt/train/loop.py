@@ -219,7 +219,7 @@ class Trainer:
         if self.cfg.train.warmup_steps <= 0:
             return 0.0
         t0 = time.perf_counter()
-        with restored_afterwards(self.model, self.optimizers, self.loader):
+        with restored_afterwards(self.model, self.optimizers, self.loader), faults.suspended():
             for step in warmup_steps(self.cfg, self.plan):
                 self.train_step(step)
             self.evaluate()
