@@ -151,6 +151,38 @@ def test_compiled_op_does_not_recompile_for_new_weights(fallback):
     torch._dynamo.reset()
 
 
+def test_compiled_fp8_head_with_weights_traces_whole_and_keeps_its_graph(fallback):
+    """The FP8 head's autograd.Function with weights and the map under torch.compile(fullgraph): eager's loss
+    and gradients, and new weight values reuse the graph."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.model.fp8_head import fp8_head_cross_entropy
+
+    cap, a, b = RESCALE
+    g = torch.Generator().manual_seed(2)
+    x = torch.nn.functional.rms_norm(torch.randn(16, 32, generator=g), (32,))
+    w = torch.randn(60, 32, generator=g) * 0.3
+    t = target_rows(torch.randint(0, 60, (2, 8), generator=g), 3)
+
+    def f(xx, ww, weights):
+        return fp8_head_cross_entropy(xx, ww, t, cap, 6 / 448, 1 / 448, weights=weights, scale=a, shift=b)
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=False)
+    for weights in ([1.0, 0.5, 0.25], [1.0, 0.5, 0.125]):
+        runs = []
+        for fn in (f, compiled):
+            xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+            loss = fn(xx, ww, torch.tensor(weights))
+            loss.backward()
+            runs.append((loss.detach(), xx.grad, ww.grad))
+        for got, ref in zip(*runs[::-1]):
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-7)
+    assert counters["stats"]["unique_graphs"] == 1
+    torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------ the model's paths
 
 def _model_pair(extra, fp8_head=False):
