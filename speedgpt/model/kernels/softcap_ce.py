@@ -242,9 +242,9 @@ if HAVE_TRITON:
             p = tl.exp2(z2 - lse2)
             if HAS_W:
                 d = p * wv
-                for k in tl.static_range(K):  # the K target loads are the same each chunk: cached
+                for k in tl.static_range(K):  # the same K scalar loads each chunk: cached
                     tgt_k = tl.load(T + row * K + k).to(tl.int64)
-                    d -= tl.where((cols == tgt_k) & (tgt_k != ignore_index), tl.load(W + k), 0.0)
+                    d -= tl.where(cols == tgt_k, tl.where(tgt_k != ignore_index, tl.load(W + k), 0.0), 0.0)
             else:
                 d = p - tl.where(cols == tgt, 1.0, 0.0)
             if HAS_CAP:
@@ -395,8 +395,8 @@ if HAVE_TRITON:
                 hit_w += tl.where(tgt_j == tgt_k, w_j, 0.0)
             d_target = _target_grad(X, stride_x, rows, tgt_k, lse, col0, cap, a, b, g_scale, ignore_index, wv, hit_w,
                                     HAS_CAP, AFFINE, True, BLOCK_V)
-            hit = (c[None, :] == (tgt_k - col0)[:, None]) & (tgt_k != ignore_index)[:, None]
-            d = tl.where(hit, d_target.to(tl.float16)[:, None], d)
+            col_k = tl.where(tgt_k != ignore_index, tgt_k - col0, -1)  # -1: no column of the tile
+            d = tl.where(c[None, :] == col_k[:, None], d_target.to(tl.float16)[:, None], d)
         return d
 
     @triton.jit
