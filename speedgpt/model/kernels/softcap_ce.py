@@ -133,19 +133,15 @@ if HAVE_TRITON:
         return _capped_log2(x, cap, HAS_CAP, TANH)
 
     @triton.jit
-    def _weighted_target_loss(x_row, t_row, W, lse, V, cap, a, b, ignore_index, HAS_CAP: tl.constexpr,
-                              AFFINE: tl.constexpr, TANH: tl.constexpr, K: tl.constexpr):
-        """sum over the row's K targets t_k of w_k * (lse - z_t_k), invalid targets (ignore_index) left out."""
-        loss = tl.full((), 0.0, tl.float32)
-        for k in tl.static_range(K):
-            tgt = tl.load(t_row + k).to(tl.int64)
-            valid = tgt != ignore_index
-            in_range = valid & (tgt >= 0) & (tgt < V)
-            xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
-            zt2, _tt = _mapped_log2(xt, cap, a, b, HAS_CAP, AFFINE, TANH)
-            zt = tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
-            loss += tl.where(valid, tl.load(W + k) * (lse - zt), 0.0)
-        return loss
+    def _target_logit(x_row, t_ptr, V, cap, a, b, ignore_index, HAS_CAP: tl.constexpr, AFFINE: tl.constexpr,
+                      TANH: tl.constexpr):
+        """(whether the target at t_ptr is valid, its capped logit z; 0 for a target outside [0, V))."""
+        tgt = tl.load(t_ptr).to(tl.int64)
+        valid = tgt != ignore_index
+        in_range = valid & (tgt >= 0) & (tgt < V)
+        xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
+        zt2, _tt = _mapped_log2(xt, cap, a, b, HAS_CAP, AFFINE, TANH)
+        return valid, tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
 
     @triton.jit
     def _softcap_ce_fwd_kernel(
@@ -184,24 +180,21 @@ if HAVE_TRITON:
                 m = m_new
             lse2 = m + tl.log2(s)
         lse = lse2 * 0.6931471805599453
-        if HAS_W:
-            loss = _weighted_target_loss(x_row, T + row * K, W, lse, V, cap, a, b, ignore_index, HAS_CAP, AFFINE,
-                                         TANH, K)
+        if HAS_W:  # sum_k w_k (lse - z_t_k) over the row's valid targets
+            loss = tl.full((), 0.0, tl.float32)
+            for k in tl.static_range(K):
+                valid, zt = _target_logit(x_row, T + row * K + k, V, cap, a, b, ignore_index, HAS_CAP, AFFINE, TANH)
+                loss += tl.where(valid, tl.load(W + k) * (lse - zt), 0.0)
         else:
-            tgt = tl.load(T + row).to(tl.int64)
-            valid = tgt != ignore_index
-            in_range = valid & (tgt >= 0) & (tgt < V)
-            xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
-            zt2, _tt = _mapped_log2(xt, cap, a, b, HAS_CAP, AFFINE, TANH)
-            zt = tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
+            valid, zt = _target_logit(x_row, T + row, V, cap, a, b, ignore_index, HAS_CAP, AFFINE, TANH)
             loss = tl.where(valid, lse - zt, 0.0)
         tl.store(LOSS + row, loss)
         tl.store(LSE + row, lse)
 
     @triton.jit
     def _target_weights(T, W, rows, ignore_index, K: tl.constexpr, k: tl.constexpr, EVEN: tl.constexpr):
-        """(target k of each of `rows` (int32), its weight there: w_k, or 0 where invalid). Rows past the end
-        (rows >= the caller's N, only when not EVEN) read as ignored: the caller passes rows masked to them."""
+        """(target k of each of `rows` (int32), its weight there: w_k, or 0 where invalid). Unless EVEN, a
+        row index < 0 (the caller's mark for a row past the end of a partial tile) reads as ignored."""
         if EVEN:
             tgt = tl.load(T + rows * K + k).to(tl.int32)
         else:
@@ -453,7 +446,7 @@ def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
-def _launch_args(targets, weights, scale, shift, dummy):
+def _launch_args(weights, scale, shift, dummy):
     """The kernels' (W, a, b) arguments and (AFFINE, K, HAS_W) constants. Without weights W is `dummy`
     (unread); K targets per row come with K weights (_check_targets made them agree)."""
     affine = scale != 1.0 or shift != 0.0
@@ -468,7 +461,7 @@ def _triton_fwd(logits, targets, cap, ignore_index, weights=None, scale=1.0, shi
     loss = torch.empty(N, dtype=torch.float32, device=x.device)
     lse = torch.empty(N, dtype=torch.float32, device=x.device)
     if N:
-        (w, a, b), consts = _launch_args(targets, weights, scale, shift, loss)
+        (w, a, b), consts = _launch_args(weights, scale, shift, loss)
         _softcap_ce_fwd_kernel[(N,)](
             x, x.stride(0), targets, w, loss, lse, V, float(cap), a, b, int(ignore_index),
             HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]], **consts,
@@ -480,7 +473,7 @@ def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out, weights=Non
     x = _rows(logits)
     N, V = x.shape
     if N:
-        (w, a, b), consts = _launch_args(targets, weights, scale, shift, lse)
+        (w, a, b), consts = _launch_args(weights, scale, shift, lse)
         _softcap_ce_bwd_kernel[(N,)](
             x, x.stride(0), out, out.stride(0), targets, w, lse, dloss, dloss.stride(0), V, float(cap), a, b,
             int(ignore_index), HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]], **consts,
@@ -507,7 +500,7 @@ def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype, wei
                              f"offsets; use fewer rows per call")
         grid = (triton.cdiv(N, bn), triton.cdiv(V, bv))
         even = N % bn == 0 and V % bv == 0
-        (w, a, b), consts = _launch_args(targets, weights, scale, shift, lse)
+        (w, a, b), consts = _launch_args(weights, scale, shift, lse)
         g_scale = g_scale * scale  # dz/dx carries the affine map's factor
         if (CONFIG["fp8g_fast"] and even and bn % 2 == 0 and fp8_dtype == torch.float8_e5m2
                 and 0 < g_scale <= 2.0 ** 15 and 0 < cap <= FIXED_MAX_CAP and _fast_kernel_device(x.device)):
