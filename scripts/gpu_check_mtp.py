@@ -12,7 +12,9 @@
 Cases: K = 3 and K = 2 at 32768 x 50304 (speedrun-latest's MTP stages, with its map), K = 1 with the map at
 49152 x 50304 (its last stage).
 
-Usage (repo root, CUDA + triton):  python scripts/gpu_check_mtp.py [--no-timing] [--no-compile]
+Usage (repo root, CUDA + triton):  python scripts/gpu_check_mtp.py [--no-timing] [--no-compile] [--baseline FILE]
+  --baseline: an earlier kernels/softcap_ce.py, e.g. from `git show b064051:speedgpt/model/kernels/softcap_ce.py`;
+  one target without a map must give its results bit for bit (and its times).
 Dry run of this script on CPU:     TRITON_INTERPRET=1 python scripts/gpu_check_mtp.py --dry-run-cpu
 Exits 1 when a check fails, 2 when it cannot run."""
 
@@ -237,11 +239,56 @@ def time_case(name, n, dim, vocab_cols, true_vocab, w, cap, a, b, compile_too):
     return rows[-1][1]
 
 
+def check_baseline(path: str, n: int, vocab_cols: int, true_vocab: int) -> None:
+    """One target, no map: today's kernels against an earlier softcap_ce.py (e.g. `git show
+    b064051:speedgpt/model/kernels/softcap_ce.py > /tmp/sce_before.py`), bit for bit, and their times."""
+    import types
+
+    from speedgpt.model.kernels import softcap_ce as now
+
+    # Its kernels and launchers only: the custom ops after them would replace today's (same op names).
+    source = Path(path).read_text().split("# Custom ops")[0]
+    before = types.ModuleType("softcap_ce_before")
+    before.__file__ = path
+    exec(compile(source, path, "exec"), before.__dict__)
+    before.CONFIG.update(now.CONFIG)
+    g = torch.Generator(device=DEV).manual_seed(2)
+    x = torch.randn(n, vocab_cols, device=DEV, generator=g, dtype=torch.bfloat16) * 3
+    x[:, true_vocab:] = -30
+    t = torch.randint(0, true_vocab, (n,), device=DEV, generator=g)
+    t[5::997] = IGNORE
+    dloss = torch.full((n,), 1.0 / n, device=DEV)
+    runs = {}
+    for label, m in (("before", before), ("now", now)):
+        loss, lse = m._triton_fwd(x, t, 15.0, IGNORE)
+        grad = m._triton_bwd(x, t, lse, dloss, 15.0, IGNORE, torch.empty_like(x))
+        _, g8, g8t = m._triton_fp8_grad(x, t, 15.0, 2.0 ** 15, IGNORE, torch.float8_e5m2)
+        outs = [loss, lse, grad, g8.view(torch.uint8), g8t.view(torch.uint8)]
+        ms = []
+        if DEV == "cuda":
+            from speedgpt.bench import cuda_ms
+
+            out = torch.empty_like(x)
+            ms = [cuda_ms(lambda: m._triton_fwd(x, t, 15.0, IGNORE)),
+                  cuda_ms(lambda: m._triton_bwd(x, t, lse, dloss, 15.0, IGNORE, out)),
+                  cuda_ms(lambda: m._triton_fp8_grad(x, t, 15.0, 2.0 ** 15, IGNORE, torch.float8_e5m2))]
+        runs[label] = (outs, ms)
+    same = [torch.equal(a, b) for a, b in zip(runs["before"][0], runs["now"][0])]
+    print(f"[K=1 vs {path}] {n} x {vocab_cols} bit for bit (loss, lse, bf16 grad, G, G^T): {same}", flush=True)
+    if runs["now"][1]:
+        print("[K=1] ms before / now: " + ", ".join(f"{k} {b:.3f} / {a:.3f}" for k, b, a in
+                                                    zip(("fwd", "bwd", "fwd + e5m2 grad"), runs["before"][1],
+                                                        runs["now"][1])), flush=True)
+    expect(all(same), f"one target without a map differs from {path}: {same}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check-rows", type=int, default=4096, help="rows of the float64 checks")
     ap.add_argument("--no-timing", action="store_true")
     ap.add_argument("--no-compile", action="store_true", help="time eager code only (no compile time)")
+    ap.add_argument("--baseline", metavar="SOFTCAP_CE_PY", help="an earlier kernels/softcap_ce.py: one target, no "
+                    "map must match it bit for bit (and time the same)")
     ap.add_argument("--dry-run-cpu", action="store_true", help="exercise this script on CPU (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     global DEV
@@ -265,6 +312,12 @@ def main() -> int:
     n_check = 64 if dry else args.check_rows
     compile_too = not (args.no_compile or dry)
     times = {}
+    if args.baseline:
+        try:
+            check_baseline(args.baseline, 96 if dry else 49152, cols, vocab)
+        except Exception:
+            traceback.print_exc()
+            fail("the baseline comparison raised")
     for case, rows, w, (cap, a, b) in case_list(dry):
         try:
             check_kernels(case, n_check, cols, vocab, w, cap, a, b)
