@@ -293,6 +293,10 @@ def main() -> int:
     args = ap.parse_args()
     global DEV
     dry = args.dry_run_cpu
+    if args.baseline and (not Path(args.baseline).is_file() or "def _triton_fp8_grad" not in Path(args.baseline).read_text()):
+        print(f"gpu_check_mtp: --baseline {args.baseline} is no softcap_ce.py (write one with git show "
+              f"REV:speedgpt/model/kernels/softcap_ce.py > FILE)")
+        return 2
     if dry:
         DEV = "cpu"
     elif not torch.cuda.is_available():
