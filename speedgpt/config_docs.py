@@ -36,6 +36,9 @@ DESCRIPTIONS: dict[str, str] = {
     "model.fp8_head_fp8_wgrad": "unfused FP8 head: weight gradient as an FP8 matmul, fp32 out (record #28); off: bf16",
     "model.bf16_embeds": "keep the embeddings in bfloat16",
     "model.fused_ce": "softcapped cross-entropy as a Triton kernel (CUDA + Triton); elsewhere the PyTorch loss",
+    "model.fused_mtp": "with fused_ce: multi-token prediction and logit_rescale through the fused loss too (with "
+                       "fp8_head: the fused head + loss op); false: their unfused paths (torch MTP loss over fp32 "
+                       "logits, unfused FP8 head)",
     "model.fp8_mlp": "MLP matmuls in FP8 with dynamic scales (CUDA capability >= 8.9); elsewhere the model's dtype",
     "model.fp8_scaling": "the scaling of fp8_mlp and fp8_attn: rowwise (one scale per token / output unit) | tensorwise (one per tensor)",
     "model.fp8_attn": "attention qkv and output projections in FP8, like fp8_mlp",
@@ -61,8 +64,8 @@ DESCRIPTIONS: dict[str, str] = {
     "model.skip_gates": "gates 2 sigmoid(w . x0[:attn_gate_dim]) on the U-net skip connections (record #55); 1 at init",
     "model.backout_layer": "backout (record #40): subtract lambda (init 0.5) x this block's output before the final norm; "
                            "-1: off (record: 8 of 12)",
-    "model.logit_rescale": "logits 23 sigmoid((z + 5) / 7.5) instead of the symmetric softcap (record #54); the FP8 "
-                           "head then runs unfused",
+    "model.logit_rescale": "logits 23 sigmoid((z + 5) / 7.5) instead of the symmetric softcap (record #54); the fused "
+                           "loss takes it as a softcap of 11.5 on (z + 5) * 11.5 / 15",
     "model.tie_embed_frac": "embedding tied to the lm_head (lookup reads its rows; head init N(0, 0.005^2)) for this "
                             "fraction of the steps, then untied with weights and Adam state copied (record #53: 2/3, "
                             "its embedding lr after: 0.008; 1: tied throughout, record #51); 0: untied. With "

@@ -368,20 +368,22 @@ def test_kernels_compile_for_hopper_with_wide_loads(kernel):
 
     if kernel == "fwd":
         fn = sce._softcap_ce_fwd_kernel
-        sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "LOSS": "*fp32", "LSE": "*fp32", "V": "i32",
-               "cap": "fp32", "ignore_index": "i32"}
+        sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LOSS": "*fp32", "LSE": "*fp32",
+               "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "FIXED_MAX": True, "TANH": 0, "BLOCK_V": 4096}
     elif kernel == "bwd":
         fn = sce._softcap_ce_bwd_kernel
-        sig = {"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64", "LSE": "*fp32",
-               "DLOSS": "*fp32", "stride_dloss": "i32", "V": "i32", "cap": "fp32", "ignore_index": "i32"}
+        sig = {"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64", "W": "*fp32",
+               "LSE": "*fp32", "DLOSS": "*fp32", "stride_dloss": "i32", "V": "i32", "cap": "fp32", "a": "fp32",
+               "b": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "TANH": 0, "BLOCK_V": 4096}
     else:  # the GPU's e5m2 gradient kernel (f16x2 math, inline PTX: checked by ptxas here)
         fn = sce._softcap_ce_fp8_grad_fast_kernel
-        sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "LSE": "*fp32", "G": "*fp8e5", "GT16": "*i16",
-               "N": "i32", "V": "i32", "cap": "fp32", "g_scale": "fp32", "log2_g_scale": "fp32",
-               "ignore_index": "i32"}
+        sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LSE": "*fp32", "G": "*fp8e5",
+               "GT16": "*i16", "N": "i32", "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32", "g_scale": "fp32",
+               "log2_g_scale": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "BLOCK_N": 64, "BLOCK_V": 128}
+    consts.update(AFFINE=False, K=1, HAS_W=False)  # one target, no map: the kernels as before MTP (the model's 124m)
     sig.update({k: "constexpr" for k in consts})
     aligned = {(i,): [["tt.divisibility", 16]] for i, (name, ty) in enumerate(sig.items())
                if ty.startswith("*") or name in ("stride_x", "stride_g", "V", "N")}

@@ -47,6 +47,9 @@ class ModelConfig:
     # Softcapped cross-entropy in Triton (CUDA + triton only). With fp8_head, training runs head + loss
     # as one op whose kernel also writes the e5m2 logit gradient (model/fp8_head.py).
     fused_ce: bool = False
+    # With fused_ce: multi-token prediction (train.stages.mtp_weights) and the logit rescale also take the
+    # fused loss (with fp8_head the fused head + loss op) instead of unfused torch ops / an unfused FP8 head
+    fused_mtp: bool = True
     # MLP matmuls (forward and input gradient) in FP8 with dynamic scales (model/fp8_linear.py; Hopper+,
     # bf16 elsewhere).
     fp8_mlp: bool = False

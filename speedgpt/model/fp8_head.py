@@ -22,13 +22,17 @@ kernels over the bf16 logits (model/kernels/softcap_ce.py) compute the loss and,
 forward, the per-token logit gradient, written in e5m2 in both layouts `_scaled_mm` wants (row-
 and column-major), so the logits are freed at once, no separate cast pass exists and the weight
 gradient is an FP8 matmul too. Its gradient scale is G_SCALE (below); the upstream gradient of the
-loss arrives in the backward as a device scalar and is folded into the matmul scales. It is an
+loss arrives in the backward as a device scalar and is folded into the matmul scales. The op also
+takes the kernels' affine logit map (record #54's rescale) and multi-token prediction's K weighted
+targets per row, so speedrun-latest's stages train through it too (_FP8HeadCE keeps |G| <= G_SCALE). It is an
 autograd.Function whose casts to e4m3 and operand transposes are plain torch ops around two custom
 ops (the matmuls and the kernels): under torch.compile, Inductor can fuse x's cast into the final
 RMSNorm and writes the 1-byte transposes with its own kernels (aten's copies of them were slow).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -120,19 +124,22 @@ fp8_linear_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("speedgpt::fp8_head_ce_fwd", mutates_args=())
 def fp8_head_ce_fwd(x8: torch.Tensor, w8: torch.Tensor, targets: torch.Tensor, cap: float, x_scale: float,
-                    w_scale: float, ignore_index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    w_scale: float, ignore_index: int, weights: Optional[torch.Tensor] = None, scale: float = 1.0,
+                    shift: float = 0.0, g_scale: float = G_SCALE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(summed loss, G e5m2 (N, V), G^T e5m2 (V, N)) from the e4m3 operands x8 (N, D) and w8 (V, D),
-    G = G_SCALE * dloss_i / dlogits_ij (see module docstring)."""
+    G = g_scale * dloss_i / dlogits_ij (see module docstring); weights, scale, shift as in
+    kernels/softcap_ce.py's softcap_cross_entropy."""
     from .kernels.softcap_ce import softcap_ce_fp8_grad
 
     logits = _mm_e4m3(x8, w8, x_scale, w_scale)
-    loss, g8, g8t = softcap_ce_fp8_grad(logits, targets, cap, G_SCALE, ignore_index)
+    loss, g8, g8t = softcap_ce_fp8_grad(logits, targets, cap, g_scale, ignore_index, weights=weights, scale=scale,
+                                        shift=shift)
     del logits  # 4.8 GB at the speedrun shape, not kept for the backward
     return loss.sum(), g8, g8t
 
 
 @fp8_head_ce_fwd.register_fake
-def _(x8, w8, targets, cap, x_scale, w_scale, ignore_index):
+def _(x8, w8, targets, cap, x_scale, w_scale, ignore_index, weights=None, scale=1.0, shift=0.0, g_scale=G_SCALE):
     N, V = x8.shape[0], w8.shape[0]
     e5 = torch.float8_e5m2
     return x8.new_empty((), dtype=torch.float32), x8.new_empty(N, V, dtype=e5), x8.new_empty(V, N, dtype=e5)
@@ -140,11 +147,11 @@ def _(x8, w8, targets, cap, x_scale, w_scale, ignore_index):
 
 @torch.library.custom_op("speedgpt::fp8_head_ce_bwd", mutates_args=())
 def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8t: torch.Tensor, dloss: torch.Tensor,
-                    x_scale: float, w_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(grad_x bf16 (N, D), grad_w fp32 (V, D)) from the e5m2 gradient in both layouts and the e4m3
-    operands transposed, x8t (D, N) and w8t (D, V): _scaled_mm wants its first operand row-major (G,
+                    x_scale: float, w_scale: float, g_scale: float = G_SCALE) -> tuple[torch.Tensor, torch.Tensor]:
+    """(grad_x bf16 (N, D), grad_w fp32 (V, D)) from the e5m2 gradient (scaled by g_scale) in both layouts and
+    the e4m3 operands transposed, x8t (D, N) and w8t (D, V): _scaled_mm wants its first operand row-major (G,
     G^T) and its second column-major (the views x8t.T, w8t.T)."""
-    g_scale = (dloss.float() / G_SCALE).reshape(())
+    g_scale = (dloss.float() / g_scale).reshape(())
     grad_x = _grad_input(g8, w8t, g_scale, w_scale)
     grad_w = torch._scaled_mm(g8t, x8t.T, scale_a=g_scale, scale_b=_scale(x_scale, g8.device),
                               out_dtype=torch.float32, use_fast_accum=False)
@@ -152,42 +159,59 @@ def fp8_head_ce_bwd(g8: torch.Tensor, g8t: torch.Tensor, x8t: torch.Tensor, w8t:
 
 
 @fp8_head_ce_bwd.register_fake
-def _(g8, g8t, x8t, w8t, dloss, x_scale, w_scale):
+def _(g8, g8t, x8t, w8t, dloss, x_scale, w_scale, g_scale=G_SCALE):
     N, V, D = g8.shape[0], g8.shape[1], w8t.shape[0]
     return g8.new_empty(N, D, dtype=torch.bfloat16), g8.new_empty(V, D, dtype=torch.float32)
 
 
 class _FP8HeadCE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, targets, cap, x_scale, w_scale, ignore_index):
+    def forward(ctx, x, w, targets, cap, x_scale, w_scale, ignore_index, weights, scale, shift):
         # Rounded as compiled code rounds, so that eager and compiled results agree bit for bit: Inductor
         # keeps the product in fp32 (no bf16 rounding in between) and, on GPUs, turns a division by a
         # constant into this multiplication by its reciprocal.
         x8 = (x.float() * (1.0 / x_scale)).to(torch.float8_e4m3fn)
         w8 = (w.float() * (1.0 / w_scale)).to(torch.float8_e4m3fn)
-        loss, g8, g8t = fp8_head_ce_fwd(x8, w8, targets, cap, x_scale, w_scale, ignore_index)
-        ctx.save_for_backward(g8, g8t, x8.t().contiguous(), w8)
-        ctx.meta = (x_scale, w_scale, x.dtype, w.dtype)
-        return loss  # the only output: G and G^T are saved, never outputs autograd would fill with zeros
+        # G's bound |G| <= G_SCALE (module docstring) holds for one target and a map of factor |scale| <= 1.
+        # A larger factor lowers the scale; weights summing past 1 (multi-token prediction: 1.75 for
+        # [1, .5, .25]) are divided by their sum here, and the loss and its gradient multiplied back.
+        g_scale = G_SCALE / max(1.0, abs(scale))
+        norm = None
+        if weights is not None:
+            norm = weights.float().sum().clamp(min=1.0)
+            weights = weights.float() / norm
+        loss, g8, g8t = fp8_head_ce_fwd(x8, w8, targets, cap, x_scale, w_scale, ignore_index, weights, scale, shift,
+                                        g_scale)
+        ctx.save_for_backward(g8, g8t, x8.t().contiguous(), w8, norm)
+        ctx.meta = (x_scale, w_scale, x.dtype, w.dtype, g_scale)
+        # the only output: G and G^T are saved, never outputs autograd would fill with zeros
+        return loss if norm is None else loss * norm
 
     @staticmethod
     def backward(ctx, dloss):
-        g8, g8t, x8t, w8 = ctx.saved_tensors
-        x_scale, w_scale, x_dtype, w_dtype = ctx.meta
-        grad_x, grad_w = fp8_head_ce_bwd(g8, g8t, x8t, w8.t().contiguous(), dloss, x_scale, w_scale)
-        return grad_x.to(x_dtype), grad_w.to(w_dtype), None, None, None, None, None
+        g8, g8t, x8t, w8, norm = ctx.saved_tensors
+        x_scale, w_scale, x_dtype, w_dtype, g_scale = ctx.meta
+        if norm is not None:
+            dloss = dloss * norm
+        grad_x, grad_w = fp8_head_ce_bwd(g8, g8t, x8t, w8.t().contiguous(), dloss, x_scale, w_scale, g_scale)
+        return grad_x.to(x_dtype), grad_w.to(w_dtype), None, None, None, None, None, None, None, None
 
 
 def fp8_head_cross_entropy(x_2d: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, cap: float,
                            x_scale: float, w_scale: float, reduction: str = "mean",
-                           ignore_index: int = -100) -> torch.Tensor:
+                           ignore_index: int = -100, *, weights: torch.Tensor | None = None, scale: float = 1.0,
+                           shift: float = 0.0) -> torch.Tensor:
     """Softcapped cross-entropy of the FP8 head's logits x_2d @ w.T, for training (see module
-    docstring); reduction "mean" (over non-ignored targets) or "sum"."""
+    docstring); reduction "mean" (over non-ignored targets; with weights over the rows) or "sum".
+    weights (multi-token prediction, targets (N, K)) and the logits' affine map scale, shift: as in
+    kernels/softcap_ce.py's softcap_cross_entropy."""
     if reduction not in ("mean", "sum"):
         raise ValueError(f"fp8_head_cross_entropy: reduction must be mean or sum, not {reduction!r}")
     loss_sum = _FP8HeadCE.apply(x_2d, w, targets.contiguous(), float(cap), float(x_scale), float(w_scale),
-                                int(ignore_index))
-    return loss_sum / (targets != ignore_index).sum() if reduction == "mean" else loss_sum
+                                int(ignore_index), weights, float(scale), float(shift))
+    if reduction == "sum":
+        return loss_sum
+    return loss_sum / x_2d.shape[0] if weights is not None else loss_sum / (targets != ignore_index).sum()
 
 
 def fp8_linear(x_2d: torch.Tensor, w: torch.Tensor, x_scale: float, w_scale: float, grad_scale: float,

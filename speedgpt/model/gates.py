@@ -33,6 +33,12 @@ def rescale_for_softcap(logits: torch.Tensor) -> torch.Tensor:
     return (logits + RESCALE_SHIFT) * RESCALE_SLOPE
 
 
+def rescale_as_affine_softcap() -> tuple[float, float, float]:
+    """(cap, scale, shift) with cap * tanh((scale * z + shift) / cap) record #54's logits less 11.5: the
+    map as the fused loss kernels take it (in fp32, on the head's logits as they are read)."""
+    return RESCALE_CAP, RESCALE_SLOPE, RESCALE_SHIFT * RESCALE_SLOPE
+
+
 def sigmoid_gate(x_BTD: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """2 sigmoid(weight . x[:gate_dim]): (B, T, rows of weight); 1 where weight is zero."""
     return 2 * torch.sigmoid(F.linear(x_BTD[..., :weight.size(-1)], weight.to(x_BTD.dtype)))

@@ -20,10 +20,11 @@ from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache,
 from .embeddings import BigramHashEmbedding, EmbedTying, SmearGate, previous_tokens
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
 from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
-from .gates import RESCALE_CAP, SkipGates, gate_value_embed, mimetic_fills, rescale_for_softcap, rescale_logits
+from .gates import (SkipGates, gate_value_embed, mimetic_fills, rescale_as_affine_softcap, rescale_for_softcap,
+                    rescale_logits)
 from .kernels.softcap_ce import softcap_cross_entropy
 from .moe import MoE
-from .mtp import multi_token_loss
+from .mtp import multi_token_loss, target_rows
 from .rotary import Rotary
 from .runtime import ModelRuntime
 
@@ -158,6 +159,8 @@ class GPT(nn.Module):
             self.loss_path = "fp8_fused"
         else:
             self.loss_path = "fused_ce" if runtime.fused_ce else "torch"
+        # model.fused_mtp: multi-token prediction and the logit rescale take the fused path too (see loss)
+        self.fused_mtp = cfg.fused_mtp and self.loss_path != "torch"
 
     def init_plan(self) -> list:
         """Every parameter's initialization as (name, fill function), in the order the random draws
@@ -334,7 +337,9 @@ class GPT(nn.Module):
         if targets_BT is None:
             return self.softcap(self.head(x).float())
         if mtp_weights is not None and mtp_weights.size(0) > 1 and reduction == "mean":
-            # Scores K tokens ahead from the logits, so no fused loss path (those never form them).
+            if self.fused_mtp:  # K targets per row in the fused kernels: one pass over the logits each way
+                return self.loss(x, targets_BT, reduction, mtp_weights)
+            # the reference: plain torch over the fp32 (B, T, V) logits
             return multi_token_loss(self.softcap(self.head(x).float()), targets_BT, mtp_weights)
         return self.loss(x, targets_BT, reduction)
 
@@ -363,25 +368,34 @@ class GPT(nn.Module):
         cap = self.cfg.logit_softcap
         return cap * torch.tanh(logits / cap) if cap else logits
 
-    def loss(self, x_BTD: torch.Tensor, targets_BT: torch.Tensor, reduction: str) -> torch.Tensor:
+    def loss(self, x_BTD: torch.Tensor, targets_BT: torch.Tensor, reduction: str,
+             mtp_weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The loss of the final hidden states; `mtp_weights` (fused paths only, reduction "mean"):
+        multi_token_loss's sum, as K targets per row for the fused kernels."""
         cfg = self.cfg
         B, T, D = x_BTD.shape
-        # Record #54's rescale is a softcap of other logits (model/gates.py): the fused paths take it as
-        # one affine map of the head's logits; so the FP8 head then runs unfused (its op takes no map).
+        # Record #54's rescale is a softcap of an affine map of the head's logits (model/gates.py): the
+        # fused kernels apply the map as they read the logits. Without model.fused_mtp (the earlier
+        # path) the map is a bf16 pass of its own and the FP8 head runs unfused.
+        cap, scale, shift = cfg.logit_softcap, 1.0, 0.0
+        if cfg.logit_rescale:
+            cap, scale, shift = rescale_as_affine_softcap()
+        targets, weights = targets_BT.reshape(-1), None
+        if mtp_weights is not None:
+            targets, weights = target_rows(targets_BT, mtp_weights.size(0)), mtp_weights
         if self.loss_path == "fp8_fused" and reduction in ("mean", "sum") and torch.is_grad_enabled() \
-                and not cfg.logit_rescale:
+                and (self.fused_mtp or not cfg.logit_rescale):
             # training: head + loss + logit gradient fused; the logits never leave its custom op (model/fp8_head.py)
-            return fp8_head_cross_entropy(x_BTD.reshape(B * T, D), self.lm_head.weight, targets_BT.reshape(-1),
-                                          cfg.logit_softcap, D ** 0.5 / E4M3_MAX, self.runtime.fp8_w_bound / E4M3_MAX,
-                                          reduction)
+            return fp8_head_cross_entropy(x_BTD.reshape(B * T, D), self.lm_head.weight, targets, cap,
+                                          D ** 0.5 / E4M3_MAX, self.runtime.fp8_w_bound / E4M3_MAX, reduction,
+                                          weights=weights, scale=scale, shift=shift)
         logits = self.head(x_BTD)
         if self.loss_path != "torch":
-            cap = cfg.logit_softcap
-            if cfg.logit_rescale:
-                logits, cap = rescale_for_softcap(logits), RESCALE_CAP
+            if cfg.logit_rescale and not self.fused_mtp:
+                logits, scale, shift = rescale_for_softcap(logits), 1.0, 0.0
             # fp32 softcap + cross-entropy in one kernel pair; the backward overwrites the (unused) logits
-            loss = softcap_cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1),
-                                         cap, reduction, inplace_backward=True)
+            loss = softcap_cross_entropy(logits.view(-1, logits.size(-1)), targets, cap, reduction,
+                                         inplace_backward=True, weights=weights, scale=scale, shift=shift)
             return loss.view_as(targets_BT) if reduction == "none" else loss
         logits = self.softcap(logits.float())
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets_BT.reshape(-1).long(), reduction=reduction)

@@ -8,6 +8,10 @@ the denominator stays B*T), and document boundaries inside a row are not treated
 document's end the later offsets score the next document's first tokens, as the next-token loss
 scores its BOS. The weights enter as a tensor, so a schedule that changes their values does not
 recompile; their number is a shape (one compiled graph per count, warmed up per stage).
+
+`multi_token_loss` is the reference (and the CPU path): plain torch over the fp32 logits. With a fused
+loss (model.fused_ce, model.fused_mtp) the model passes `target_rows` and the weights to the fused
+kernels instead, which compute the same sum in one pass over the logits (GPT.loss).
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ def shifted_targets(targets_BT: torch.Tensor, k: int) -> tuple[torch.Tensor, tor
     targets_BTK = F.pad(targets_BT, (0, k - 1)).unfold(1, k, 1)
     ahead = torch.arange(T, device=targets_BT.device)[:, None] + torch.arange(k, device=targets_BT.device)[None, :]
     return targets_BTK, ahead < T
+
+
+def target_rows(targets_BT: torch.Tensor, k: int, ignore_index: int = -100) -> torch.Tensor:
+    """(B*T, k): each position's k targets t, t+1, .., t+k-1 as one row, ignore_index past the row's end:
+    the fused losses' form of the same terms (kernels/softcap_ce.py, fp8_head.py)."""
+    targets_BTK, valid_TK = shifted_targets(targets_BT, k)
+    return torch.where(valid_TK, targets_BTK, ignore_index).reshape(-1, k)
 
 
 def multi_token_loss(logits_BTV: torch.Tensor, targets_BT: torch.Tensor, weights_K: torch.Tensor) -> torch.Tensor:

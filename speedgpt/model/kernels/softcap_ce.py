@@ -27,12 +27,23 @@ tanh(y) = 1 - 2 / (exp(2y) + 1): one exp2 and one fast division in fp32; its abs
 Reductions follow F.cross_entropy: "mean" divides by the number of targets != ignore_index
 (NaN when all are ignored, as torch), "sum", "none" (ignored rows get 0). Targets must lie in
 [0, V) or equal ignore_index; others are not checked (the loss of such a row is its logsumexp).
+
+Two generalizations, each a constexpr of the kernels, so that the plain case (one target, no map)
+compiles to the same instructions as before they existed:
+- an affine pre-map of the logits, z = cap * tanh((a x + b) / cap), for record #54's rescale (model/
+  gates.py); the gradient gains the factor a, folded into each row's scale.
+- multi-token prediction (model/mtp.py): K targets per row (ignore_index: past the row's end) with K
+  weights read from a device tensor (new values, no recompile). Row i's loss is sum_k w_k (lse_i -
+  z_i,t_ik) over its valid targets: one logsumexp serves all K, so the forward still reads the logits
+  once, and so does the backward: dloss_i/dz_ij = Wv_i softmax_ij - sum_k w_k [j == t_ik], Wv_i the
+  sum of row i's valid weights. "mean" then divides by the rows, as multi_token_loss divides by B*T.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -114,11 +125,32 @@ if HAVE_TRITON:
         return z2, t
 
     @triton.jit
+    def _mapped_log2(x, cap, a, b, HAS_CAP: tl.constexpr, AFFINE: tl.constexpr, TANH: tl.constexpr):
+        """_capped_log2 of the logits' affine map a * x + b (AFFINE), else of x itself. dz/dx is a times
+        the capped derivative: the callers fold a into their per-row gradient scale."""
+        if AFFINE:
+            x = x * a + b
+        return _capped_log2(x, cap, HAS_CAP, TANH)
+
+    @triton.jit
+    def _target_logit(x_row, t_ptr, V, cap, a, b, ignore_index, HAS_CAP: tl.constexpr, AFFINE: tl.constexpr,
+                      TANH: tl.constexpr):
+        """(whether the target at t_ptr is valid, its capped logit z; 0 for a target outside [0, V))."""
+        tgt = tl.load(t_ptr).to(tl.int64)
+        valid = tgt != ignore_index
+        in_range = valid & (tgt >= 0) & (tgt < V)
+        xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
+        zt2, _tt = _mapped_log2(xt, cap, a, b, HAS_CAP, AFFINE, TANH)
+        return valid, tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
+
+    @triton.jit
     def _softcap_ce_fwd_kernel(
-        X, stride_x, T, LOSS, LSE, V, cap, ignore_index,
-        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH: tl.constexpr,
-        BLOCK_V: tl.constexpr,
+        X, stride_x, T, W, LOSS, LSE, V, cap, a, b, ignore_index,
+        HAS_CAP: tl.constexpr, FIXED_MAX: tl.constexpr, TANH: tl.constexpr, AFFINE: tl.constexpr,
+        K: tl.constexpr, HAS_W: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
+        """One row's loss and logsumexp. T holds K targets per row (row-major) and W their K weights
+        (HAS_W); without weights K is 1 and the row's loss is the plain cross-entropy."""
         row = tl.program_id(0).to(tl.int64)
         x_row = X + row * stride_x
         offs = tl.arange(0, BLOCK_V)
@@ -130,7 +162,7 @@ if HAVE_TRITON:
                 cols = start + offs
                 mask = cols < V
                 x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
+                z2, _t = _mapped_log2(x, cap, a, b, HAS_CAP, AFFINE, TANH)
                 acc += tl.where(mask, tl.exp2(z2 - c2), 0.0)
             lse2 = c2 + tl.log2(tl.sum(acc, axis=0))
         else:
@@ -141,35 +173,57 @@ if HAVE_TRITON:
                 cols = start + offs
                 mask = cols < V
                 x = tl.load(x_row + cols, mask=mask, other=0.0, eviction_policy="evict_first").to(tl.float32)
-                z2, _t = _capped_log2(x, cap, HAS_CAP, TANH)
+                z2, _t = _mapped_log2(x, cap, a, b, HAS_CAP, AFFINE, TANH)
                 z2 = tl.where(mask, z2, -float("inf"))
                 m_new = tl.maximum(m, tl.max(z2, axis=0))
                 s = s * tl.exp2(m - m_new) + tl.sum(tl.exp2(z2 - m_new), axis=0)
                 m = m_new
             lse2 = m + tl.log2(s)
         lse = lse2 * 0.6931471805599453
-        tgt = tl.load(T + row).to(tl.int64)
-        valid = tgt != ignore_index
-        in_range = valid & (tgt >= 0) & (tgt < V)
-        xt = tl.load(x_row + tl.where(in_range, tgt, 0)).to(tl.float32)
-        zt2, _tt = _capped_log2(xt, cap, HAS_CAP, TANH)
-        zt = tl.where(in_range, zt2 * 0.6931471805599453, 0.0)
-        loss = tl.where(valid, lse - zt, 0.0)
+        if HAS_W:  # sum_k w_k (lse - z_t_k) over the row's valid targets
+            loss = tl.full((), 0.0, tl.float32)
+            for k in tl.static_range(K):
+                valid, zt = _target_logit(x_row, T + row * K + k, V, cap, a, b, ignore_index, HAS_CAP, AFFINE, TANH)
+                loss += tl.where(valid, tl.load(W + k) * (lse - zt), 0.0)
+        else:
+            valid, zt = _target_logit(x_row, T + row, V, cap, a, b, ignore_index, HAS_CAP, AFFINE, TANH)
+            loss = tl.where(valid, lse - zt, 0.0)
         tl.store(LOSS + row, loss)
         tl.store(LSE + row, lse)
 
     @triton.jit
+    def _target_weights(T, W, rows, ignore_index, K: tl.constexpr, k: tl.constexpr, EVEN: tl.constexpr):
+        """(target k of each of `rows` (int32), its weight there: w_k, or 0 where invalid). Unless EVEN, a
+        row index < 0 (the caller's mark for a row past the end of a partial tile) reads as ignored."""
+        if EVEN:
+            tgt = tl.load(T + rows * K + k).to(tl.int32)
+        else:
+            tgt = tl.load(T + rows * K + k, mask=rows >= 0, other=ignore_index).to(tl.int32)
+        return tgt, tl.where(tgt != ignore_index, tl.load(W + k), 0.0)
+
+    @triton.jit
     def _softcap_ce_bwd_kernel(
-        X, stride_x, G, stride_g, T, LSE, DLOSS, stride_dloss, V, cap, ignore_index,
-        HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_V: tl.constexpr,
+        X, stride_x, G, stride_g, T, W, LSE, DLOSS, stride_dloss, V, cap, a, b, ignore_index,
+        HAS_CAP: tl.constexpr, TANH: tl.constexpr, AFFINE: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr,
+        BLOCK_V: tl.constexpr,
     ):
+        """dloss_i * dloss_i/dx_ij for one row; with K weighted targets dloss_i/dz_ij = Wv_i p_ij - sum_k w_k [j == t_ik],
+        Wv_i the sum of the row's valid weights."""
         # G may alias X (in-place): each chunk is fully read before it is written, by one program.
         row = tl.program_id(0).to(tl.int64)
         x_row = X + row * stride_x
         g_row = G + row * stride_g
-        tgt = tl.load(T + row).to(tl.int64)
-        scale = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
-        scale = tl.where(tgt != ignore_index, scale, 0.0)
+        if HAS_W:
+            scale = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
+            wv = tl.full((), 0.0, tl.float32)
+            for k in tl.static_range(K):
+                wv += tl.where(tl.load(T + row * K + k) != ignore_index, tl.load(W + k), 0.0)
+        else:
+            tgt = tl.load(T + row).to(tl.int64)
+            scale = tl.load(DLOSS + row * stride_dloss).to(tl.float32)
+            scale = tl.where(tgt != ignore_index, scale, 0.0)
+        if AFFINE:
+            scale = scale * a
         lse2 = tl.load(LSE + row) * 1.4426950408889634
         offs = tl.arange(0, BLOCK_V)
         for start in range(0, V, BLOCK_V):
@@ -177,9 +231,15 @@ if HAVE_TRITON:
             mask = cols < V
             # masked lanes: -inf gives p = 0 (0.0 could overflow exp2 for a very negative lse)
             x = tl.load(x_row + cols, mask=mask, other=float("-inf"), eviction_policy="evict_first").to(tl.float32)
-            z2, t = _capped_log2(x, cap, HAS_CAP, TANH)
+            z2, t = _mapped_log2(x, cap, a, b, HAS_CAP, AFFINE, TANH)
             p = tl.exp2(z2 - lse2)
-            d = p - tl.where(cols == tgt, 1.0, 0.0)
+            if HAS_W:
+                d = p * wv
+                for k in tl.static_range(K):  # the same K scalar loads each chunk: cached
+                    tgt_k = tl.load(T + row * K + k).to(tl.int64)
+                    d -= tl.where(cols == tgt_k, tl.where(tgt_k != ignore_index, tl.load(W + k), 0.0), 0.0)
+            else:
+                d = p - tl.where(cols == tgt, 1.0, 0.0)
             if HAS_CAP:
                 d = d * (1.0 - t * t)
             # fp32 -> bf16 rounds to nearest even on the GPU (the interpreter truncates: 2x the error)
@@ -188,15 +248,16 @@ if HAVE_TRITON:
 
     @triton.jit
     def _softcap_ce_fp8_grad_kernel(
-        X, stride_x, T, LSE, G, GT, N, V, cap, g_scale, ignore_index,
-        HAS_CAP: tl.constexpr, TANH: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
-        EVEN: tl.constexpr,
+        X, stride_x, T, W, LSE, G, GT, N, V, cap, a, b, g_scale, ignore_index,
+        HAS_CAP: tl.constexpr, TANH: tl.constexpr, AFFINE: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr, EVEN: tl.constexpr,
     ):
         """g_scale * dloss_i/dx_ij for one (BLOCK_N x BLOCK_V) tile, given the rows' logsumexp, written
         in e5m2 twice: row-major into G (N, V) and transposed into GT (V, N), the two layouts the FP8
         backward matmuls want (model/fp8_head.py). One tile per program. 64-bit tile bases, 32-bit offsets
         inside the tile (the host checks they fit). The general version (any shape, the interpreter);
-        _softcap_ce_fp8_grad_fast_kernel is the GPU's."""
+        _softcap_ce_fp8_grad_fast_kernel is the GPU's. With weights (HAS_W), K targets per row as in the
+        backward kernel. The affine map's factor a is in g_scale (the host's)."""
         row0 = tl.program_id(0) * BLOCK_N
         col0 = tl.program_id(1) * BLOCK_V
         r = tl.arange(0, BLOCK_N)
@@ -206,20 +267,35 @@ if HAVE_TRITON:
         gt_ptrs = GT + col0.to(tl.int64) * N + row0 + (c[None, :] * N + r[:, None])
         if EVEN:
             x = tl.load(x_ptrs)
-            tgt = tl.load(T + row0 + r).to(tl.int32)
+            if not HAS_W:
+                tgt = tl.load(T + row0 + r).to(tl.int32)
             lse = tl.load(LSE + row0 + r)
         else:
             row_ok = (row0 + r) < N
             mask = row_ok[:, None] & ((col0 + c) < V)[None, :]
             x = tl.load(x_ptrs, mask=mask, other=0.0)
-            tgt = tl.load(T + row0 + r, mask=row_ok, other=ignore_index).to(tl.int32)
+            if not HAS_W:
+                tgt = tl.load(T + row0 + r, mask=row_ok, other=ignore_index).to(tl.int32)
             lse = tl.load(LSE + row0 + r, mask=row_ok, other=0.0)
-        z2, t = _capped_log2(x.to(tl.float32), cap, HAS_CAP, TANH)
+        z2, t = _mapped_log2(x.to(tl.float32), cap, a, b, HAS_CAP, AFFINE, TANH)
         d = tl.exp2(z2 - (lse * 1.4426950408889634)[:, None])
-        d = d - tl.where(c[None, :] == (tgt - col0)[:, None], 1.0, 0.0)  # ignored rows are zeroed below
+        if HAS_W:
+            rows = tl.where((row0 + r) < N, row0 + r, -1)  # -1: past the end (EVEN: none is)
+            wv = tl.zeros([BLOCK_N], dtype=tl.float32)
+            hits = tl.zeros([BLOCK_N, BLOCK_V], dtype=tl.float32)
+            for k in tl.static_range(K):
+                tgt_k, w_k = _target_weights(T, W, rows, ignore_index, K, k, EVEN)
+                wv += w_k
+                hits += tl.where(c[None, :] == (tgt_k - col0)[:, None], w_k[:, None], 0.0)
+            d = d * wv[:, None] - hits
+        else:
+            d = d - tl.where(c[None, :] == (tgt - col0)[:, None], 1.0, 0.0)  # ignored rows are zeroed below
         if HAS_CAP:
             d = d * (1.0 - t * t)
-        d = (d * tl.where(tgt != ignore_index, g_scale, 0.0)[:, None]).to(G.dtype.element_ty)
+        if HAS_W:
+            d = (d * g_scale).to(G.dtype.element_ty)
+        else:
+            d = (d * tl.where(tgt != ignore_index, g_scale, 0.0)[:, None]).to(G.dtype.element_ty)
         # GT's store is contiguous along the tile's rows; the compiler recomputes the tile in that
         # layout (twice the math), which keeps 8-bit values out of a layout change (see the fast kernel)
         if EVEN:
@@ -230,10 +306,33 @@ if HAVE_TRITON:
             tl.store(gt_ptrs, d, mask=mask)
 
     @triton.jit
-    def _grad_tile_f16(x, lse, tgt, d_target, col0, cap, g_scale, log2_g_scale, ignore_index,
-                       HAS_CAP: tl.constexpr, BLOCK_V: tl.constexpr):
-        """g_scale * dloss/dx of one tile in f16, its tanh and exp2 as packed f16x2 instructions. The
-        scale is folded into the exponent: g_scale * p = 2^(z log2 e - lse log2 e + log2 g_scale) <= g_scale
+    def _probs_tile_f16(x, shift, cap, a, b, HAS_CAP: tl.constexpr, AFFINE: tl.constexpr):
+        """2^(z log2 e + shift) * dz/dy in f16 for a tile of logits x (y their affine map, z the capped y),
+        its tanh and exp2 as packed f16x2 instructions; `shift` per row."""
+        if HAS_CAP:
+            if AFFINE:
+                y = ((x.to(tl.float32) * a + b) * (1.0 / cap)).to(tl.float16)
+            else:
+                y = (x.to(tl.float32) * (1.0 / cap)).to(tl.float16)
+            t = tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [y], dtype=tl.float16,
+                                          is_pure=True, pack=2)
+            arg = t.to(tl.float32) * (cap * 1.4426950408889634) + shift[:, None]
+        else:
+            if AFFINE:
+                arg = (x.to(tl.float32) * a + b) * 1.4426950408889634 + shift[:, None]
+            else:
+                arg = x.to(tl.float32) * 1.4426950408889634 + shift[:, None]
+        d = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [arg.to(tl.float16)],
+                                      dtype=tl.float16, is_pure=True, pack=2)
+        if HAS_CAP:
+            d = d - d * (t * t)
+        return d
+
+    @triton.jit
+    def _grad_tile_f16(x, lse, tgt, d_target, col0, cap, a, b, g_scale, log2_g_scale, ignore_index,
+                       HAS_CAP: tl.constexpr, AFFINE: tl.constexpr, BLOCK_V: tl.constexpr):
+        """g_scale * dloss/dx of one tile in f16 (_probs_tile_f16). The scale is folded into the exponent:
+        g_scale * p = 2^(z log2 e - lse log2 e + log2 g_scale) <= g_scale
         fits f16 (g_scale <= 2^15) while z from the f16 tanh stays within ~cap * 2^-10 of the forward's
         (the caller allows cap <= 40). Errors in p: the exponent's argument is rounded to f16 once
         (<= 2^-8 relative for |arg| < 16) and tanh's f16 result moves z by up to ~cap * 2^-12 (~1.5 %
@@ -244,38 +343,60 @@ if HAVE_TRITON:
         confident prediction (p near 1) would lose most of its digits."""
         c = tl.arange(0, BLOCK_V)
         shift = log2_g_scale - lse * 1.4426950408889634
-        if HAS_CAP:
-            y = (x.to(tl.float32) * (1.0 / cap)).to(tl.float16)
-            t = tl.inline_asm_elementwise("tanh.approx.f16x2 $0, $1;", "=r,r", [y], dtype=tl.float16,
-                                          is_pure=True, pack=2)
-            arg = t.to(tl.float32) * (cap * 1.4426950408889634) + shift[:, None]
-        else:
-            arg = x.to(tl.float32) * 1.4426950408889634 + shift[:, None]
-        d = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [arg.to(tl.float16)],
-                                      dtype=tl.float16, is_pure=True, pack=2)
-        if HAS_CAP:
-            d = d - d * (t * t)
+        d = _probs_tile_f16(x, shift, cap, a, b, HAS_CAP, AFFINE)
         d = tl.where((tgt != ignore_index)[:, None], d, 0.0).to(tl.float16)
         hit = (c[None, :] == (tgt - col0)[:, None]) & (tgt != ignore_index)[:, None]
         return tl.where(hit, d_target.to(tl.float16)[:, None], d)
 
     @triton.jit
-    def _target_grad(X, stride_x, rows, tgt, lse, col0, cap, g_scale, ignore_index, HAS_CAP: tl.constexpr,
-                     BLOCK_V: tl.constexpr):
+    def _target_grad(X, stride_x, rows, tgt, lse, col0, cap, a, b, g_scale, ignore_index, wv, hit_w,
+                     HAS_CAP: tl.constexpr, AFFINE: tl.constexpr, HAS_W: tl.constexpr, BLOCK_V: tl.constexpr):
         """g_scale * dloss_i/dx_i,t_i in fp32 for the rows whose target lies in this tile's columns
-        (0 for the others: their target is another tile's, or ignored)."""
+        (0 for the others: their target is another tile's, or ignored). With weights (HAS_W):
+        g_scale * (wv p - hit_w) * dz/dy, wv the row's valid weights, hit_w those of its targets equal to t_i."""
         here = (tgt >= col0) & (tgt < col0 + BLOCK_V) & (tgt != ignore_index)
         xt = tl.load(X + rows.to(tl.int64) * stride_x + tgt, mask=here, other=0.0).to(tl.float32)
-        z2, t = _capped_log2(xt, cap, HAS_CAP, 0)
-        d = tl.exp2(z2 - lse * 1.4426950408889634) - 1.0
+        z2, t = _mapped_log2(xt, cap, a, b, HAS_CAP, AFFINE, 0)
+        if HAS_W:
+            d = tl.exp2(z2 - lse * 1.4426950408889634) * wv - hit_w
+        else:
+            d = tl.exp2(z2 - lse * 1.4426950408889634) - 1.0
         if HAS_CAP:
             d = d * (1.0 - t * t)
         return tl.where(here, d * g_scale, 0.0)
 
     @triton.jit
+    def _weighted_grad_tile_f16(X, stride_x, x, rows, T, W, LSE, col0, cap, a, b, g_scale, log2_g_scale,
+                                ignore_index, HAS_CAP: tl.constexpr, AFFINE: tl.constexpr, K: tl.constexpr,
+                                BLOCK_V: tl.constexpr):
+        """_grad_tile_f16 for K weighted targets per row: g_scale * (wv p - sum_k w_k [j == t_k]) * dz/dy,
+        wv the row's valid weights, folded into the exponent as log2(wv) (-inf, so 0, for a row without a
+        valid target). Each target entry is computed in fp32 (_target_grad) with every weight of that
+        column (targets may repeat). Needs g_scale * wv <= 2^15 for f16 (the FP8 head ensures it)."""
+        c = tl.arange(0, BLOCK_V)
+        lse = tl.load(LSE + rows)
+        wv = tl.zeros(rows.shape, dtype=tl.float32)
+        for k in tl.static_range(K):
+            _t, w_k = _target_weights(T, W, rows, ignore_index, K, k, True)
+            wv += w_k
+        d = _probs_tile_f16(x, log2_g_scale + tl.log2(wv) - lse * 1.4426950408889634, cap, a, b, HAS_CAP, AFFINE)
+        for k in tl.static_range(K):
+            tgt_k, _w = _target_weights(T, W, rows, ignore_index, K, k, True)
+            hit_w = tl.zeros(rows.shape, dtype=tl.float32)
+            for j in tl.static_range(K):
+                tgt_j, w_j = _target_weights(T, W, rows, ignore_index, K, j, True)
+                hit_w += tl.where(tgt_j == tgt_k, w_j, 0.0)
+            d_target = _target_grad(X, stride_x, rows, tgt_k, lse, col0, cap, a, b, g_scale, ignore_index, wv, hit_w,
+                                    HAS_CAP, AFFINE, True, BLOCK_V)
+            col_k = tl.where(tgt_k != ignore_index, tgt_k - col0, -1)  # -1: no column of the tile
+            d = tl.where(c[None, :] == col_k[:, None], d_target.to(tl.float16)[:, None], d)
+        return d
+
+    @triton.jit
     def _softcap_ce_fp8_grad_fast_kernel(
-        X, stride_x, T, LSE, G, GT16, N, V, cap, g_scale, log2_g_scale, ignore_index,
-        HAS_CAP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
+        X, stride_x, T, W, LSE, G, GT16, N, V, cap, a, b, g_scale, log2_g_scale, ignore_index,
+        HAS_CAP: tl.constexpr, AFFINE: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_V: tl.constexpr,
     ):
         """The general kernel's contract on the GPU, for tiles that divide the shape (N even). Half the
         instructions: the math in f16 (_grad_tile_f16) and done once. The tile is worked as its even and
@@ -292,16 +413,22 @@ if HAVE_TRITON:
         even = 2 * k
         x_e = tl.load(x_base + (even[:, None] * stride_x + c[None, :]))
         x_o = tl.load(x_base + ((even + 1)[:, None] * stride_x + c[None, :]))
-        lse_e, lse_o = tl.load(LSE + row0 + even), tl.load(LSE + row0 + even + 1)
-        tgt_e, tgt_o = tl.load(T + row0 + even).to(tl.int32), tl.load(T + row0 + even + 1).to(tl.int32)
-        dt_e = _target_grad(X, stride_x, row0 + even, tgt_e, lse_e, col0, cap, g_scale, ignore_index, HAS_CAP,
-                            BLOCK_V)
-        dt_o = _target_grad(X, stride_x, row0 + even + 1, tgt_o, lse_o, col0, cap, g_scale, ignore_index, HAS_CAP,
-                            BLOCK_V)
-        d_e = _grad_tile_f16(x_e, lse_e, tgt_e, dt_e, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
-                             BLOCK_V)
-        d_o = _grad_tile_f16(x_o, lse_o, tgt_o, dt_o, col0, cap, g_scale, log2_g_scale, ignore_index, HAS_CAP,
-                             BLOCK_V)
+        if HAS_W:
+            d_e = _weighted_grad_tile_f16(X, stride_x, x_e, row0 + even, T, W, LSE, col0, cap, a, b, g_scale,
+                                          log2_g_scale, ignore_index, HAS_CAP, AFFINE, K, BLOCK_V)
+            d_o = _weighted_grad_tile_f16(X, stride_x, x_o, row0 + even + 1, T, W, LSE, col0, cap, a, b, g_scale,
+                                          log2_g_scale, ignore_index, HAS_CAP, AFFINE, K, BLOCK_V)
+        else:
+            lse_e, lse_o = tl.load(LSE + row0 + even), tl.load(LSE + row0 + even + 1)
+            tgt_e, tgt_o = tl.load(T + row0 + even).to(tl.int32), tl.load(T + row0 + even + 1).to(tl.int32)
+            dt_e = _target_grad(X, stride_x, row0 + even, tgt_e, lse_e, col0, cap, a, b, g_scale, ignore_index, 1.0,
+                                1.0, HAS_CAP, AFFINE, False, BLOCK_V)
+            dt_o = _target_grad(X, stride_x, row0 + even + 1, tgt_o, lse_o, col0, cap, a, b, g_scale, ignore_index,
+                                1.0, 1.0, HAS_CAP, AFFINE, False, BLOCK_V)
+            d_e = _grad_tile_f16(x_e, lse_e, tgt_e, dt_e, col0, cap, a, b, g_scale, log2_g_scale, ignore_index,
+                                 HAS_CAP, AFFINE, BLOCK_V)
+            d_o = _grad_tile_f16(x_o, lse_o, tgt_o, dt_o, col0, cap, a, b, g_scale, log2_g_scale, ignore_index,
+                                 HAS_CAP, AFFINE, BLOCK_V)
         tl.store(g_base + (even[:, None] * V + c[None, :]), d_e.to(G.dtype.element_ty))
         tl.store(g_base + ((even + 1)[:, None] * V + c[None, :]), d_o.to(G.dtype.element_ty))
         # low byte: row 2k (the lower address in G^T), high byte: row 2k + 1
@@ -319,26 +446,37 @@ def _rows(logits: torch.Tensor) -> torch.Tensor:
     return logits if logits.stride(-1) == 1 else logits.contiguous()
 
 
-def _triton_fwd(logits, targets, cap, ignore_index):
+def _launch_args(weights, scale, shift, dummy):
+    """The kernels' (W, a, b) arguments and (AFFINE, K, HAS_W) constants. Without weights W is `dummy`
+    (unread); K targets per row come with K weights (_check_targets made them agree)."""
+    affine = scale != 1.0 or shift != 0.0
+    k = 1 if weights is None else weights.numel()
+    return ((dummy if weights is None else weights, float(scale), float(shift)),
+            dict(AFFINE=affine, K=k, HAS_W=weights is not None))
+
+
+def _triton_fwd(logits, targets, cap, ignore_index, weights=None, scale=1.0, shift=0.0):
     x = _rows(logits)
     N, V = x.shape
     loss = torch.empty(N, dtype=torch.float32, device=x.device)
     lse = torch.empty(N, dtype=torch.float32, device=x.device)
     if N:
+        (w, a, b), consts = _launch_args(weights, scale, shift, loss)
         _softcap_ce_fwd_kernel[(N,)](
-            x, x.stride(0), targets, loss, lse, V, float(cap), int(ignore_index),
-            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]],
+            x, x.stride(0), targets, w, loss, lse, V, float(cap), a, b, int(ignore_index),
+            HAS_CAP=cap > 0, FIXED_MAX=0 < cap <= FIXED_MAX_CAP, TANH=_TANH_MODES[CONFIG["tanh"]], **consts,
             BLOCK_V=min(CONFIG["fwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["fwd_warps"])
     return loss, lse
 
 
-def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out):
+def _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out, weights=None, scale=1.0, shift=0.0):
     x = _rows(logits)
     N, V = x.shape
     if N:
+        (w, a, b), consts = _launch_args(weights, scale, shift, lse)
         _softcap_ce_bwd_kernel[(N,)](
-            x, x.stride(0), out, out.stride(0), targets, lse, dloss, dloss.stride(0), V, float(cap),
-            int(ignore_index), HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]],
+            x, x.stride(0), out, out.stride(0), targets, w, lse, dloss, dloss.stride(0), V, float(cap), a, b,
+            int(ignore_index), HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["tanh"]], **consts,
             BLOCK_V=min(CONFIG["bwd_block_v"], triton.next_power_of_2(V)), num_warps=CONFIG["bwd_warps"])
     return out
 
@@ -349,30 +487,32 @@ def _fast_kernel_device(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
-def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
+def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype, weights=None, scale=1.0, shift=0.0):
     x = _rows(logits)
     N, V = x.shape
-    loss, lse = _triton_fwd(x, targets, cap, ignore_index)
+    loss, lse = _triton_fwd(x, targets, cap, ignore_index, weights, scale, shift)
     g = torch.empty(N, V, dtype=fp8_dtype, device=x.device)
     gt = torch.empty(V, N, dtype=fp8_dtype, device=x.device)
     if N:
         bn, bv = CONFIG["fp8g_block_n"], CONFIG["fp8g_block_v"]
-        if bv * N >= 2 ** 31 or bn * max(V, x.stride(0)) >= 2 ** 31:
+        if bv * N >= 2 ** 31 or bn * max(V, x.stride(0)) >= 2 ** 31 or targets.numel() >= 2 ** 31:
             raise ValueError(f"softcap_ce_fp8_grad: {N} rows x {V} columns overflow the kernel's 32-bit tile "
                              f"offsets; use fewer rows per call")
         grid = (triton.cdiv(N, bn), triton.cdiv(V, bv))
         even = N % bn == 0 and V % bv == 0
+        (w, a, b), consts = _launch_args(weights, scale, shift, lse)
+        g_scale = g_scale * scale  # dz/dx carries the affine map's factor
         if (CONFIG["fp8g_fast"] and even and bn % 2 == 0 and fp8_dtype == torch.float8_e5m2
                 and 0 < g_scale <= 2.0 ** 15 and 0 < cap <= FIXED_MAX_CAP and _fast_kernel_device(x.device)):
             _softcap_ce_fp8_grad_fast_kernel[grid](
-                x, x.stride(0), targets, lse, g, gt.view(torch.int16), N, V, float(cap), float(g_scale),
-                math.log2(g_scale), int(ignore_index), HAS_CAP=cap > 0, BLOCK_N=bn, BLOCK_V=bv,
+                x, x.stride(0), targets, w, lse, g, gt.view(torch.int16), N, V, float(cap), a, b, float(g_scale),
+                math.log2(g_scale), int(ignore_index), HAS_CAP=cap > 0, **consts, BLOCK_N=bn, BLOCK_V=bv,
                 num_warps=CONFIG["fp8g_warps"])
         else:
             _softcap_ce_fp8_grad_kernel[grid](
-                x, x.stride(0), targets, lse, g, gt, N, V, float(cap), float(g_scale), int(ignore_index),
-                HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["fp8g_tanh"]], BLOCK_N=bn, BLOCK_V=bv, EVEN=even,
-                num_warps=CONFIG["fp8g_warps"])
+                x, x.stride(0), targets, w, lse, g, gt, N, V, float(cap), a, b, float(g_scale), int(ignore_index),
+                HAS_CAP=cap > 0, TANH=_TANH_MODES[CONFIG["fp8g_tanh"]], **consts, BLOCK_N=bn, BLOCK_V=bv,
+                EVEN=even, num_warps=CONFIG["fp8g_warps"])
     return loss, g, gt
 
 
@@ -380,43 +520,85 @@ def _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype):
 # Pure-torch reference (CPU fallback and test oracle)
 # --------------------------------------------------------------------------------------------
 
-def capped(logits: torch.Tensor, cap: float) -> torch.Tensor:
-    z = logits.float()
+def mapped(logits: torch.Tensor, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    """The logits in fp32 after the affine pre-map scale * x + shift (none for 1, 0)."""
+    y = logits.float()
+    return y * scale + shift if scale != 1.0 or shift != 0.0 else y
+
+
+def capped(logits: torch.Tensor, cap: float, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
+    z = mapped(logits, scale, shift)
     return cap * torch.tanh(z / cap) if cap else z
 
 
-def reference_rows(logits, targets, cap: float, ignore_index: int = -100):
-    """Per-row (loss, logsumexp) in fp32, the forward op's contract, in plain torch."""
-    z = capped(logits, cap)
+def reference_rows(logits, targets, cap: float, ignore_index: int = -100, weights=None, scale: float = 1.0,
+                   shift: float = 0.0):
+    """Per-row (loss, logsumexp) in fp32, the forward op's contract, in plain torch. With `weights` (K),
+    targets (N, K): row i's loss is sum_k w_k * (lse_i - z_i,t_ik) over its valid targets."""
+    z = capped(logits, cap, scale, shift)
     lse = torch.logsumexp(z, dim=-1)
+    if weights is not None:
+        t = targets.reshape(z.shape[0], -1)
+        valid = t != ignore_index
+        ce = torch.where(valid, lse.unsqueeze(1) - z.gather(1, torch.where(valid, t, 0).long()), 0.0)
+        return (ce * weights.reshape(1, -1).float()).sum(1), lse
     valid = targets != ignore_index
     zt = z.gather(1, torch.where(valid, targets, 0).long().unsqueeze(1)).squeeze(1)
     return torch.where(valid, lse - zt, 0.0), lse
 
 
-def reference_grad(logits, targets, lse, dloss, cap: float, ignore_index: int = -100):
-    """dL/dlogits for per-row upstream gradients `dloss`, in the logits' dtype."""
-    z = capped(logits, cap)
-    valid = targets != ignore_index
-    d = torch.exp(z - lse.unsqueeze(1))
-    d.scatter_add_(1, torch.where(valid, targets, 0).long().unsqueeze(1),
-                   -valid.float().unsqueeze(1))
+def reference_grad(logits, targets, lse, dloss, cap: float, ignore_index: int = -100, weights=None,
+                   scale: float = 1.0, shift: float = 0.0):
+    """dL/dlogits for per-row upstream gradients `dloss`, in the logits' dtype (weights: as reference_rows)."""
+    z = capped(logits, cap, scale, shift)
+    if weights is not None:
+        t = targets.reshape(z.shape[0], -1)
+        w = torch.where(t != ignore_index, weights.reshape(1, -1).float(), 0.0)
+        d = torch.exp(z - lse.unsqueeze(1)) * w.sum(1, keepdim=True)
+        d.scatter_add_(1, torch.where(t != ignore_index, t, 0).long(), -w)
+        row_scale = dloss.float()
+    else:
+        valid = targets != ignore_index
+        d = torch.exp(z - lse.unsqueeze(1))
+        d.scatter_add_(1, torch.where(valid, targets, 0).long().unsqueeze(1),
+                       -valid.float().unsqueeze(1))
+        row_scale = torch.where(valid, dloss.float(), 0.0)
     if cap:
-        d = d * (1 - torch.tanh(logits.float() / cap).square())
-    return (d * torch.where(valid, dloss.float(), 0.0).unsqueeze(1)).to(logits.dtype)
+        d = d * (1 - torch.tanh(mapped(logits, scale, shift) / cap).square())
+    if scale != 1.0:
+        row_scale = row_scale * scale
+    return (d * row_scale.unsqueeze(1)).to(logits.dtype)
+
+
+def _check_targets(logits: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor | None):
+    """(targets contiguous, weights as K contiguous fp32 values or None) for N rows of logits: targets (N,)
+    without weights, (N, K) or (N,) for K = 1 with them."""
+    n, k = logits.shape[0], 1 if weights is None else weights.numel()
+    if weights is not None and (weights.dim() > 1 or k == 0):
+        raise ValueError(f"weights must be a 0-d or 1-d tensor of K >= 1 values, got shape {tuple(weights.shape)}")
+    if targets.dim() not in (1, 2) or targets.shape[0] != n or targets.numel() != n * k or \
+            (weights is None and targets.dim() != 1):
+        raise ValueError(f"targets {tuple(targets.shape)} do not match logits {tuple(logits.shape)}"
+                         + ("" if weights is None else f" and {k} weights"))
+    return targets.contiguous(), None if weights is None else weights.reshape(-1).float().contiguous()
 
 
 def softcap_ce_fp8_grad(logits: torch.Tensor, targets: torch.Tensor, cap: float, g_scale: float,
-                        ignore_index: int = -100, fp8_dtype: torch.dtype = torch.float8_e5m2):
+                        ignore_index: int = -100, fp8_dtype: torch.dtype = torch.float8_e5m2, *,
+                        weights: torch.Tensor | None = None, scale: float = 1.0, shift: float = 0.0):
     """(per-row loss fp32, G, G^T contiguous) with G = g_scale * dloss_i/dlogits_ij in `fp8_dtype`:
     the loss and its unreduced gradient together, for a caller that knows the gradient is needed
     (the FP8 head, model/fp8_head.py): the forward kernel (loss, logsumexp), then one gradient kernel that
     reads the logits once and writes both fp8 layouts. Ignored rows get loss 0 and a zero gradient row.
+    weights, scale, shift: as softcap_cross_entropy. The GPU's f16 kernel needs |G| <= 2^15, i.e.
+    g_scale * |scale| * (sum of the weights) <= 2^15 (not checked: the weights live on the device).
     Triton where available, plain torch elsewhere (same contract)."""
+    targets, weights = _check_targets(logits, targets, weights)
     if available(logits.device):
-        return _triton_fp8_grad(logits, targets.contiguous(), cap, g_scale, ignore_index, fp8_dtype)
-    loss, lse = reference_rows(logits, targets, cap, ignore_index)
-    g = reference_grad(logits.float(), targets, lse, torch.full_like(lse, g_scale), cap, ignore_index)
+        return _triton_fp8_grad(logits, targets, cap, g_scale, ignore_index, fp8_dtype, weights, scale, shift)
+    loss, lse = reference_rows(logits, targets, cap, ignore_index, weights, scale, shift)
+    g = reference_grad(logits.float(), targets, lse, torch.full_like(lse, g_scale), cap, ignore_index, weights,
+                       scale, shift)
     g8 = g.to(fp8_dtype)
     return loss, g8, g8.T.contiguous()
 
@@ -437,89 +619,103 @@ def _use_triton(t: torch.Tensor) -> bool:
 
 @torch.library.custom_op("speedgpt::softcap_ce_fwd", mutates_args=())
 def softcap_ce_fwd(logits: torch.Tensor, targets: torch.Tensor, cap: float, ignore_index: int,
-                   inplace_backward: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                   inplace_backward: bool, weights: Optional[torch.Tensor] = None, scale: float = 1.0,
+                   shift: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(per-row loss, per-row logsumexp), fp32. inplace_backward only tells the backward what to do."""
     if _use_triton(logits):
-        return _triton_fwd(logits, targets, cap, ignore_index)
-    return reference_rows(logits, targets, cap, ignore_index)
+        return _triton_fwd(logits, targets, cap, ignore_index, weights, scale, shift)
+    return reference_rows(logits, targets, cap, ignore_index, weights, scale, shift)
 
 
 @softcap_ce_fwd.register_fake
-def _(logits, targets, cap, ignore_index, inplace_backward):
+def _(logits, targets, cap, ignore_index, inplace_backward, weights=None, scale=1.0, shift=0.0):
     n = logits.shape[0]
     return logits.new_empty(n, dtype=torch.float32), logits.new_empty(n, dtype=torch.float32)
 
 
 @torch.library.custom_op("speedgpt::softcap_ce_bwd", mutates_args=())
 def softcap_ce_bwd(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-                   cap: float, ignore_index: int) -> torch.Tensor:
+                   cap: float, ignore_index: int, weights: Optional[torch.Tensor] = None, scale: float = 1.0,
+                   shift: float = 0.0) -> torch.Tensor:
     """Gradient w.r.t. the logits, in a new tensor of the logits' dtype."""
     if _use_triton(logits):
         out = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-        return _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out)
-    return reference_grad(logits, targets, lse, dloss, cap, ignore_index)
+        return _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, out, weights, scale, shift)
+    return reference_grad(logits, targets, lse, dloss, cap, ignore_index, weights, scale, shift)
 
 
 @softcap_ce_bwd.register_fake
-def _(logits, targets, lse, dloss, cap, ignore_index):
+def _(logits, targets, lse, dloss, cap, ignore_index, weights=None, scale=1.0, shift=0.0):
     return torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
 
 
 @torch.library.custom_op("speedgpt::softcap_ce_bwd_", mutates_args=("logits",))
 def softcap_ce_bwd_(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, dloss: torch.Tensor,
-                    cap: float, ignore_index: int) -> None:
+                    cap: float, ignore_index: int, weights: Optional[torch.Tensor] = None, scale: float = 1.0,
+                    shift: float = 0.0) -> None:
     """Gradient w.r.t. the logits, written over the logits."""
     if _use_triton(logits) and logits.stride(-1) == 1:
-        _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, logits)
+        _triton_bwd(logits, targets, lse, dloss, cap, ignore_index, logits, weights, scale, shift)
     else:
-        logits.copy_(reference_grad(logits, targets, lse, dloss, cap, ignore_index))
+        logits.copy_(reference_grad(logits, targets, lse, dloss, cap, ignore_index, weights, scale, shift))
 
 
 @softcap_ce_bwd_.register_fake
-def _(logits, targets, lse, dloss, cap, ignore_index):
+def _(logits, targets, lse, dloss, cap, ignore_index, weights=None, scale=1.0, shift=0.0):
     return None
 
 
 def _setup_context(ctx, inputs, output):
-    logits, targets, cap, ignore_index, inplace_backward = inputs
+    logits, targets, cap, ignore_index, inplace_backward, weights, scale, shift = inputs
     _, lse = output
-    ctx.save_for_backward(logits, targets, lse)
-    ctx.cap, ctx.ignore_index, ctx.inplace = cap, ignore_index, inplace_backward
+    ctx.save_for_backward(logits, targets, lse, weights)
+    ctx.args = (cap, ignore_index, weights is not None, scale, shift)
+    ctx.inplace = inplace_backward
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dloss, _dlse):
-    logits, targets, lse = ctx.saved_tensors
+    logits, targets, lse, weights = ctx.saved_tensors
+    cap, ignore_index, has_weights, scale, shift = ctx.args
+    weights = weights if has_weights else None
     if ctx.inplace:
-        softcap_ce_bwd_(logits, targets, lse, dloss, ctx.cap, ctx.ignore_index)
+        softcap_ce_bwd_(logits, targets, lse, dloss, cap, ignore_index, weights, scale, shift)
         grad = logits
     else:
-        grad = softcap_ce_bwd(logits, targets, lse, dloss, ctx.cap, ctx.ignore_index)
-    return grad, None, None, None, None
+        grad = softcap_ce_bwd(logits, targets, lse, dloss, cap, ignore_index, weights, scale, shift)
+    return grad, None, None, None, None, None, None, None
 
 
 softcap_ce_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
 def softcap_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, cap: float, reduction: str = "mean",
-                          ignore_index: int = -100, inplace_backward: bool = False) -> torch.Tensor:
+                          ignore_index: int = -100, inplace_backward: bool = False, *,
+                          weights: torch.Tensor | None = None, scale: float = 1.0, shift: float = 0.0) -> torch.Tensor:
     """F.cross_entropy(cap * tanh(logits.float() / cap), targets) without materializing fp32 logits.
 
     logits: (N, V), any float dtype (bf16 from the lm_head); last dim contiguous preferred.
     targets: (N,) integer class ids in [0, V) or ignore_index. cap: softcap (0 disables it).
     reduction: "mean" (over non-ignored rows) | "sum" | "none" (fp32 per-row losses, shape (N,)).
     inplace_backward: the backward writes dL/dlogits into the logits' storage (see module docstring).
+    scale, shift: the logits' affine pre-map, z = cap * tanh((scale * x + shift) / cap) (record #54's rescale,
+    model/gates.py); 1, 0: none.
+    weights: multi-token prediction (model/mtp.py): K weights (a device tensor, so new values do not
+    recompile) for targets (N, K), ignore_index marking a target past the row's end: row i's loss is
+    sum_k w_k * CE(z_i, t_ik) over its valid targets, and "mean" divides their sum by N, the rows
+    (multi_token_loss's B * T), not by the valid targets.
     Triton on CUDA (and on CPU under TRITON_INTERPRET=1); plain torch elsewhere."""
     if reduction not in ("mean", "sum", "none"):
         raise ValueError(f"reduction must be mean, sum or none, not {reduction!r}")
-    if targets.dim() != 1 or targets.shape[0] != logits.shape[0]:
-        raise ValueError(f"targets {tuple(targets.shape)} do not match logits {tuple(logits.shape)}")
-    targets = targets.contiguous()  # the kernels index targets[row]
-    loss, _ = softcap_ce_fwd(logits, targets, float(cap), int(ignore_index), bool(inplace_backward))
+    targets, weights = _check_targets(logits, targets, weights)  # the kernels index targets[row * K + k]
+    loss, _ = softcap_ce_fwd(logits, targets, float(cap), int(ignore_index), bool(inplace_backward), weights,
+                             float(scale), float(shift))
     if reduction == "none":
         return loss
     if reduction == "sum":
         return loss.sum()
+    if weights is not None:
+        return loss.sum() / loss.shape[0]
     return loss.sum() / (targets != ignore_index).sum()
 
 
