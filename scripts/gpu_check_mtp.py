@@ -293,7 +293,8 @@ def main() -> int:
     args = ap.parse_args()
     global DEV
     dry = args.dry_run_cpu
-    if args.baseline and (not Path(args.baseline).is_file() or "def _triton_fp8_grad" not in Path(args.baseline).read_text()):
+    baseline = Path(args.baseline) if args.baseline else None
+    if baseline and (not baseline.is_file() or "def _triton_fp8_grad" not in baseline.read_text()):
         print(f"gpu_check_mtp: --baseline {args.baseline} is no softcap_ce.py (write one with git show "
               f"REV:speedgpt/model/kernels/softcap_ce.py > FILE)")
         return 2

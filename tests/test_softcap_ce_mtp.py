@@ -389,7 +389,8 @@ def test_fp8_grad_fast_kernel_weights_and_map(cap, a, b, K, w):
     assert rel(g.float(), expect) < 3e-2
 
 
-@pytest.mark.skipif(not sce.HAVE_TRITON or sce.interpreting(), reason="needs triton's CUDA backend (ptxas), no interpreter")
+@pytest.mark.skipif(not sce.HAVE_TRITON or sce.interpreting(),
+                    reason="needs triton's CUDA backend (ptxas), no interpreter")
 def test_weighted_kernels_compile_for_hopper_without_spills():
     """Ahead-of-time compile for sm_90 (no GPU needed) of every kernel with K = 3 weighted targets and the
     map: no register spills to local memory."""

@@ -24,10 +24,10 @@ and column-major), so the logits are freed at once, no separate cast pass exists
 gradient is an FP8 matmul too. Its gradient scale is G_SCALE (below); the upstream gradient of the
 loss arrives in the backward as a device scalar and is folded into the matmul scales. The op also
 takes the kernels' affine logit map (record #54's rescale) and multi-token prediction's K weighted
-targets per row, so speedrun-latest's stages train through it too (_FP8HeadCE keeps |G| <= G_SCALE). It is an
-autograd.Function whose casts to e4m3 and operand transposes are plain torch ops around two custom
-ops (the matmuls and the kernels): under torch.compile, Inductor can fuse x's cast into the final
-RMSNorm and writes the 1-byte transposes with its own kernels (aten's copies of them were slow).
+targets per row, so speedrun-latest's stages train through it too (_FP8HeadCE keeps |G| <= G_SCALE).
+It is an autograd.Function whose casts to e4m3 and operand transposes are plain torch ops around two
+custom ops (the matmuls and the kernels): under torch.compile, Inductor can fuse x's cast into the
+final RMSNorm and writes the 1-byte transposes with its own kernels (aten's copies of them were slow).
 """
 
 from __future__ import annotations

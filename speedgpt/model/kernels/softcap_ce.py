@@ -207,8 +207,8 @@ if HAVE_TRITON:
         HAS_CAP: tl.constexpr, TANH: tl.constexpr, AFFINE: tl.constexpr, K: tl.constexpr, HAS_W: tl.constexpr,
         BLOCK_V: tl.constexpr,
     ):
-        """dloss_i * dloss_i/dx_ij for one row; with K weighted targets dloss_i/dz_ij = Wv_i p_ij - sum_k w_k [j == t_ik],
-        Wv_i the sum of the row's valid weights."""
+        """dloss_i * dloss_i/dx_ij for one row; with K weighted targets
+        dloss_i/dz_ij = Wv_i p_ij - sum_k w_k [j == t_ik], Wv_i the sum of the row's valid weights."""
         # G may alias X (in-place): each chunk is fully read before it is written, by one program.
         row = tl.program_id(0).to(tl.int64)
         x_row = X + row * stride_x
