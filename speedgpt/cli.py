@@ -260,7 +260,9 @@ def cmd_report(argv: list[str]) -> int:
     p.add_argument("--out", type=Path, default=None,
                    help="output dir for report.png/html (default: the run dir for one run, "
                         "FIRST_RUN_DIR/compare for several)")
-    p.add_argument("--target-loss", type=float, default=None, help="report time/tokens to reach this val loss")
+    p.add_argument("--target-loss", type=float, default=None,
+                   help="report time/tokens to reach this val loss (linear between the evaluations around the "
+                        "crossing, as `speedgpt ab`)")
     p.add_argument("--title", default=None, help="plot and page title (default: speedgpt report)")
     p.add_argument("--markdown", action="store_true",
                    help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md), and write no "

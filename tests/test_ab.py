@@ -12,7 +12,7 @@ from conftest import TINY_OVERRIDES
 from speedgpt.ab.cli import main
 from speedgpt.ab.plan import make_plan, waves
 from speedgpt.ab.stats import detectable_difference, paired
-from speedgpt.ab.summary import crossing, summarize
+from speedgpt.ab.summary import summarize
 
 
 def test_paired_statistics_by_hand():
@@ -38,13 +38,6 @@ def test_paired_statistics_edge_cases():
     assert paired([1.0], [2.0])["p_b_better"] is None  # one pair: no test, said so
     same = paired([1.0, 2.0], [1.5, 2.5])  # every difference 0.5: no spread
     assert same["p_b_better"] is None and "same difference" in same["note"]
-
-
-def test_crossing_is_linear_between_evaluations():
-    # (time, loss): 5.0 at t=0, 4.0 at t=10, 3.0 at t=20; target 3.5 is halfway between t=10 and t=20
-    assert crossing([(0, 5.0), (10, 4.0), (20, 3.0)], 3.5) == pytest.approx(15.0)
-    assert crossing([(0, 5.0), (10, 4.0)], 3.5) is None
-    assert crossing([(0, 3.0), (10, 2.0)], 3.5) == 0
 
 
 def plan_for(tmp_path, seeds=2):

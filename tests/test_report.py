@@ -77,7 +77,8 @@ def test_summary_table_numbers(tmp_path):
     assert row["run"] == "r"
     assert (row["final_val_loss"], row["best_val_loss"], row["best_val_step"]) == (3.6, 3.5, 3)
     assert (row["steps"], row["tokens"], row["wall_time_s"]) == (4, 400, 4.5)
-    assert (row["time_to_target_s"], row["tokens_to_target"], row["steps_to_target"]) == (3.0, 300, 3)
+    # 3.7 is crossed 0.6 of the way from the eval at step 2 (4.0) to the one at step 3 (3.5).
+    assert (row["time_to_target_s"], row["tokens_to_target"], row["steps_to_target"]) == pytest.approx((2.6, 260, 2.6))
     assert row["median_tok_per_s"] == 200.0 and row["median_mfu"] == pytest.approx(0.2)
     assert row["peak_mem_gib"] == 3.0
     (row,) = summary_table([tmp_path / "r"], target_loss=3.0)

@@ -1,24 +1,13 @@
-"""The results of an A/B: each run's curve, final loss and time to the target loss (interpolated
-between evaluations), then per arm and paired over seeds (stats.py), and the printed table."""
+"""The results of an A/B: each run's curve, final loss and time to the target loss (rundir/target.py,
+the same figure `speedgpt report` gives), then per arm and paired over seeds (stats.py), and the
+printed table."""
 
 from __future__ import annotations
 
+from ..rundir.target import TARGET_METHOD, to_target
 from .plan import ARMS, AbError, Plan, Run
 from .run import failure_of, read_records
 from .stats import describe, paired
-
-
-def crossing(curve: list[tuple[float, float]], target: float) -> float | None:
-    """The x at which a (x, loss) curve first reaches `target`, linear between evaluations."""
-    prev = None
-    for x, loss in curve:
-        if loss <= target:
-            if prev is None:
-                return x
-            x0, l0 = prev
-            return x0 + (l0 - target) / (l0 - loss) * (x - x0)
-        prev = (x, loss)
-    return None
 
 
 def run_result(run: Run) -> dict:
@@ -42,13 +31,6 @@ def run_result(run: Run) -> dict:
     out.update(curve=curve, final_loss=final["val_loss"], steps=final["step"], tokens=final["tokens"],
                train_time_s=final["time_s"], step_ms=1000 * final["time_s"] / max(1, final["step"]))
     return out
-
-
-def to_target(curve: list[dict], target: float) -> dict:
-    """Time, steps and tokens at which a run's curve (run_result's) first reaches `target`."""
-    return {"time_to_target_s": crossing([(c["time_s"], c["val_loss"]) for c in curve], target),
-            "steps_to_target": crossing([(c["step"], c["val_loss"]) for c in curve], target),
-            "tokens_to_target": crossing([(c["tokens"], c["val_loss"]) for c in curve], target)}
 
 
 def resolve_target(spec: str | None, results: list[dict]) -> float | None:
@@ -82,7 +64,8 @@ def summarize(plan: Plan, target_spec: str | None, *, concurrent: int = 1,
             r["time_to_target_s"] = st * ms / 1000 if (ms is not None and st is not None) else None
     by_arm = {k: {r["seed"]: r for r in results if r["arm"] == k} for k in ARMS}
     summary: dict = {
-        "command": None, "target_loss": target, "target_spec": target_spec, "seeds": plan.seeds,
+        "command": None, "target_loss": target, "target_spec": target_spec, "target_method": TARGET_METHOD,
+        "seeds": plan.seeds,
         "times_are_speed_figures": speed_ok, "concurrent": concurrent, "step_ms_given": step_ms or None,
         "arms": {}, "paired": {}, "failures": [], "unreached": [],
         "configs": {k: {"preset": plan.arms[k].preset, "overrides": plan.arms[k].overrides} for k in ARMS},
@@ -151,6 +134,7 @@ def format_table(summary: dict) -> str:
         lines.append(f"target loss {summary['target_loss']:.4f}"
                      + ("" if summary["times_are_speed_figures"] else " (times: steps to target x --step-ms; "
                         "measured times are not speed figures with --concurrent > 1)"))
+        lines.append(TARGET_METHOD)
     for f in summary["failures"]:
         lines.append(f"FAILED: {f['arm'].upper()} seed {f['seed']} {f['status']}: {f['error']} ({f['run_dir']})")
     for u in summary["unreached"]:

@@ -15,7 +15,7 @@ from ..rundir import COMPARE_DIR, REPORT_HTML, REPORT_PNG
 from .compare import compare_runs, comparison_markdown, format_comparison, print_comparison
 from .plot import plot_runs
 from .runs import RunData, load_runs
-from .summary import format_rows, print_summary, summarize
+from .summary import format_rows, print_summary, summarize, target_note
 
 
 _CSS = """
@@ -47,13 +47,15 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
         f"<pre>{esc(run.config_text or '(no config.toml)')}</pre></details>\n"
         for run in runs
     )
+    note = target_note(rows)
+    method = f"<p class='meta'>{esc(note)}</p>\n" if note else ""
     stamp = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     img = base64.b64encode(png_bytes).decode("ascii")
     return (
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>\n<h1>{esc(title)}</h1>\n"
         f"<p class='meta'>generated {esc(stamp)}</p>\n"
-        f"{_html_table(*format_rows(rows))}{ab}"
+        f"{_html_table(*format_rows(rows))}{method}{ab}"
         f"<img alt='training curves' src='data:image/png;base64,{img}'>\n"
         f"<h2>configs</h2>\n{configs}</body></html>\n"
     )

@@ -7,6 +7,7 @@ import statistics
 from typing import Any, Sequence
 
 from ..rundir.metrics import finite
+from ..rundir.target import TARGET_AXES, TARGET_METHOD, to_target
 from .runs import RunData, load_runs
 from .tables import _fmt, _print_table, fmt_count, fmt_duration
 
@@ -22,10 +23,8 @@ def summarize(run: RunData, target_loss: float | None = None) -> dict[str, Any]:
         return statistics.median(values) if values else None
 
     best = min(evals, key=lambda r: r["val_loss"], default=None)
-    reached = None
-    if target_loss is not None:
-        # First eval at or below target, in step order: the speedrun's "time to target".
-        reached = next((r for r in evals if r["val_loss"] <= target_loss), None)
+    # The speedrun's "time to target", computed as `speedgpt ab` does (rundir/target.py).
+    reached = to_target(evals, target_loss) if target_loss is not None else dict.fromkeys(TARGET_AXES)
     return {
         "run": run.label,
         "dir": str(run.dir),
@@ -37,10 +36,8 @@ def summarize(run: RunData, target_loss: float | None = None) -> dict[str, Any]:
         "tokens": max(col(recs, "tokens"), default=None),
         "wall_time_s": max(col(recs, "time_s"), default=None),
         "target_loss": target_loss,
-        "target_reached": reached is not None,
-        "time_to_target_s": reached.get("time_s") if reached else None,
-        "tokens_to_target": reached.get("tokens") if reached else None,
-        "steps_to_target": reached["step"] if reached else None,
+        "target_reached": reached["steps_to_target"] is not None,
+        **reached,
         "median_tok_per_s": median(col(train, "tok_per_s")),
         "median_mfu": median(col(train, "mfu")),
         "peak_mem_gib": max(col(recs, "peak_mem_gib"), default=None),
@@ -52,9 +49,18 @@ def summary_table(run_dirs: Sequence[str | os.PathLike], *, target_loss: float |
     return [summarize(run, target_loss) for run in load_runs(run_dirs)]
 
 
+def _target_of(rows: list[dict]) -> float | None:
+    return next((r["target_loss"] for r in rows if r.get("target_loss") is not None), None)
+
+
+def target_note(rows: list[dict]) -> str | None:
+    """The line under the table that says how its time to target is computed; None without a target."""
+    return TARGET_METHOD if _target_of(rows) is not None else None
+
+
 def format_rows(rows: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Headers and display strings shared by the HTML, rich and PNG renderings."""
-    target = next((r["target_loss"] for r in rows if r.get("target_loss") is not None), None)
+    target = _target_of(rows)
     headers = ["run", "final val", "best val", "steps", "tokens", "wall time"]
     if target is not None:
         headers += [f"time to {target:g}", f"tokens to {target:g}"]
@@ -84,4 +90,7 @@ def print_summary(runs: Sequence[str | os.PathLike] | list[dict], *, target_loss
 
     rows = runs if runs and isinstance(runs[0], dict) else summary_table(runs, target_loss=target_loss)
     headers, lines = format_rows(rows)
-    _print_table(console or Console(), "speedgpt run summary", headers, lines)
+    console = console or Console()
+    _print_table(console, "speedgpt run summary", headers, lines)
+    if note := target_note(rows):
+        console.print(note, markup=False, highlight=False)
