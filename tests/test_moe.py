@@ -8,7 +8,8 @@ import torch
 
 from speedgpt.config import ModelConfig, apply_overrides
 from speedgpt.model.build import build_model
-from speedgpt.model.moe import MoE, balance_experts, expert_hidden, experts_grouped, experts_loop, route
+from speedgpt.model.moe import (MoE, balance_experts, choose_experts, expert_hidden, experts_grouped, experts_loop,
+                                 route)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -26,6 +27,22 @@ def test_routing_picks_top_k_of_affinity_plus_bias_and_weights_by_affinity_alone
     assert sorted(idx_b[0].tolist()) == [0, 3]
     pick = {e: wt for e, wt in zip(idx_b[0].tolist(), w_b[0].tolist())}
     assert pick[3] == pytest.approx((s[3] / (s[0] + s[3])).item())
+
+
+def test_routing_weights_stay_finite_when_every_chosen_affinity_underflows():
+    # moe-d12's non-finite loss (step 186, docs/experiments.md): router logits of a few hundred made every
+    # chosen sigmoid 0 in fp32, and the normalization s_i / sum_j s_j 0/0. The weights are the same function
+    # of the logits (exp(l) / sum exp(l) where sigmoid(l) ~ exp(l)) and must stay finite, with gradients.
+    logits = torch.tensor([[-300.0, -200.0, -201.0, -250.0], [-120.0, 4.0, 0.0, -90.0]], requires_grad=True)
+    idx, w = choose_experts(logits, torch.zeros(4), top_k=2)
+    # (which two the first token gets is a tie: all four sigmoids are 0 in fp32)
+    assert w[0].tolist() == pytest.approx(torch.softmax(logits[0, idx[0]].detach(), 0).tolist())
+    assert sorted(idx[1].tolist()) == [1, 2]
+    s = torch.sigmoid(torch.tensor([4.0, 0.0]))  # ordinary logits: still s_i / sum_j s_j
+    pick = dict(zip(idx[1].tolist(), w[1].tolist()))
+    assert [pick[1], pick[2]] == pytest.approx((s / s.sum()).tolist())
+    (w * torch.tensor([[1.0, -1.0], [2.0, 0.5]])).sum().backward()
+    assert torch.isfinite(w).all() and torch.isfinite(logits.grad).all() and logits.grad[0].abs().sum() > 0
 
 
 def test_bias_moves_load_towards_balance():

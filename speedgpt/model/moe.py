@@ -30,13 +30,26 @@ def expert_hidden(dense_hidden: int, top_k: int, shared: int, multiple: int = 16
     return max(multiple, int(-(-h // multiple)) * multiple)
 
 
-def route(x_ND: torch.Tensor, router_ED: torch.Tensor, bias_E: torch.Tensor, top_k: int):
+def router_logits(x_ND: torch.Tensor, router_ED: torch.Tensor) -> torch.Tensor:
+    """The affinity logits x . r_e (N, E), in fp32."""
+    return F.linear(x_ND.float(), router_ED.float())
+
+
+def choose_experts(logits_NE: torch.Tensor, bias_E: torch.Tensor, top_k: int):
     """(expert ids (N, k), weights (N, k)): top-k of sigmoid affinity + bias, weights from the affinity
-    alone, normalized over the chosen k."""
-    scores = torch.sigmoid(F.linear(x_ND.float(), router_ED.float()))
+    alone, normalized over the chosen k.
+
+    The normalization s_i / sum_j s_j is taken as a softmax of log-sigmoids: the same numbers, but
+    where every chosen logit is below ~-88 the fp32 sigmoids underflow to 0 and the plain quotient
+    is 0/0 = NaN (how moe-d12 diverged at step 186: docs/experiments.md), while this stays finite."""
+    scores = torch.sigmoid(logits_NE)
     idx = torch.topk(scores + bias_E, top_k, dim=-1, sorted=False).indices
-    w = scores.gather(1, idx)
-    return idx, w / w.sum(dim=-1, keepdim=True)
+    return idx, torch.softmax(F.logsigmoid(logits_NE.gather(1, idx)), dim=-1)
+
+
+def route(x_ND: torch.Tensor, router_ED: torch.Tensor, bias_E: torch.Tensor, top_k: int):
+    """`choose_experts` on the router's logits for tokens x."""
+    return choose_experts(router_logits(x_ND, router_ED), bias_E, top_k)
 
 
 def experts_grouped(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
