@@ -9,7 +9,7 @@ import torch
 from speedgpt.config import ModelConfig, apply_overrides
 from speedgpt.model.build import build_model
 from speedgpt.model.moe import (MoE, balance_experts, choose_experts, expert_hidden, experts_grouped, experts_loop,
-                                 route)
+                                 moe_health, route, router_logits)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -115,19 +115,100 @@ def test_muon_orthogonalizes_each_expert():
         torch.testing.assert_close(w.detach()[e], expected, rtol=1e-4, atol=1e-5)
 
 
-def test_training_logs_expert_load_and_report_plots_it(tmp_path):
+def test_health_reports_training_forwards_since_the_last_report_and_resets():
+    model = build_model(moe_cfg(), 32)
+    layers = [b.mlp for b in model.blocks[1:]]
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for m in layers:
+            m.router.mul_(20)  # logits of a few units, different per layer
+            m.expert_bias.copy_(torch.tensor([0.0, 0.03, -0.02, 0.01]))
+            m.w1[1].mul_(3)
+    xs = [torch.randn(6, 64, generator=g) for _ in range(2)]
+    for x in xs:  # two training forwards, then one without gradients and one in eval mode (neither counted)
+        layers[0](x)
+    with torch.no_grad():
+        layers[0](torch.randn(6, 64, generator=g) * 100)
+    layers[0].eval()
+    layers[0](torch.randn(6, 64, generator=g) * 100)
+    layers[0].train()
+    balance_experts(model, rate=0.0)  # the loads since the last balancing step join the metrics' tally
+    health = moe_health(model)
+    want = max(router_logits(x, layers[0].router).abs().max().item() for x in xs)
+    assert health["moe_logit_max"] == [pytest.approx(want, abs=1e-4), 0.0]  # layer 2 ran no forward
+    load = torch.zeros(4)
+    for x in xs:
+        idx, _ = route(x, layers[0].router, layers[0].expert_bias, 2)
+        load += torch.bincount(idx.reshape(-1), minlength=4)
+    share = load / load.mean()
+    assert health["moe_max_load"][0] == pytest.approx(share.max().item(), abs=1e-4)
+    assert health["moe_min_load"][0] == pytest.approx(share.min().item(), abs=1e-4)
+    assert health["moe_bias_range"] == [pytest.approx(0.05), pytest.approx(0.05)]
+    m = layers[0]
+    assert health["moe_router_norm"][0] == pytest.approx(m.router.norm(dim=1).max().item(), rel=1e-4)
+    assert health["moe_w1_norm"][0] == pytest.approx(m.w1[1].norm().item(), rel=1e-4)  # expert 1: the largest
+    assert health["moe_w2_norm"] == [0.0, 0.0]  # zero-initialized
+    again = moe_health(model)  # nothing since the last report
+    assert again["moe_logit_max"] == [0.0, 0.0] and again["moe_max_load"] == [0.0, 0.0]
+
+
+def _health_worker(rank, world, out):
+    from speedgpt.config import load_preset
+    from speedgpt.model.build import model_from_config
+    from speedgpt.parallel.dist import init_distributed, teardown
+    from speedgpt.parallel.fsdp import build_fsdp_model
+
+    init_distributed("cpu")
+    try:
+        cfg = apply_overrides(load_preset("tiny-cpu"), [
+            "--model.depth=3", "--model.model_dim=64", "--model.head_dim=16", "--model.moe_experts=4",
+            "--data.seq_len=16", "--schedule.window_start=16", "--schedule.window_end=16", "--schedule.window_block=16"])
+        x = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(rank))  # each rank its own batch
+        result = {}
+        for kind, model in (("ddp", model_from_config(cfg, "cpu", world_size=world)),
+                            ("fsdp", build_fsdp_model(cfg, torch.device("cpu"), world))):
+            model(x, x).backward()
+            mine = [m.logit_max.item() for m in model.modules() if isinstance(m, MoE)]
+            balance_experts(model, rate=0.0)
+            result[kind] = dict(mine=mine, health=moe_health(model))
+        (out / f"{rank}.json").write_text(json.dumps(result))
+    finally:
+        teardown()
+
+
+def test_health_is_the_same_on_every_rank_and_under_fsdp(tmp_path):
+    from distkit import spawn_local
+
+    spawn_local(_health_worker, 2, tmp_path)
+    r0, r1 = (json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1))
+    for kind in ("ddp", "fsdp"):
+        assert r0[kind]["health"] == r1[kind]["health"]
+        want = [max(a, b) for a, b in zip(r0[kind]["mine"], r1[kind]["mine"])]  # the max over ranks
+        assert r0[kind]["health"]["moe_logit_max"] == pytest.approx(want, abs=1e-4)
+        assert r0[kind]["mine"] != r1[kind]["mine"]  # (the ranks saw different tokens)
+    assert r0["fsdp"]["health"] == r0["ddp"]["health"]  # sharded parameters: the same norms, gathered
+
+
+def test_training_logs_moe_health_and_report_plots_it(tmp_path, capsys):
     from test_parallel_train import make_shards, run_cfg
 
+    from speedgpt.model.moe import HEALTH_KEYS
     from speedgpt.report import write_report
     from speedgpt.train.loop import train
 
     cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")), [
         "--model.depth=3", "--model.moe_experts=4", "--model.moe_top_k=2", "--model.value_embeds=1",
         "--train.steps=3", "--train.checkpoint_every=0", "--model.moe_bias_rate=0.01"])
-    res = train(cfg, run_dir=tmp_path / "run", quiet=True)
+    res = train(cfg, run_dir=tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    loads = [r["moe_max_load"] for r in records if "moe_max_load" in r]
-    assert len(loads) == 3 and all(len(x) == 2 and x[0] >= 1.0 for x in loads)  # two MoE layers
+    logged = [r for r in records if "moe_max_load" in r]
+    assert len(logged) == 3 and all(len(r[k]) == 2 for r in logged for k in HEALTH_KEYS)  # two MoE layers
+    assert all(r["moe_min_load"][i] <= 1.0 <= r["moe_max_load"][i] and r["moe_logit_max"][i] > 0
+               for r in logged for i in range(2))
+    bias = res.model.blocks[1].mlp.expert_bias
+    assert logged[-1]["moe_bias_range"][0] == pytest.approx((bias.max() - bias.min()).item(), abs=1e-4)
+    assert logged[-1]["moe_bias_range"][0] > 0
+    assert "| moe logit " in capsys.readouterr().out
     biases = [b.mlp.expert_bias for b in res.model.blocks[1:]]
     assert all(b.abs().sum() > 0 for b in biases)  # balanced after each step, outside the gradient
     assert "blocks.1.mlp.expert_bias" in res.model.state_dict()  # checkpointed with the weights
