@@ -115,6 +115,44 @@ def test_muon_orthogonalizes_each_expert():
         torch.testing.assert_close(w.detach()[e], expected, rtol=1e-4, atol=1e-5)
 
 
+def test_a_router_step_at_moe_d12s_width_moves_a_logit_by_less_than_half_a_unit():
+    # Adam moves every router entry by up to its lr per step, so a token's logit x . r_e (x of unit RMS)
+    # by up to lr x sum_i |x_i| ~ lr x 0.8 x width. At the scalars' lr (0.04) and width 768 that is ~25 per
+    # step: the sigmoid affinities saturated within a few steps and the logits kept growing to fp32
+    # underflow (moe-d12 diverged). On the CPU (benchmarks/moe_router.py) routers stepping logits by
+    # up to ~0.3 stayed unsaturated and balanced; ~1.2 already fought the balancing bias.
+    from speedgpt.config import load_preset
+    from speedgpt.optim.build import build_optimizers
+
+    preset = load_preset("moe-d12")
+    model = build_model(moe_cfg(model_dim=preset.model.model_dim, head_dim=preset.model.head_dim, depth=2,
+                                moe_experts=preset.model.moe_experts), 16)
+    opts = build_optimizers(model, preset.optim, torch.device("cpu"))
+    router = model.blocks[1].mlp.router
+    x = torch.nn.functional.rms_norm(torch.randn(1, router.size(1), generator=torch.Generator().manual_seed(0)),
+                                     (router.size(1),))
+    for _ in range(3):  # a consistent push: raise every expert's logit for this token
+        before = (x @ router.detach().T).clone()
+        router.grad = -torch.ones(router.size(0), 1) @ x
+        opts.step(0)
+        step = (x @ router.detach().T - before).abs().max().item()
+        assert 0.05 < step < 0.5, f"a router step moved a logit by {step:.2f}"
+
+
+def test_routers_step_with_their_own_adam_lr_and_export_in_fp32():
+    from speedgpt.config import load_preset
+    from speedgpt.export import scalar_param_names
+    from speedgpt.optim.build import adam_groups
+
+    cfg = load_preset("moe-d12")
+    model = build_model(moe_cfg(), 16)
+    groups = {g["name"]: g for g in adam_groups(model, cfg.optim)}
+    routers = [b.mlp.router for b in model.blocks[1:]]
+    assert groups["router"]["params"] == routers and groups["router"]["lr"] == cfg.optim.router_lr
+    assert not any(p is r for p in groups["scalar"]["params"] for r in routers)
+    assert {"blocks.1.mlp.router", "blocks.11.mlp.router"} <= scalar_param_names(cfg)
+
+
 def test_health_reports_training_forwards_since_the_last_report_and_resets():
     model = build_model(moe_cfg(), 32)
     layers = [b.mlp for b in model.blocks[1:]]
