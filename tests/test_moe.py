@@ -200,7 +200,8 @@ def _health_worker(rank, world, out):
     try:
         cfg = apply_overrides(load_preset("tiny-cpu"), [
             "--model.depth=3", "--model.model_dim=64", "--model.head_dim=16", "--model.moe_experts=4",
-            "--data.seq_len=16", "--schedule.window_start=16", "--schedule.window_end=16", "--schedule.window_block=16"])
+            "--data.seq_len=16", "--schedule.window_start=16", "--schedule.window_end=16",
+            "--schedule.window_block=16"])
         x = torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(rank))  # each rank its own batch
         result = {}
         for kind, model in (("ddp", model_from_config(cfg, "cpu", world_size=world)),

@@ -11,7 +11,9 @@
 - Iso-FLOP width: each expert's hidden width is the dense MLP's divided by (top_k + shared), so
   a token's active MLP FLOPs equal the dense model's.
 - Expert weights are 3-D (experts, out, in): Muon orthogonalizes each expert's matrix (its
-  leading dims are a batch).
+  leading dims are a batch). The routers are Adam's, at their own small lr (optim.router_lr).
+- Health: `moe_health` reports loads, the largest router logit, the bias spread and weight norms on
+  logging steps, from device-side counters.
 - Dispatch: tokens sorted by expert, then one `torch._grouped_mm` per projection over all experts
   (CUDA, bf16: one kernel each), or a loop over experts (`grouped=False`; CPU).
 """
@@ -173,8 +175,8 @@ HEALTH_KEYS = ("moe_max_load", "moe_min_load", "moe_logit_max", "moe_bias_range"
 def moe_health(model: nn.Module) -> dict[str, list[float]]:
     """Per MoE layer, since the last call: the busiest and the idlest expert's share of the routed
     tokens over the mean share (moe_max_load, moe_min_load; 1.0 = balanced; summed over ranks by
-    `balance_experts`), the largest |router logit| (moe_logit_max, the max over ranks: past ~15 the
-    sigmoid affinities saturate and stop steering the choice), the spread max - min of the balancing
+    `balance_experts`), the largest |router logit| (moe_logit_max, the max over ranks: past ~7 the
+    sigmoid affinities saturate, their gradient vanishes, and past ~88 they underflow in fp32), the spread max - min of the balancing
     biases (moe_bias_range: growing by 2 x moe_bias_rate every step means the bias cannot balance),
     and the largest per-expert Frobenius norm of the router rows and of w1 and w2. One host read
     (logging steps only); on several ranks one small all-reduce, and under FSDP a gather of the

@@ -20,8 +20,9 @@ from .muon import Muon
 
 def adam_groups(model, cfg: OptimConfig) -> list[dict]:
     """Adam's parameter groups: with optim.kind="muon" the embeddings, head, scalars, MoE routers and
-    gates at their own lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay) where it is a
-    matrix (the hidden matrices and the head), not where it is an embedding, a scalar or a gate."""
+    gates at their own lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay)
+    where it is a matrix (the hidden matrices and the head), not where it is an embedding, a scalar, a
+    router or a gate."""
     groups = model.param_groups()
     if cfg.kind == "adamw":
         decay = groups["matrix"] + groups["head"]
