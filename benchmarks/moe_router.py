@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import sysconfig
 import time
 from pathlib import Path
@@ -23,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from speedgpt.config import apply_overrides, load_preset
+from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.model.build import build_model
 from speedgpt.model.moe import balance_experts, moe_health
 from speedgpt.optim.build import build_optimizers
@@ -46,10 +47,14 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=128)
     args, overrides = ap.parse_known_args()
     torch.set_num_threads(1)
-    cfg = apply_overrides(load_preset("moe-d12"), [
-        "--model.depth=3", f"--model.model_dim={args.width}", "--model.head_dim=32", "--model.value_embeds=1",
-        "--model.window_pattern=L", "--model.fused_ce=false", "--model.vocab_size=256", f"--data.seq_len={args.seq}",
-        f"--train.steps={args.steps}", "--train.device=cpu", *overrides])
+    try:
+        cfg = apply_overrides(load_preset("moe-d12"), [
+            "--model.depth=3", f"--model.model_dim={args.width}", "--model.head_dim=32", "--model.value_embeds=1",
+            "--model.window_pattern=L", "--model.fused_ce=false", "--model.vocab_size=256",
+            f"--data.seq_len={args.seq}", f"--train.steps={args.steps}", "--train.device=cpu", *overrides])
+    except ConfigError as e:
+        print(f"moe_router.py: {e}", file=sys.stderr)
+        sys.exit(2)
     model = build_model(cfg.model, args.seq, "cpu", seed=cfg.train.seed)
     optimizers = build_optimizers(model, cfg.optim, torch.device("cpu"))
     optimizers.adam.register_step_post_hook(lambda *_: balance_experts(model, cfg.model.moe_bias_rate))

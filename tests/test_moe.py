@@ -55,6 +55,14 @@ def test_bias_moves_load_towards_balance():
     assert moe.load.sum() == 0 and moe.load_since_log.tolist() == [10.0, 2.0, 4.0, 0.0]
 
 
+def test_a_negative_bias_rate_is_refused_in_one_line():
+    from speedgpt.config import ConfigError, load_preset, validate
+
+    cfg = apply_overrides(load_preset("moe-d12"), ["--model.moe_bias_rate=-0.01"])
+    with pytest.raises(ConfigError, match="moe_bias_rate=-0.01 must be >= 0"):
+        validate(cfg)
+
+
 def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
     g = torch.Generator().manual_seed(0)
     E, H, D = 4, 16, 8
