@@ -146,7 +146,7 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
     if o.tuned_width:
         width = cfg.model.resolved_dim()
         lr_scale, wd_scale = (o.tuned_width / width) ** 0.5, (o.tuned_width / width) ** 2
-        for key in ("embed_lr", "value_embed_lr", "head_lr", "scalar_lr"):
+        for key in ("embed_lr", "value_embed_lr", "head_lr", "scalar_lr", "router_lr"):
             setattr(o, key, getattr(o, key) * lr_scale)
         o.muon_weight_decay *= wd_scale
         lines.append(f"budget: width {width} vs tuned width {o.tuned_width}: Adam lrs x {lr_scale:.4f}, "

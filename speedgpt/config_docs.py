@@ -104,6 +104,7 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.value_embed_lr": "Adam learning rate of the value embeddings",
     "optim.head_lr": "Adam learning rate of the lm_head",
     "optim.scalar_lr": "Adam learning rate of the scalar parameters (mixing, gates)",
+    "optim.router_lr": "Adam learning rate of the MoE routers (a step moves a logit by up to ~0.8 x router_lr x width)",
     "optim.adam_beta1": "Adam beta1",
     "optim.adam_beta2": "Adam beta2",
     "optim.adam_eps": "Adam epsilon",

@@ -5,8 +5,8 @@ The export holds only the model weights (no optimizer state) under their plain p
 run config, the same data as the run's `config.toml`, plus `format_version` and an `export` table
 (source step, tokens, dtype, aliases). `speedgpt.infer.load.load_model(EXPORT_DIR)` reads it back.
 
-bf16 exports halve the file; the scalar parameters (skip weights, residual and value lambdas) stay
-fp32, being a few hundred numbers whose precision matters more than their size.
+bf16 exports halve the file; the scalar parameters (skip weights, residual and value lambdas) and
+the MoE routers stay fp32, being few numbers whose precision matters more than their size.
 """
 
 from __future__ import annotations
@@ -50,11 +50,13 @@ def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tenso
 
 
 def scalar_param_names(cfg) -> set[str]:
-    """Names of the model's scalar parameters (its optimizer's "scalar" group), found on the meta device."""
+    """Names of the model's scalar parameters and MoE routers (its optimizer's "scalar" and "router"
+    groups), found on the meta device."""
     from .model.build import model_from_config
 
     model = model_from_config(cfg, "meta")
-    ids = {id(p) for p in model.param_groups()["scalar"]}
+    groups = model.param_groups()
+    ids = {id(p) for p in groups["scalar"] + groups["router"]}
     return {name for name, p in model.named_parameters() if id(p) in ids}
 
 

@@ -74,7 +74,11 @@ class ModelConfig:
     moe_top_k: int = 2  # routed experts each token uses
     moe_shared_experts: int = 1  # experts every token uses; expert width = dense MLP width / (top_k + shared)
     moe_dense_layers: int = 1  # the first layers keep the dense MLP (DeepSeek-V3 keeps 3 of 61)
-    moe_bias_rate: float = 1e-3  # aux-loss-free balancing: the expert bias moves this much per optimizer step
+    # aux-loss-free balancing: the expert bias moves this much per optimizer step. DeepSeek-V3's 1e-3
+    # needs ~1000 steps to move a bias across the (0, 1) range of the affinities; runs of a few hundred
+    # steps stayed collapsed onto a few experts at it, and balanced within ~50 steps at 1e-2 (CPU,
+    # docs/experiments.md, "moe-d12's divergence").
+    moe_bias_rate: float = 1e-2
 
     # Later speedrun records' embedding-side switches (model/embeddings.py, model/gates.py); all off by
     # default, none proven here yet (docs/experiments.md). Record numbers as in shared/REFERENCE.md.

@@ -24,6 +24,8 @@ def check_model(m: ModelConfig) -> None:
     if m.moe_experts and (m.moe_shared_experts < 0 or not 0 <= m.moe_dense_layers < m.depth):
         raise ConfigError(f"model.moe_dense_layers={m.moe_dense_layers} must leave at least one of the {m.depth} "
                           f"layers for experts, and model.moe_shared_experts={m.moe_shared_experts} must be >= 0")
+    if m.moe_experts and m.moe_bias_rate < 0:  # a negative rate would push the loads apart
+        raise ConfigError(f"model.moe_bias_rate={m.moe_bias_rate} must be >= 0 (0 turns the balancing off)")
     if m.head_dim % 4:
         raise ConfigError(f"model.head_dim={m.head_dim} must be a multiple of 4 for rotary embeddings")
     if not m.value_embed_layers and m.value_embeds * 2 > m.depth:

@@ -36,6 +36,11 @@ class OptimConfig:
     value_embed_lr: float = 0.3
     head_lr: float = 0.008
     scalar_lr: float = 0.04
+    # Adam lr of the MoE routers (experts x width matrices that make the routing logits). Adam moves
+    # each entry by up to lr a step, so a logit x . r_e (x of unit RMS) by up to ~0.8 x lr x width:
+    # 0.2 at width 768. At the scalars' 0.04 (~25 a step) the sigmoid affinities saturated and
+    # moe-d12's logits grew until fp32 underflow (docs/experiments.md, "moe-d12's divergence").
+    router_lr: float = 3e-4
     adam_beta1: float = 0.8
     adam_beta2: float = 0.95
     adam_eps: float = 1e-10

@@ -251,7 +251,7 @@ class GPT(nn.Module):
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer role: hidden matrices go to Muon, the rest to Adam."""
-        # MoE routers are small (experts x width) and scale the expert outputs: Adam, with the scalars.
+        # MoE routers (experts x width) make logits, like the head: Adam at their own lr (optim.router_lr).
         routers = [m.router for m in self.modules() if isinstance(m, MoE)]
         ve_gates = [b.ve_gate for b in self.blocks if b.ve_gate is not None]
         not_muon = routers + ve_gates
@@ -261,7 +261,8 @@ class GPT(nn.Module):
             "embed": [self.embed.weight],
             "value_embed": [ve.weight for ve in self.value_embeds],
             "head": [self.lm_head.weight],
-            "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()] + routers,
+            "scalar": [p for p in (self.skip_weights, self.block_lambdas, self.v_lambdas) if p.numel()],
+            "router": routers,
         }
         # The later records' parameters (empty groups when their switches are off): Adam, at their own lrs
         groups["scalar"] += ([self.bigram.lambdas] if self.bigram is not None else []) + (
@@ -420,7 +421,6 @@ class GPT(nn.Module):
         average number of keys a query sees (causal, capped by its window)."""
         windows = self.windows if windows is None else windows
         matmul = self.active_params(embeddings=False) - sum(p.numel() for p in self.param_groups()["scalar"])
-        matmul += sum(m.router.numel() for m in self.modules() if isinstance(m, MoE))  # a matmul, listed with the scalars
         attn = 0.0
         hdim = self.cfg.resolved_heads() * self.cfg.head_dim
         for block in self.blocks:

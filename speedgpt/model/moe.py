@@ -11,7 +11,9 @@
 - Iso-FLOP width: each expert's hidden width is the dense MLP's divided by (top_k + shared), so
   a token's active MLP FLOPs equal the dense model's.
 - Expert weights are 3-D (experts, out, in): Muon orthogonalizes each expert's matrix (its
-  leading dims are a batch).
+  leading dims are a batch). The routers are Adam's, at their own small lr (optim.router_lr).
+- Health: `moe_health` reports loads, the largest router logit, the bias spread and weight norms on
+  logging steps, from device-side counters.
 - Dispatch: tokens sorted by expert, then one `torch._grouped_mm` per projection over all experts
   (CUDA, bf16: one kernel each), or a loop over experts (`grouped=False`; CPU).
 """
@@ -30,13 +32,26 @@ def expert_hidden(dense_hidden: int, top_k: int, shared: int, multiple: int = 16
     return max(multiple, int(-(-h // multiple)) * multiple)
 
 
-def route(x_ND: torch.Tensor, router_ED: torch.Tensor, bias_E: torch.Tensor, top_k: int):
+def router_logits(x_ND: torch.Tensor, router_ED: torch.Tensor) -> torch.Tensor:
+    """The affinity logits x . r_e (N, E), in fp32."""
+    return F.linear(x_ND.float(), router_ED.float())
+
+
+def choose_experts(logits_NE: torch.Tensor, bias_E: torch.Tensor, top_k: int):
     """(expert ids (N, k), weights (N, k)): top-k of sigmoid affinity + bias, weights from the affinity
-    alone, normalized over the chosen k."""
-    scores = torch.sigmoid(F.linear(x_ND.float(), router_ED.float()))
+    alone, normalized over the chosen k.
+
+    The normalization s_i / sum_j s_j is taken as a softmax of log-sigmoids: the same numbers, but
+    where every chosen logit is below ~-88 the fp32 sigmoids underflow to 0 and the plain quotient
+    is 0/0 = NaN (how moe-d12 diverged at step 186: docs/experiments.md), while this stays finite."""
+    scores = torch.sigmoid(logits_NE)
     idx = torch.topk(scores + bias_E, top_k, dim=-1, sorted=False).indices
-    w = scores.gather(1, idx)
-    return idx, w / w.sum(dim=-1, keepdim=True)
+    return idx, torch.softmax(F.logsigmoid(logits_NE.gather(1, idx)), dim=-1)
+
+
+def route(x_ND: torch.Tensor, router_ED: torch.Tensor, bias_E: torch.Tensor, top_k: int):
+    """`choose_experts` on the router's logits for tokens x."""
+    return choose_experts(router_logits(x_ND, router_ED), bias_E, top_k)
 
 
 def experts_grouped(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
@@ -83,6 +98,9 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(experts), persistent=True)
         self.register_buffer("load", torch.zeros(experts), persistent=False)
         self.register_buffer("load_since_log", torch.zeros(experts), persistent=False)
+        # The largest |router logit| of a training forward since the last log (`moe_health`): kept on the
+        # device, so the steps between logs read nothing back.
+        self.register_buffer("logit_max", torch.zeros(()), persistent=False)
 
     def init_plan(self, prefix: str = "") -> list:
         def uniform(t):
@@ -93,13 +111,14 @@ class MoE(nn.Module):
         return plan + (self.shared.init_plan(prefix + "shared.") if self.shared is not None else [])
 
     def init_buffers(self) -> None:
-        for b in (self.expert_bias, self.load, self.load_since_log):
+        for b in (self.expert_bias, self.load, self.load_since_log, self.logit_max):
             b.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x_ND = x.reshape(-1, shape[-1])
-        idx, weights = route(x_ND, self.router, self.expert_bias, self.top_k)
+        logits = router_logits(x_ND, self.router)
+        idx, weights = choose_experts(logits, self.expert_bias, self.top_k)
         flat = idx.reshape(-1)
         order = torch.argsort(flat, stable=True)
         token = order // self.top_k  # the row each sorted assignment came from
@@ -110,6 +129,7 @@ class MoE(nn.Module):
         # inside the backward (a graph task is then running).
         if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
             self.load += counts
+            self.logit_max.copy_(torch.maximum(self.logit_max, logits.detach().abs().amax()))
         x_sorted = x_ND[token]
         if self.grouped:
             out = experts_grouped(x_sorted, self.w1, self.w2, counts)
@@ -146,13 +166,45 @@ def balance_experts(model: nn.Module, rate: float) -> None:
         m.load.zero_()
 
 
-def expert_load_report(model: nn.Module) -> list[float]:
-    """Per MoE layer: the busiest expert's share of tokens over the mean share (1.0 = balanced),
-    since the last report. Reads device values: logging steps only."""
-    out = []
+# The figures `moe_health` reports per MoE layer, in the order of its rows.
+HEALTH_KEYS = ("moe_max_load", "moe_min_load", "moe_logit_max", "moe_bias_range", "moe_router_norm",
+               "moe_w1_norm", "moe_w2_norm")
+
+
+@torch.no_grad()
+def moe_health(model: nn.Module) -> dict[str, list[float]]:
+    """Per MoE layer, since the last call: the busiest and the idlest expert's share of the routed
+    tokens over the mean share (moe_max_load, moe_min_load; 1.0 = balanced; summed over ranks by
+    `balance_experts`), the largest |router logit| (moe_logit_max, the max over ranks: past ~7 the
+    sigmoid affinities saturate, their gradient vanishes, and past ~88 they underflow in fp32), the spread max - min of the balancing
+    biases (moe_bias_range: growing by 2 x moe_bias_rate every step means the bias cannot balance),
+    and the largest per-expert Frobenius norm of the router rows and of w1 and w2. One host read
+    (logging steps only); on several ranks one small all-reduce, and under FSDP a gather of the
+    per-expert norms: a collective, every rank calls it."""
+    layers = [m for m in model.modules() if isinstance(m, MoE)]
+    if not layers:
+        return {}
+    loads = torch.stack([m.load_since_log for m in layers])
+    share = loads / loads.mean(dim=1, keepdim=True).clamp_min(1e-9)
+    logit_max = torch.stack([m.logit_max for m in layers])
+    from ..parallel.dist import is_distributed
+    from ..parallel.fsdp import full_tensor  # FSDP's parameters are shards: their norms are gathered
+
+    if is_distributed():
+        torch.distributed.all_reduce(logit_max, op=torch.distributed.ReduceOp.MAX)
+    bias = torch.stack([m.expert_bias for m in layers])
+    rows = torch.stack([share.amax(1), share.amin(1), logit_max, bias.amax(1) - bias.amin(1)]
+                       + [torch.stack([full_tensor(torch.linalg.vector_norm(getattr(m, name).float(), dim=dims)).amax()
+                                       for m in layers])
+                          for name, dims in (("router", -1), ("w1", (-2, -1)), ("w2", (-2, -1)))])
+    reset_health(model)
+    return {key: [round(v, 4) for v in row] for key, row in zip(HEALTH_KEYS, rows.tolist())}
+
+
+def reset_health(model: nn.Module) -> None:
+    """Forget what the MoE layers counted since the last report (the trainer calls this after the
+    compile warmup, whose steps are not the run's)."""
     for m in model.modules():
         if isinstance(m, MoE):
-            load = m.load_since_log
-            out.append(round((load.max() / load.mean().clamp_min(1e-9)).item(), 4))
-            load.zero_()
-    return out
+            m.load_since_log.zero_()
+            m.logit_max.zero_()

@@ -19,9 +19,10 @@ from .muon import Muon
 
 
 def adam_groups(model, cfg: OptimConfig) -> list[dict]:
-    """Adam's parameter groups: with optim.kind="muon" the embeddings, head, scalars and gates at their
-    own lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay) where it is a
-    matrix (the hidden matrices and the head), not where it is an embedding, a scalar or a gate."""
+    """Adam's parameter groups: with optim.kind="muon" the embeddings, head, scalars, MoE routers and
+    gates at their own lrs; with "adamw" every parameter at optim.adamw_lr, decayed (adamw_weight_decay)
+    where it is a matrix (the hidden matrices and the head), not where it is an embedding, a scalar, a
+    router or a gate."""
     groups = model.param_groups()
     if cfg.kind == "adamw":
         decay = groups["matrix"] + groups["head"]
@@ -33,7 +34,7 @@ def adam_groups(model, cfg: OptimConfig) -> list[dict]:
     return [
         dict(params=groups[name], lr=lr * scale, name=name, weight_decay=cfg.adam_weight_decay)
         for name, lr in (("embed", cfg.embed_lr), ("value_embed", cfg.value_embed_lr),
-                         ("head", cfg.head_lr), ("scalar", cfg.scalar_lr),
+                         ("head", cfg.head_lr), ("scalar", cfg.scalar_lr), ("router", cfg.router_lr),
                          # the later records' parameters: groups only where their switch is on
                          ("bigram_embed", cfg.bigram_embed_lr), ("smear_gate", cfg.smear_gate_lr),
                          ("skip_gate", cfg.skip_gate_lr), ("value_embed_gate", cfg.value_embed_gate_lr))

@@ -225,6 +225,10 @@ class Trainer:
             self.evaluate()
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
+        if self.has_experts:  # nor what its forwards counted for the MoE metrics
+            from ..model.moe import reset_health
+
+            reset_health(self.model)
         self.sync_device()
         return time.perf_counter() - t0
 

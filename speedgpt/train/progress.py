@@ -70,10 +70,13 @@ class ProgressLog:
                   "train_loss": loss, "lr": (self.optimizers.muon or self.optimizers.adam).param_groups[0]["lr"],
                   "tok_per_s": round(tok_s, 1), "step_ms": round(step_s * 1e3, 2),
                   "cropped_share": round(self.loader.cropped_share, 5)}  # of the data read, share never trained
-        if self.has_experts:  # per MoE layer: the busiest expert's load over the mean since the last log
-            from ..model.moe import expert_load_report
+        if self.has_experts:  # per MoE layer: expert loads, router logits, balancing bias, weight norms
+            from ..model.moe import moe_health
 
-            record["moe_max_load"] = expert_load_report(self.model)
+            health = moe_health(self.model)
+            record.update(health)
+            extra += (f" | moe logit {max(health['moe_logit_max']):.1f} load {min(health['moe_min_load']):.2f}-"
+                      f"{max(health['moe_max_load']):.2f} bias {max(health['moe_bias_range']):.3f}")
         skipped = int(self.guard.skipped.item()) if self.guard.mode == "skip" else 0
         if skipped:
             record["skipped_steps"] = skipped
