@@ -57,7 +57,7 @@ def val_batches(
 
 def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device):
     need = max_tokens + 1
-    stream = np.empty(need, dtype=np.uint16)
+    stream = np.empty(need, dtype=np.uint32)  # holds uint16 and uint32 (32-bit shards) ids
     filled = 0
     for f, n in zip(files, sizes):
         if filled == need:
