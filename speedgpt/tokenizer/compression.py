@@ -9,6 +9,7 @@ validation text (an event record "tokenizer" in metrics.jsonl, shown by the repo
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -91,9 +92,12 @@ def table(tok: Tokenizer, rows: list[dict], reference_name: str = "gpt2") -> tup
 
     headers = ["input", "docs", "bytes", f"{tok.name} bytes/token", f"{reference_name} bytes/token",
                f"{tok.name} tokens/doc", f"{reference_name} tokens/doc", f"tokens vs {reference_name}"]
+    names = [Path(r["input"]).name or r["input"] for r in rows]
+    if len(set(names)) < len(names):  # short names unless two inputs share one
+        names = [r["input"] for r in rows]
     lines = []
-    for r in rows:
-        lines.append([r["input"] + (" (capped)" if r.get("capped") else ""), f"{r['documents']:,}",
+    for r, name in zip(rows, names):
+        lines.append([name + (" (capped)" if r.get("capped") else ""), f"{r['documents']:,}",
                       fmt_count(r["bytes"]), _fmt(ratio(r["bytes"], r["tokens"]), ".3f"),
                       _fmt(ratio(r["bytes"], r["ref_tokens"]), ".3f"),
                       _fmt(ratio(r["tokens"], r["documents"]), ",.1f"),

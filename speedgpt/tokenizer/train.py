@@ -71,7 +71,7 @@ class _Bar:
 
             self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                                  TextColumn("{task.completed:,.0f} chars · {task.fields[docs]:,} docs"),
-                                 TimeElapsedColumn(), console=Console(stderr=True))
+                                 TimeElapsedColumn(), console=Console(stderr=True), transient=True)
             self._task = self._bar.add_task("reading", total=total, docs=0)
             self._bar.start()
 
