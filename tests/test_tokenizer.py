@@ -156,3 +156,12 @@ def test_a_text_too_small_for_the_vocabulary_says_so(tmp_path, capsys):
     tok = load_folder(tmp_path / "t")
     assert tok.vocab_size < 1000 and f"the vocabulary is {tok.vocab_size:,}" in out
     assert tok.decode(tok.encode("abab abab")) == "abab abab"
+
+
+def test_gpt2_identity_constant_is_its_ranks_hash():
+    """Shard headers compare against GPT2_SHA256 without loading GPT-2's ranks: it must be their hash."""
+    from speedgpt.tokenizer.core import GPT2_SHA256, gpt2_tokenizer, identity_sha256
+
+    enc = gpt2_tokenizer().encoding
+    assert identity_sha256(enc._mergeable_ranks, enc._pat_str, enc._special_tokens) == GPT2_SHA256
+    assert gpt2_tokenizer().bos_id == 50256 and gpt2_tokenizer().vocab_size == 50257

@@ -155,3 +155,7 @@ def test_training_refuses_shards_of_two_tokenizers_in_one_line(tmp_path, capsys)
     assert main([*base, f"--data.train_files={tmp_path / 'a'}", f"--data.tokenizer={other.folder}",
                  "--run-dir", str(tmp_path / "r3")]) == 2
     assert "but the shards in" in capsys.readouterr().err
+    # A tokenizer named for the default corpus (GPT-2's) is a mistake, not ignored.
+    assert main(["train", "--preset", "tiny-cpu", "--train.device=cpu", f"--data.tokenizer={other.folder}",
+                 "--run-dir", str(tmp_path / "r4")]) == 2
+    assert "data.train_files, which is empty" in capsys.readouterr().err

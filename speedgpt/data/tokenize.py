@@ -374,6 +374,10 @@ def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
 
     lines = [f"tokenized {manifest['documents']:,} documents, {manifest['tokens']:,} tokens -> {out_dir}",
              f"  {split('train')}; {split('val')}"]
+    tok = manifest.get("tokenizer", {})
+    if tok.get("folder"):  # a trained tokenizer, copied next to the shards
+        lines.append(f"  tokenizer {tok['name']} (vocab {tok['vocab_size']:,}) copied to "
+                     f"{Path(out_dir) / tok['folder']}")
     skipped: dict[str, tuple[int, list[str]]] = {}
     for source in manifest["sources"]:
         for reason, info in source.get("skipped", {}).items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import Config
+from ..config import Config, ConfigError
 from ..tokenizer.core import Tokenizer, gpt2_tokenizer
 
 
@@ -21,6 +21,9 @@ def adopt_shards_tokenizer(cfg: Config) -> tuple[Config, Tokenizer | None, list[
 
     d = cfg.data
     if not d.train_files:  # the default local corpus: GPT-2
+        if d.tokenizer:
+            raise ConfigError(f"data.tokenizer={d.tokenizer} names the tokenizer of data.train_files, which is empty "
+                              f"(the default corpus is GPT-2's); pass --data.train_files=DIR of its shards")
         return cfg, None, []
     try:
         files = find_shards(d.train_files, "train") + find_shards(d.val_files or d.train_files, "val")
