@@ -30,7 +30,6 @@ VERSION_32 = 2  # uint32 token ids: vocabularies over 65,536
 TOKEN_BYTES_OF = {VERSION: 2, VERSION_32: 4}
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-TOKEN_BYTES = 2  # of version 1
 _MAX_TOKEN = 2**16 - 1  # uint16
 
 
@@ -59,10 +58,6 @@ class ShardInfo(NamedTuple):
     n_tokens: int
     token_bytes: int  # 2 (version 1) or 4 (version 2)
     stamp: TokenizerStamp | None  # None: not recorded (GPT-2)
-
-    @property
-    def dtype(self) -> np.dtype:
-        return np.dtype("<u2" if self.token_bytes == 2 else "<u4")
 
 
 def _header(n_tokens: int, version: int = VERSION, stamp: TokenizerStamp | None = None) -> bytes:
