@@ -57,6 +57,15 @@ def test_train_takes_vocab_and_bos_from_the_shards_and_keeps_the_tokenizer(train
     assert lines[0][1] == f"tok ({tok.short_id})" and lines[0][2] == "512"
 
 
+def test_a_run_that_lost_its_tokenizer_is_refused_not_read_as_gpt2(trained, tmp_path):
+    from speedgpt.tokenizer.folder import TokenizerError, run_tokenizer
+
+    run, _, _, _ = trained
+    (tmp_path / "config.toml").write_bytes((run / "config.toml").read_bytes())  # the run without tokenizer/
+    with pytest.raises(TokenizerError, match=r"GPT-2 \(no tokenizer/ folder\).*restore the run's tokenizer/ folder"):
+        run_tokenizer(tmp_path)
+
+
 def test_sample_and_export_use_the_runs_tokenizer(trained, tmp_path, capsys):
     run, tok, _, _ = trained
     assert main(["sample", str(run), "--prompt", "今日は", "--max-tokens", "5", "--seed", "3"]) == 0
