@@ -142,9 +142,8 @@ def read_shard_info(path: str | os.PathLike) -> ShardInfo:
             f"shard {path} is {what}: {size} bytes, header says {n_tokens} tokens = {expected} bytes; "
             "delete it and download/tokenize again", offset=min(size, expected)
         )
-    stamp = None
-    if header[3:7].any():
-        stamp = TokenizerStamp(int(header[3]), int(header[4]), int.from_bytes(header[5:7].tobytes(), "little"))
+    stamp = _stamp(header)
+    if stamp is not None:
         if not 0 <= stamp.bos_id < stamp.vocab_size:
             raise ShardError(f"shard {path} records BOS id {stamp.bos_id} outside its vocabulary of "
                              f"{stamp.vocab_size}: a damaged header; delete it and tokenize again", offset=12)
@@ -156,18 +155,34 @@ def read_header(path: str | os.PathLike) -> int:
     return read_shard_info(path).n_tokens
 
 
-def claimed_tokens(path: str | os.PathLike) -> int:
-    """The token count a shard's header claims (0 when the header itself is unreadable), without
-    checking the file size: the stream layout of a shard that broke after training started."""
+def claimed_info(path: str | os.PathLike) -> ShardInfo | None:
+    """What a shard's header claims (token count, width, tokenizer) without checking the file size;
+    None when the header itself is unreadable. For data that may hold a shard that broke after it
+    was written (data.on_bad_shard=skip): the header still says what the shard was."""
     try:
         with open(path, "rb") as f:
             raw = f.read(HEADER_BYTES)
     except OSError:
-        return 0
+        return None
     if len(raw) < HEADER_BYTES:
-        return 0
+        return None
     header = np.frombuffer(raw, dtype="<i4")
-    return int(header[2]) if header[0] == MAGIC and int(header[1]) in TOKEN_BYTES_OF and header[2] > 0 else 0
+    if header[0] != MAGIC or int(header[1]) not in TOKEN_BYTES_OF:
+        return None
+    return ShardInfo(max(int(header[2]), 0), TOKEN_BYTES_OF[int(header[1])], _stamp(header))
+
+
+def _stamp(header: np.ndarray) -> TokenizerStamp | None:
+    if not header[3:7].any():
+        return None
+    return TokenizerStamp(int(header[3]), int(header[4]), int.from_bytes(header[5:7].tobytes(), "little"))
+
+
+def claimed_tokens(path: str | os.PathLike) -> int:
+    """The token count a shard's header claims (0 when the header itself is unreadable), without
+    checking the file size: the stream layout of a shard that broke after training started."""
+    info = claimed_info(path)
+    return info.n_tokens if info is not None else 0
 
 
 def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size: int | None = None) -> torch.Tensor:

@@ -78,13 +78,13 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     model, cfg = load_model(source, device=device, checkpoint=checkpoint)
     dev = next(model.parameters()).device
     files = resolve_eval_files(cfg, data, split)
+    seq = cfg.data.val_seq_len or cfg.data.seq_len
+    available = sum(read_header(f) for f in files)  # a damaged shard is named here, before anything else
     tok = run_tokenizer(source, cfg)  # bits per byte counts the bytes its tokens stand for
     data_stamp = shards_stamp(files)
     if data_stamp != stamp_of(tok):
         raise EvalError(f"the shards in {files[0].parent} come from {describe_stamp(data_stamp)}, the model "
                         f"from {tok.describe()}; score data tokenized with the run's tokenizer")
-    seq = cfg.data.val_seq_len or cfg.data.seq_len
-    available = sum(read_header(f) for f in files)
     want = tokens if tokens is not None else cfg.data.val_tokens
     if want < seq:
         raise EvalError(f"--tokens {want} is less than one row of {seq} tokens; ask for at least {seq}")
