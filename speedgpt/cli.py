@@ -169,9 +169,10 @@ def sample_and_report(cfg, result) -> None:
     """What `speedgpt train` adds after training: a sample from the trained model and the run's report."""
     if cfg.run.sample_tokens:
         from .infer.generate import sample_text
+        from .tokenizer.folder import run_tokenizer
 
         text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
-                           temperature=0.8, top_k=50, seed=cfg.train.seed)
+                           temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=run_tokenizer(result.run_dir))
         print("sample:\n" + text, flush=True)
     if cfg.run.report:
         try:
@@ -196,6 +197,8 @@ def cmd_data(argv: list[str]) -> int:
     t.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most (default 100M)")
     t.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
     t.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens (default: all input)")
+    t.add_argument("--tokenizer", metavar="DIR", default=None,
+                   help="a folder from `speedgpt tokenizer train` (copied next to the shards; default: GPT-2)")
     lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
     lp.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     lp.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens; 0: every file (default)")
@@ -218,9 +221,12 @@ def cmd_data(argv: list[str]) -> int:
     try:
         if args.what == "tokenize":
             from .data.tokenize import tokenize_files
+            from .tokenizer.folder import load_tokenizer
 
+            tok = load_tokenizer(args.tokenizer)
             m = tokenize_files(args.inputs, args.out, text_field=args.text_field, val_fraction=args.val_fraction,
-                               shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens)
+                               shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens,
+                               tokenizer=tok)
         elif args.what == "local-python":
             from .data.tokenize import ensure_local_python_corpus
 
@@ -379,11 +385,12 @@ def cmd_sample(argv: list[str]) -> int:
     from .config import ConfigError
     from .infer.generate import sample_texts
     from .infer.load import LoadError, load_model
+    from .tokenizer.folder import run_tokenizer
 
     try:
-        model, _ = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
+        model, cfg = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
         opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
-                    seed=args.seed, use_cache=not args.no_cache)
+                    seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
         if len(args.prompt) == 1:
             # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
             pending = [args.prompt[0]]
@@ -424,6 +431,12 @@ def cmd_export(argv: list[str]) -> int:
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
     print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype})")
     return 0
+
+
+def cmd_tokenizer(argv: list[str]) -> int:
+    from .tokenizer.cli import main as tokenizer_main
+
+    return tokenizer_main(argv)
 
 
 def cmd_ab(argv: list[str]) -> int:
@@ -473,6 +486,7 @@ def _error_line(e: BaseException) -> str:
 COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
+    "tokenizer": (cmd_tokenizer, "your own BPE tokenizer: train DATA --vocab-size N --out DIR | eval DIR DATA"),
     "bench": (cmd_bench, "measure tokens/s, MFU, memory and compile time of a preset (A/B with --ab)"),
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),

@@ -15,7 +15,8 @@ DESCRIPTIONS: dict[str, str] = {
     "model.num_kv_heads": "grouped-query attention: key/value heads, each shared by num_heads / num_kv_heads query heads; 0: num_heads",
     "model.aspect_ratio": "width per block of depth when model_dim=0 (nanochat's depth knob)",
     "model.mlp_ratio": "MLP hidden width as a multiple of model_dim",
-    "model.vocab_size": "tokenizer vocabulary (GPT-2: 50257)",
+    "model.vocab_size": "tokenizer vocabulary (GPT-2: 50257); train sets it from shards that record their tokenizer",
+    "model.bos_id": "id of the document separator that starts every document (GPT-2: 50256); train sets it from the shards",
     "model.vocab_pad_multiple": "pad the embedding/head rows to a multiple of this (50257 -> 50304) for fast matmuls",
     "model.rope_base": "rotary embedding base frequency",
     "model.rope_half_truncate": "rotate only half the head dims; the rest carry position-free content",
@@ -77,6 +78,7 @@ DESCRIPTIONS: dict[str, str] = {
     # data
     "data.train_files": "glob, directory or file of .bin shards; empty: the local Python-source corpus",
     "data.val_files": "val shards; empty: the val_*.bin next to train_files",
+    "data.tokenizer": "the shards' tokenizer folder; empty: tokenizer/ next to the shards, GPT-2 for shards that record none",
     "data.cache_dir": "where the default corpus and downloaded eval data live; empty: ~/.cache/speedgpt",
     "data.local_max_tokens": "token cap of the default local Python-source corpus (0: every file)",
     "data.seq_len": "tokens per training row",

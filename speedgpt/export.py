@@ -1,4 +1,5 @@
-"""Export a trained model as `model.safetensors` + `config.json`, readable without speedgpt's pickles.
+"""Export a trained model as `model.safetensors` + `config.json` (+ `tokenizer/` when the run trained
+its own tokenizer), readable without speedgpt's pickles.
 
 The export holds only the model weights (no optimizer state) under their plain parameter names
 (wrapper prefixes such as torch.compile's `_orig_mod.` stripped). `config.json` is the full resolved
@@ -73,6 +74,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
     from .atomic import atomic_dir
     from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
                                  locate, strip_wrapper_prefixes)
+    from .tokenizer.folder import RUN_SUBDIR, TokenizerError, copy_folder, run_tokenizer
 
     if dtype not in DTYPES:
         raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
@@ -96,7 +98,12 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
                        "dtype": dtype, "speedgpt_version": __version__,
                        "aliases": aliases}}
 
+    try:
+        tok = run_tokenizer(src.root, cfg)
+    except TokenizerError as e:
+        raise ExportError(str(e)) from None
     with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
+        copy_folder(tok, tmp / RUN_SUBDIR)  # a trained tokenizer travels with the weights (GPT-2's: nothing)
     return out

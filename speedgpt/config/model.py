@@ -20,6 +20,9 @@ class ModelConfig:
     mlp_ratio: float = 4.0
     vocab_size: int = 50257
     vocab_pad_multiple: int = 128  # 50257 -> 50304: tensor-core friendly head matmul
+    # The document separator that starts every document (BOS): doc masking and sampling's stop token.
+    # Like vocab_size, `speedgpt train` takes it from the shards' tokenizer (GPT-2's <|endoftext|> here).
+    bos_id: int = 50256
     rope_base: float = 1024.0
     rope_half_truncate: bool = True  # rotate only half the head dims; the rest carry position-free content
     value_embeds: int = 3  # value embeddings shared U-shaped: first k and last k layers; 0 disables

@@ -16,6 +16,9 @@ from .optim import OptimConfig
 class DataConfig:
     train_files: str = ""  # glob, directory or file of .bin shards; empty: the local Python-source corpus
     val_files: str = ""
+    # The shards' tokenizer folder (`speedgpt tokenizer train --out`); empty: the tokenizer/ folder that
+    # `data tokenize --tokenizer` puts next to the shards. Shards that record no tokenizer are GPT-2's.
+    tokenizer: str = ""
     cache_dir: str = ""  # where the default corpus is built; empty: ~/.cache/speedgpt
     local_max_tokens: int = 20_000_000  # cap for the default corpus (0: everything)
     seq_len: int = 1024  # tokens per row

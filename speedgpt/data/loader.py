@@ -200,7 +200,7 @@ class TokenLoader:
 
     def _plan_and_copy(self, state, batch_size: int, row_len: int, max_doc: int = 0):
         rows, state = self._plan(state, self.world_size * batch_size, row_len, max_doc)
-        buf = np.empty((batch_size, row_len), dtype=np.uint16)
+        buf = np.empty((batch_size, row_len), dtype=np.uint32)  # holds uint16 and uint32 (32-bit shards) ids
         for i, pieces in enumerate(rows[self.rank * batch_size : (self.rank + 1) * batch_size]):
             at = 0
             for epoch, start, end, bos in pieces:

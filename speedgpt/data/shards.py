@@ -1,9 +1,12 @@
 """The one token-shard format (see docs/format.md).
 
-A shard is a 1024-byte header of 256 little-endian int32 (``[0]`` magic 20240520,
-``[1]`` version 1, ``[2]`` number of tokens, rest zero) followed by that many
-little-endian uint16 token ids. It is the format of the speedrun's pre-tokenized
-FineWeb shards, so those files load unchanged. Token 50256 starts every document.
+A shard is a 1024-byte header of 256 little-endian int32 followed by its token ids: ``[0]`` magic
+20240520, ``[1]`` version (1: uint16 ids, 2: uint32 ids), ``[2]`` number of tokens, ``[3]`` vocabulary
+size, ``[4]`` BOS id, ``[5:7]`` the tokenizer's identity (64 bits), rest zero. Zeros in ``[3:7]`` (the
+speedrun's pre-tokenized FineWeb shards, and every shard written before tokenizers were recorded) mean
+GPT-2, whose vocabulary (50257) and BOS (50256) those shards use; they load unchanged. Version 1 is
+the speedrun's layout, so its code reads speedgpt's 16-bit shards; a vocabulary past 65,536 ids needs
+version 2, which that code refuses rather than misreading.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import glob
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, NamedTuple
 
 import numpy as np
 
@@ -22,10 +25,11 @@ if TYPE_CHECKING:  # torch is imported on use: tokenizing (and its worker proces
     import torch
 
 MAGIC = 20240520
-VERSION = 1
+VERSION = 1  # uint16 token ids (the speedrun's format)
+VERSION_32 = 2  # uint32 token ids: vocabularies over 65,536
+TOKEN_BYTES_OF = {VERSION: 2, VERSION_32: 4}
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
-TOKEN_BYTES = 2
 _MAX_TOKEN = 2**16 - 1  # uint16
 
 
@@ -38,17 +42,42 @@ class ShardError(ValueError):
         self.offset = offset
 
 
-def _header(n_tokens: int) -> bytes:
+class TokenizerStamp(NamedTuple):
+    """What a shard header records of its tokenizer: vocabulary size, BOS id and identity (the first
+    8 bytes of the tokenizer's sha256, as an unsigned little-endian int; speedgpt.tokenizer.core)."""
+    vocab_size: int
+    bos_id: int
+    id64: int
+
+    @property
+    def short_id(self) -> str:
+        return self.id64.to_bytes(8, "little").hex()
+
+
+class ShardInfo(NamedTuple):
+    n_tokens: int
+    token_bytes: int  # 2 (version 1) or 4 (version 2)
+    stamp: TokenizerStamp | None  # None: not recorded (GPT-2)
+
+
+def _header(n_tokens: int, version: int = VERSION, stamp: TokenizerStamp | None = None) -> bytes:
     header = np.zeros(HEADER_INTS, dtype="<i4")
-    header[0], header[1], header[2] = MAGIC, VERSION, n_tokens
+    header[0], header[1], header[2] = MAGIC, version, n_tokens
+    if stamp is not None:
+        header[3], header[4] = stamp.vocab_size, stamp.bos_id
+        header[5:7] = np.frombuffer(stamp.id64.to_bytes(8, "little"), dtype="<i4")
     return header.tobytes()
 
 
-def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | torch.Tensor) -> int:
+def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | torch.Tensor, *,
+                tokenizer: TokenizerStamp | None = None) -> int:
     """Write ``tokens`` as one shard at ``path`` atomically; returns the token count.
 
-    The data goes to a temporary file in the same directory, is fsynced and then renamed
-    over ``path``, so a crash never leaves a half-written shard under the final name.
+    ``tokenizer`` is recorded in the header, and every id must be below its vocabulary size; a
+    vocabulary over 65,536 ids gets uint32 ids (version 2). Without it the header records nothing
+    (read as GPT-2) and the ids must fit uint16. An id that does not fit is an error, never wrapped.
+    The data goes to a temporary file in the same directory, is fsynced and then renamed over
+    ``path``, so a crash never leaves a half-written shard under the final name.
     """
     path = Path(path)
     if hasattr(tokens, "detach"):  # a torch.Tensor
@@ -56,24 +85,27 @@ def write_shard(path: str | os.PathLike, tokens: Iterable[int] | np.ndarray | to
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         raise ValueError(f"write_shard({path}): tokens must be 1-D, got shape {arr.shape}")
-    if arr.dtype != np.uint16:
-        if arr.size and (arr.min() < 0 or arr.max() > _MAX_TOKEN):
-            raise ValueError(
-                f"write_shard({path}): token ids must be in [0, {_MAX_TOKEN}] to fit uint16, "
-                f"got range [{arr.min()}, {arr.max()}]; use a vocabulary of at most 65536 tokens"
-            )
-        arr = arr.astype(np.uint16)
+    wide = tokenizer is not None and tokenizer.vocab_size > _MAX_TOKEN + 1
+    dtype = np.dtype("<u4" if wide else "<u2")
+    top = tokenizer.vocab_size - 1 if tokenizer is not None else _MAX_TOKEN
+    if arr.size and (tokenizer is not None or arr.dtype != np.uint16) and (arr.min() < 0 or arr.max() > top):
+        fix = (f"they are not ids of the recorded tokenizer (vocab {tokenizer.vocab_size})" if tokenizer is not None
+               else "use a vocabulary of at most 65536 tokens, or pass tokenizer= (32-bit shards)")
+        raise ValueError(f"write_shard({path}): token ids must be in [0, {top}] to fit "
+                         f"{'the vocabulary' if tokenizer is not None else 'uint16'}, got range "
+                         f"[{arr.min()}, {arr.max()}]; {fix}")
     if arr.size >= 2**31:
         raise ValueError(f"write_shard({path}): {arr.size} tokens exceed the int32 header field; split the shard")
-    arr = arr.astype("<u2", copy=False)
+    arr = arr.astype(dtype, copy=False)
     with atomic_file(path) as f:
-        f.write(_header(arr.size))
+        f.write(_header(arr.size, VERSION_32 if wide else VERSION, tokenizer))
         f.write(arr.tobytes())
     return int(arr.size)
 
 
-def read_header(path: str | os.PathLike) -> int:
-    """Validate the header and the file size of the shard at ``path``; return its token count.
+def read_shard_info(path: str | os.PathLike) -> ShardInfo:
+    """Validate the header and the file size of the shard at ``path``; return its token count, token
+    width and recorded tokenizer.
 
     Raises ``ShardError`` for a bad magic number, an unknown version, or a file whose size
     does not match the header (truncated download, or trailing garbage).
@@ -96,38 +128,66 @@ def read_header(path: str | os.PathLike) -> int:
             f"shard {path} has magic {int(header[0])}, expected {MAGIC}: not a token shard "
             "(see docs/format.md); delete it and download/tokenize again", offset=0
         )
-    if header[1] != VERSION:
+    if int(header[1]) not in TOKEN_BYTES_OF:
         raise ShardError(
-            f"shard {path} has format version {int(header[1])}, this speedgpt reads version {VERSION}; "
-            "re-tokenize it with this version", offset=4
+            f"shard {path} has format version {int(header[1])}, this speedgpt reads versions "
+            f"{', '.join(map(str, TOKEN_BYTES_OF))}; re-tokenize it with this version", offset=4
         )
+    token_bytes = TOKEN_BYTES_OF[int(header[1])]
     n_tokens = int(header[2])
-    expected = HEADER_BYTES + TOKEN_BYTES * n_tokens
+    expected = HEADER_BYTES + token_bytes * n_tokens
     if n_tokens < 0 or size != expected:
         what = "truncated" if size < expected else "longer than its header says"
         raise ShardError(
             f"shard {path} is {what}: {size} bytes, header says {n_tokens} tokens = {expected} bytes; "
             "delete it and download/tokenize again", offset=min(size, expected)
         )
-    return n_tokens
+    stamp = _stamp(header)
+    if stamp is not None:
+        if not 0 <= stamp.bos_id < stamp.vocab_size:
+            raise ShardError(f"shard {path} records BOS id {stamp.bos_id} outside its vocabulary of "
+                             f"{stamp.vocab_size}: a damaged header; delete it and tokenize again", offset=12)
+    return ShardInfo(n_tokens, token_bytes, stamp)
+
+
+def read_header(path: str | os.PathLike) -> int:
+    """The token count of the shard at ``path``, its header and size validated (read_shard_info)."""
+    return read_shard_info(path).n_tokens
+
+
+def claimed_info(path: str | os.PathLike) -> ShardInfo | None:
+    """What a shard's header claims (token count, width, tokenizer) without checking the file size;
+    None when the header itself is unreadable. For data that may hold a shard that broke after it
+    was written (data.on_bad_shard=skip): the header still says what the shard was."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(HEADER_BYTES)
+    except OSError:
+        return None
+    if len(raw) < HEADER_BYTES:
+        return None
+    header = np.frombuffer(raw, dtype="<i4")
+    if header[0] != MAGIC or int(header[1]) not in TOKEN_BYTES_OF:
+        return None
+    return ShardInfo(max(int(header[2]), 0), TOKEN_BYTES_OF[int(header[1])], _stamp(header))
+
+
+def _stamp(header: np.ndarray) -> TokenizerStamp | None:
+    if not header[3:7].any():
+        return None
+    return TokenizerStamp(int(header[3]), int(header[4]), int.from_bytes(header[5:7].tobytes(), "little"))
 
 
 def claimed_tokens(path: str | os.PathLike) -> int:
     """The token count a shard's header claims (0 when the header itself is unreadable), without
     checking the file size: the stream layout of a shard that broke after training started."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(HEADER_BYTES)
-    except OSError:
-        return 0
-    if len(raw) < HEADER_BYTES:
-        return 0
-    header = np.frombuffer(raw, dtype="<i4")
-    return int(header[2]) if header[0] == MAGIC and header[1] == VERSION and header[2] > 0 else 0
+    info = claimed_info(path)
+    return info.n_tokens if info is not None else 0
 
 
 def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size: int | None = None) -> torch.Tensor:
-    """The tokens of the shard at ``path`` as a 1-D ``torch.uint16`` tensor.
+    """The tokens of the shard at ``path`` as a 1-D ``torch.uint16`` tensor (``torch.uint32`` for a
+    version-2 shard).
 
     Reads straight into the tensor's memory with ``readinto`` (no intermediate copy);
     ``pin_memory=True`` allocates that memory page-locked for fast async host→GPU copies.
@@ -136,15 +196,16 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
     import torch
 
     path = Path(path)
-    n_tokens = read_header(path)
-    tokens = torch.empty(n_tokens, dtype=torch.uint16, pin_memory=pin_memory)
+    info = read_shard_info(path)
+    n_tokens, width = info.n_tokens, info.token_bytes
+    tokens = torch.empty(n_tokens, dtype=torch.uint16 if width == 2 else torch.uint32, pin_memory=pin_memory)
     buf = tokens.numpy()
     with open(path, "rb") as f:
         f.seek(HEADER_BYTES)
         n_read = f.readinto(memoryview(buf).cast("B")) if n_tokens else 0
-    if n_read != TOKEN_BYTES * n_tokens:
+    if n_read != width * n_tokens:
         raise ShardError(
-            f"shard {path}: read {n_read} of {TOKEN_BYTES * n_tokens} token bytes (file changed while reading?); "
+            f"shard {path}: read {n_read} of {width * n_tokens} token bytes (file changed while reading?); "
             "check the file and load again", offset=HEADER_BYTES + n_read
         )
     if sys.byteorder == "big":  # the format is little-endian on disk
@@ -156,7 +217,7 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
             raise ShardError(
                 f"shard {path} has token id {top} >= vocab_size {vocab_size} (first at position {pos}); "
                 "it was tokenized with another vocabulary: re-tokenize, or raise the model's vocab_size",
-                offset=HEADER_BYTES + TOKEN_BYTES * pos,
+                offset=HEADER_BYTES + width * pos,
             )
     return tokens
 

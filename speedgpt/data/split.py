@@ -9,15 +9,15 @@ from pathlib import Path
 import numpy as np
 
 from ..atomic import sha256_file
-from .shards import write_shard
+from .shards import TokenizerStamp, write_shard
 
 
 class ShardWriter:
     """Appends whole documents to ``{split}_NNNNNN.bin`` shards of at most shard_tokens tokens
-    (a single document longer than that gets a shard of its own)."""
+    (a single document longer than that gets a shard of its own), each header recording `stamp`."""
 
-    def __init__(self, out_dir: Path, split: str, shard_tokens: int):
-        self.out_dir, self.split, self.shard_tokens = out_dir, split, shard_tokens
+    def __init__(self, out_dir: Path, split: str, shard_tokens: int, stamp: TokenizerStamp | None = None):
+        self.out_dir, self.split, self.shard_tokens, self.stamp = out_dir, split, shard_tokens, stamp
         self.pending: list[np.ndarray] = []
         self.n_pending = 0
         self.shards: list[dict] = []
@@ -36,7 +36,7 @@ class ShardWriter:
         if not self.pending:
             return
         path = self.out_dir / f"{self.split}_{len(self.shards):06d}.bin"
-        n = write_shard(path, np.concatenate(self.pending))
+        n = write_shard(path, np.concatenate(self.pending), tokenizer=self.stamp)
         self.shards.append({"file": path.name, "tokens": n, "sha256": sha256_file(path)})
         self.pending, self.n_pending = [], 0
 
@@ -54,9 +54,9 @@ class Splitter:
     it goes to train once val gets a document, or to val at the end if none did."""
 
     def __init__(self, out_dir: Path, shard_tokens: int, n_sources: int, val_fraction: float,
-                 val_docs: int | None, ensure_val: bool):
-        self.train = ShardWriter(out_dir, "train", shard_tokens)
-        self.val = ShardWriter(out_dir, "val", shard_tokens)
+                 val_docs: int | None, ensure_val: bool, stamp: TokenizerStamp | None = None):
+        self.train = ShardWriter(out_dir, "train", shard_tokens, stamp)
+        self.val = ShardWriter(out_dir, "val", shard_tokens, stamp)
         self.per_source = [{"documents": 0, "tokens": 0, "train_documents": 0, "val_documents": 0}
                            for _ in range(n_sources)]
         self.threshold = int(val_fraction * 2**64)

@@ -61,7 +61,7 @@ class ShardCache:
         self._lock = threading.Lock()
 
     def get(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens uint16, BOS positions int64) of shard i."""
+        """(tokens uint16 or uint32, BOS positions int64) of shard i."""
         with self._lock:
             hit = self._cache.get(i)
             if hit is not None:

@@ -13,6 +13,7 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import time
@@ -21,7 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -29,6 +30,9 @@ from ..atomic import atomic_write
 from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths, python_source_files
 from .split import Splitter
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
+
+if TYPE_CHECKING:
+    from ..tokenizer.core import Tokenizer
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
@@ -47,32 +51,52 @@ class WorkerDied(TokenizeError):
 # ----------------------------------------------------------------------------- worker side
 
 
+# A worker process's trained tokenizer (None: GPT-2), or the error loading it gave: raised by the first
+# task, since an initializer that raises breaks the pool and would read as a dead worker (WorkerDied).
+_worker_tokenizer: Tokenizer | None = None
+_worker_error: Exception | None = None
+
+
 def _doc_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
-def _encode_chunk(texts: list[str]) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    """(all tokens, per-document lengths, per-document hashes); each document is [BOS, *tokens]."""
-    enc = get_tokenizer()
-    # encode_to_numpy with no special tokens allowed or checked is encode_ordinary (a literal
-    # "<|endoftext|>" stays text; tests pin this) but hands back a buffer instead of a list
-    # of Python ints, which saves ~15% of the whole tokenization time.
-    encoded = [enc.encode_to_numpy(t, allowed_special=set(), disallowed_special=()) for t in texts]
+def _encode_chunk(texts: list[str], tok: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """(all tokens, per-document lengths, per-document hashes); each document is [BOS, *tokens].
+    ``tok``: the tokenizer (speedgpt.tokenizer); None: the worker's (_init_worker), else GPT-2's."""
+    from ..tokenizer.core import gpt2_tokenizer
+
+    if _worker_error is not None:
+        raise _worker_error
+    tok = tok or _worker_tokenizer or gpt2_tokenizer()
+    encoded = [tok.encode_to_numpy(t) for t in texts]
     lengths = np.fromiter((len(ids) + 1 for ids in encoded), dtype=np.int64, count=len(encoded))
-    tokens = np.empty(int(lengths.sum()), dtype=np.uint16)
-    pos = 0
+    tokens = np.empty(int(lengths.sum()), dtype=tok.token_dtype)
+    pos, bos = 0, tok.bos_id
     for ids in encoded:
-        tokens[pos] = BOS_ID
+        tokens[pos] = bos
         tokens[pos + 1 : pos + 1 + len(ids)] = ids
         pos += 1 + len(ids)
     return tokens, lengths, [_doc_hash(t) for t in texts]
 
 
-def _init_worker() -> None:
+def _init_worker(folder: str | None = None, sha256: str | None = None) -> None:
     # Ctrl-C reaches the whole process group; the parent decides what an interrupt means and
     # shuts the pool down cleanly, so a worker must not die mid-task (that breaks the pool: WorkerDied).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    get_tokenizer()  # build the BPE table once per process, before the first task
+    global _worker_tokenizer, _worker_error
+    if folder is None:
+        get_tokenizer()  # build the BPE table once per process, before the first task
+        return
+    from ..tokenizer.folder import TokenizerError, load_folder
+
+    try:
+        tok = load_folder(folder)
+        if tok.sha256 != sha256:
+            raise TokenizerError(f"tokenizer folder {folder} was changed during the build; tokenize again")
+        _worker_tokenizer = tok
+    except Exception as e:  # noqa: BLE001 (raised again by the first task)
+        _worker_error = e
 
 
 # ----------------------------------------------------------------------------- main side
@@ -96,8 +120,8 @@ def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
 
 
 @contextmanager
-def _ordered_results(chunks: Iterable, workers: int):
-    """Yield (meta, _encode_chunk(texts)) in input order, with at most 2 * workers chunks in flight.
+def _ordered_results(chunks: Iterable, workers: int, tok: Tokenizer | None = None):
+    """Yield (meta, _encode_chunk(texts, tok)) in input order, with at most 2 * workers chunks in flight.
 
     A worker process that dies (the OOM killer, kill -9) raises WorkerDied: concurrent.futures marks
     every task of a pool that lost a worker as failed (BrokenProcessPool), where multiprocessing.Pool
@@ -109,12 +133,15 @@ def _ordered_results(chunks: Iterable, workers: int):
     multiprocessing.Pool); once every submitted task has returned, the shutdown cannot block.
     """
     if workers <= 1:
-        yield ((meta, _encode_chunk(texts)) for meta, texts in chunks)
+        yield ((meta, _encode_chunk(texts, tok)) for meta, texts in chunks)
         return
     # spawn, not fork: forking a multi-threaded parent (numpy's BLAS pool, torch, CUDA, a
     # prefetch thread) can deadlock the child on a lock held at fork time. Start-up costs
     # ~0.5 s per worker (plus re-importing the caller's main module), paid once per build.
-    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker)
+    # Workers load a trained tokenizer from its folder once (a pickled one would travel with every task).
+    init_args = (None, None) if tok is None else (str(tok.folder), tok.sha256)
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn"), initializer=_init_worker,
+                               initargs=init_args)
     pending: deque = deque()
 
     def gen():
@@ -179,13 +206,19 @@ def _as_sources(sources: Source | Sequence[Source]) -> list[Source]:
     return sources
 
 
-def _clear_outputs(out_dir: Path) -> None:
+def _clear_outputs(out_dir: Path, keep: Path | None = None) -> None:
     # The manifest goes first: its presence means "complete", so a crash from here on
     # leaves a directory that ensure_local_python_corpus() rebuilds rather than trusts.
     (out_dir / MANIFEST).unlink(missing_ok=True)
     for pattern in ("train_[0-9]*.bin", "val_[0-9]*.bin"):
         for old in out_dir.glob(pattern):
             old.unlink()
+    # The copy of the old shards' tokenizer goes with them (unless it is the one tokenizing now).
+    from ..tokenizer.folder import RUN_SUBDIR, is_tokenizer_folder
+
+    copy = out_dir / RUN_SUBDIR
+    if is_tokenizer_folder(copy) and (keep is None or copy.resolve() != keep.resolve()):
+        shutil.rmtree(copy)
 
 
 def tokenize_corpus(
@@ -199,6 +232,7 @@ def tokenize_corpus(
     max_tokens: int | None = None,
     progress: bool = True,
     ensure_val: bool = False,
+    tokenizer: Tokenizer | None = None,
 ) -> dict:
     """Tokenize ``sources`` into ``out_dir/{train,val}_NNNNNN.bin`` and ``out_dir/manifest.json``.
 
@@ -209,8 +243,10 @@ def tokenize_corpus(
     (small inputs), the document with the smallest hash goes to val, so there is always a val split.
     Raises TokenizeError when no document was read (naming why the inputs were skipped).
     ``workers`` defaults to the CPU count; results do not depend on it.
-    Existing ``train_*.bin``, ``val_*.bin`` and ``manifest.json`` in ``out_dir`` are replaced.
-    Returns the manifest (also written as JSON).
+    ``tokenizer``: a trained tokenizer (speedgpt.tokenizer), recorded in every shard header and copied
+    to ``out_dir/tokenizer/`` so the shards carry it; None: GPT-2's.
+    Existing ``train_*.bin``, ``val_*.bin``, ``manifest.json`` and ``tokenizer/`` in ``out_dir`` are
+    replaced. Returns the manifest (also written as JSON).
     """
     sources = _as_sources(sources)
     if not 0.0 <= val_fraction < 1.0:
@@ -222,7 +258,14 @@ def tokenize_corpus(
     workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _clear_outputs(out_dir)
+    from ..tokenizer.folder import RUN_SUBDIR, copy_folder
+    from ..tokenizer.shards import GPT2_STAMP, stamp_of
+
+    if tokenizer is not None and tokenizer.folder is None:  # GPT-2's, given explicitly
+        tokenizer = None
+    keep = tokenizer.folder if tokenizer is not None else None
+    _clear_outputs(out_dir, keep)
+    stamp = stamp_of(tokenizer) if tokenizer is not None else GPT2_STAMP
 
     params = {
         "sources": [s.describe() for s in sources],
@@ -230,18 +273,18 @@ def tokenize_corpus(
         "val_docs": val_docs,
         "shard_tokens": shard_tokens,
         "max_tokens": max_tokens,
-        "tokenizer": "gpt2",
-        "format_version": 1,
+        "tokenizer": "gpt2" if tokenizer is None else {"name": tokenizer.name, "sha256": tokenizer.sha256},
+        "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
     }
     split = Splitter(out_dir, shard_tokens, len(sources), val_fraction, val_docs,
-                      ensure_val and val_docs is None and val_fraction > 0)
+                      ensure_val and val_docs is None and val_fraction > 0, stamp)
     total_tokens = 0
     n_docs = 0
     stopped_early = False
     start = time.perf_counter()
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
     try:
-        with _ordered_results(_chunks(sources), workers) as results:
+        with _ordered_results(_chunks(sources), workers, tokenizer) as results:
             for source_idx, (tokens, lengths, hashes) in results:
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
                 for j, s in enumerate(source_idx):
@@ -256,16 +299,16 @@ def tokenize_corpus(
                 if stopped_early:
                     break
     except WorkerDied:
-        _clear_outputs(out_dir)  # the shards written so far end early: not a build to train on
+        _clear_outputs(out_dir, keep)  # the shards written so far end early: not a build to train on
         raise
     finally:
         bar.close()
     problem = _nothing_usable(sources, n_docs, split.ensure_val)
     if problem:
-        _clear_outputs(out_dir)  # no partial build left behind to be mistaken for data
+        _clear_outputs(out_dir, keep)  # no partial build left behind to be mistaken for data
         raise TokenizeError(problem)
     if not split.finish():
-        _clear_outputs(out_dir)
+        _clear_outputs(out_dir, keep)
         raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
                             "use a smaller --val-fraction or add inputs")
     train, val, per_source = split.train, split.val, split.per_source
@@ -274,7 +317,9 @@ def tokenize_corpus(
     manifest = {
         "format": MANIFEST_FORMAT,
         "params": params,
-        "tokenizer": {"name": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "bos_id": BOS_ID},
+        "tokenizer": {"name": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "bos_id": BOS_ID} if tokenizer is None else
+                     {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
+                      "sha256": tokenizer.sha256, "folder": RUN_SUBDIR},
         "sources": [
             {**s.describe(), **stats, "skipped": s.skipped.to_dict(), "skipped_total": s.skipped.total()}
             for s, stats in zip(sources, per_source)
@@ -289,6 +334,8 @@ def tokenize_corpus(
     }
     if stopped_early:
         manifest["note"] = f"stopped at max_tokens={max_tokens:,}: documents after that were not read"
+    if tokenizer is not None:  # the shards carry their tokenizer (training finds it there)
+        copy_folder(tokenizer, out_dir / RUN_SUBDIR)
     _write_json(out_dir / MANIFEST, manifest)
     return manifest
 
@@ -327,6 +374,10 @@ def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
 
     lines = [f"tokenized {manifest['documents']:,} documents, {manifest['tokens']:,} tokens -> {out_dir}",
              f"  {split('train')}; {split('val')}"]
+    tok = manifest.get("tokenizer", {})
+    if tok.get("folder"):  # a trained tokenizer, copied next to the shards
+        lines.append(f"  tokenizer {tok['name']} (vocab {tok['vocab_size']:,}) copied to "
+                     f"{Path(out_dir) / tok['folder']}")
     skipped: dict[str, tuple[int, list[str]]] = {}
     for source in manifest["sources"]:
         for reason, info in source.get("skipped", {}).items():
@@ -396,6 +447,7 @@ def tokenize_files(
     workers: int | None = None,
     max_tokens: int | None = None,
     progress: bool = True,
+    tokenizer: Tokenizer | None = None,
 ) -> dict:
     """``speedgpt data tokenize``: tokenize text/JSONL/Parquet files or globs into ``out_dir``.
 
@@ -412,6 +464,7 @@ def tokenize_files(
         max_tokens=max_tokens,
         progress=progress,
         ensure_val=True,
+        tokenizer=tokenizer,
     )
 
 
@@ -472,12 +525,14 @@ def ensure_local_python_corpus(
 
 
 def _outputs_present(out_dir: Path, manifest: dict) -> bool:
-    # A size check (not a hash) is enough to notice deleted or truncated shards cheaply.
-    from .shards import HEADER_BYTES, TOKEN_BYTES
+    # A header and size check (not a hash) is enough to notice deleted or truncated shards cheaply.
+    from .shards import ShardError, read_header
 
     for split in ("train", "val"):
         for shard in manifest[split]["shards"]:
-            path = out_dir / shard["file"]
-            if not path.is_file() or path.stat().st_size != HEADER_BYTES + TOKEN_BYTES * shard["tokens"]:
+            try:
+                if read_header(out_dir / shard["file"]) != shard["tokens"]:
+                    return False
+            except (OSError, ShardError):
                 return False
     return True

@@ -57,7 +57,7 @@ def val_batches(
 
 def _read_stream(files: list[Path], sizes: list[int], need: int) -> np.ndarray:
     """The first `need` tokens of the val shards."""
-    stream = np.empty(need, dtype=np.uint16)
+    stream = np.empty(need, dtype=np.uint32)  # holds uint16 and uint32 (32-bit shards) ids
     filled = 0
     for f, n in zip(files, sizes):
         if filled == need:

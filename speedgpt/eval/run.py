@@ -65,10 +65,11 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     from ..config import micro_batch_rows
     from ..data.val import val_batches
     from ..data.shards import read_header
-    from ..data.tokenizer import BOS_ID, get_tokenizer
     from ..infer.load import load_model
     from ..rundir import RunDir
     from ..rundir.weights import locate
+    from ..tokenizer.folder import run_tokenizer
+    from ..tokenizer.shards import describe_stamp, shards_stamp, stamp_of
     from .bpb import evaluate_loss_and_bpb, token_byte_lengths
 
     if split not in ("val", "train"):
@@ -78,7 +79,12 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     dev = next(model.parameters()).device
     files = resolve_eval_files(cfg, data, split)
     seq = cfg.data.val_seq_len or cfg.data.seq_len
-    available = sum(read_header(f) for f in files)
+    available = sum(read_header(f) for f in files)  # a damaged shard is named here, before anything else
+    tok = run_tokenizer(source, cfg)  # bits per byte counts the bytes its tokens stand for
+    data_stamp = shards_stamp(files)
+    if data_stamp != stamp_of(tok):
+        raise EvalError(f"the shards in {files[0].parent} come from {describe_stamp(data_stamp)}, the model "
+                        f"from {tok.describe()}; score data tokenized with the run's tokenizer")
     want = tokens if tokens is not None else cfg.data.val_tokens
     if want < seq:
         raise EvalError(f"--tokens {want} is less than one row of {seq} tokens; ask for at least {seq}")
@@ -90,16 +96,15 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     if n_tokens < want:
         print_fn(f"eval: scoring {n_tokens:,} tokens (asked {want:,}; the {split} shards hold {available:,})")
 
-    tok = get_tokenizer()
     t0 = time.perf_counter()
     batches = val_batches(files, seq_len=seq, batch_size=rows, max_tokens=n_tokens, device=dev)
-    res = evaluate_loss_and_bpb(model, batches, token_byte_lengths(tok, cfg.model.padded_vocab()), device=dev)
+    res = evaluate_loss_and_bpb(model, batches, token_byte_lengths(tok.encoding, cfg.model.padded_vocab()), device=dev)
     record = {"step": src.step if src.step is not None else 0, "tokens": src.tokens or 0,
               "time_s": src.train_time_s or 0.0, "event": "eval", "val_loss": res["loss"], "val_bpb": res["bpb"]}
     if hellaswag:
-        record.update(_hellaswag(model, cfg, hellaswag, limit, tok, dev, BOS_ID, print_fn))
+        record.update(_hellaswag(model, cfg, hellaswag, limit, tok.encoding, dev, tok.bos_id, print_fn))
     if core:
-        record.update(_core(model, cfg, core, core_limit, tok, dev, BOS_ID, print_fn))
+        record.update(_core(model, cfg, core, core_limit, tok.encoding, dev, tok.bos_id, print_fn))
     record.update({"eval_tokens": res["tokens"], "eval_data": str(data or files[0].parent), "eval_split": split,
                    "checkpoint": src.weights.name if src.kind == "run" else str(src.root),
                    "eval_s": round(time.perf_counter() - t0, 3)})

@@ -16,12 +16,15 @@ document, i.e. up to the first end-of-text token a row generates, which is where
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..model.attention import KVCache
-from ..data.tokenizer import BOS_ID
 from ..model.gpt import GPT
+
+if TYPE_CHECKING:
+    from ..tokenizer.core import Tokenizer
 
 
 def _pick(logits_BV: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> torch.Tensor:
@@ -109,13 +112,16 @@ def generate(model: GPT, prompt_BT: torch.Tensor, max_new_tokens: int, *, temper
 
 def generate_batch(model: GPT, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
                    temperature: float = 1.0, top_k: int | None = None, seed: int | None = None,
-                   use_cache: bool = True, stop_token: int | None = BOS_ID,
+                   use_cache: bool = True, stop_token: int | None | str = "bos",
                    on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
     """Generate continuations of token-id prompts (any lengths) in one batch; returns each row's new
-    tokens, without the stop token. A row stops at `stop_token` (end-of-text) or after
+    tokens, without the stop token. A row stops at `stop_token` (end-of-text; "bos": the model's
+    model.bos_id, the separator that starts the next document; None: never) or after
     `max_new_tokens`; the loop ends when every row has stopped. `on_token(row, token)` sees each
     kept token as it is made, for streaming.
     """
+    if stop_token == "bos":
+        stop_token = model.cfg.bos_id
     out: list[list[int]] = [[] for _ in prompts]
     done = [False] * len(prompts)
     steps = decode_steps(model, prompts, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
@@ -161,38 +167,40 @@ class Utf8Stream:
             self.write(text)
 
 
-def encode_prompt(prompt: str, tokenizer=None) -> list[int]:
-    """BOS + the prompt's tokens: training documents start with BOS, so a prompt is a document's start."""
-    from ..data.tokenizer import get_tokenizer
+def encode_prompt(prompt: str, tokenizer: Tokenizer | None = None) -> list[int]:
+    """BOS + the prompt's tokens: training documents start with BOS, so a prompt is a document's start.
+    `tokenizer`: the run's (speedgpt.tokenizer.folder.run_tokenizer); default GPT-2's."""
+    from ..tokenizer.core import gpt2_tokenizer
 
-    return [BOS_ID] + (tokenizer or get_tokenizer()).encode_ordinary(prompt)
+    return (tokenizer or gpt2_tokenizer()).encode_document(prompt)
 
 
 def sample_texts(model: GPT, prompts: Sequence[str], *, max_new_tokens: int = 64, temperature: float = 0.8,
                  top_k: int | None = 50, seed: int | None = 0, use_cache: bool = True,
-                 stream: Callable[[str], None] | None = None) -> list[str]:
+                 stream: Callable[[str], None] | None = None, tokenizer: Tokenizer | None = None) -> list[str]:
     """Continue each prompt (one batch); returns prompt + continuation per prompt. With `stream`,
-    a single prompt's continuation is passed to it piece by piece as it is generated."""
-    from ..data.tokenizer import get_tokenizer
+    a single prompt's continuation is passed to it piece by piece as it is generated. `tokenizer`:
+    the one the model was trained with (default GPT-2's); a row stops at its separator."""
+    from ..tokenizer.core import gpt2_tokenizer
 
-    enc = get_tokenizer()
-    ids = [encode_prompt(p, enc) for p in prompts]
+    tok = tokenizer or gpt2_tokenizer()
+    ids = [encode_prompt(p, tok) for p in prompts]
     on_token = None
     streamer = None
     if stream is not None:
         if len(prompts) != 1:
             raise ValueError("streaming shows one prompt's continuation; pass a single prompt or no stream")
-        streamer = Utf8Stream(enc, stream)
-        on_token = lambda row, tok: streamer(tok)  # noqa: E731
+        streamer = Utf8Stream(tok.encoding, stream)
+        on_token = lambda row, t: streamer(t)  # noqa: E731
     new = generate_batch(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
-                         use_cache=use_cache, on_token=on_token)
+                         use_cache=use_cache, stop_token=tok.bos_id, on_token=on_token)
     if streamer is not None:
         streamer.flush()
-    return [p + enc.decode(toks) for p, toks in zip(prompts, new)]
+    return [p + tok.decode(toks) for p, toks in zip(prompts, new)]
 
 
 def sample_text(model: GPT, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
-                top_k: int | None = 50, seed: int | None = 0, stream=None) -> str:
+                top_k: int | None = 50, seed: int | None = 0, stream=None, tokenizer: Tokenizer | None = None) -> str:
     """Sample one continuation of `prompt`; stops at end-of-text. Streams pieces to `stream(str)` if given."""
     return sample_texts(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                        seed=seed, stream=stream)[0]
+                        seed=seed, stream=stream, tokenizer=tokenizer)[0]

@@ -14,7 +14,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..config import ModelConfig
-from ..data.tokenizer import BOS_ID
 from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache, build_context,
                         build_context_eagerly, init_from_plan, norm)
 from .embeddings import BigramHashEmbedding, EmbedTying, SmearGate, previous_tokens
@@ -293,7 +292,7 @@ class GPT(nn.Module):
         if ctx is None:
             ctx = (self.context(inputs_BT, windows=windows) if kv_cache is None
                    else AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
-                                    doc_start=(inputs_BT == BOS_ID) if self.key_offset and cfg.doc_masking else None))
+                                    doc_start=(inputs_BT == cfg.bos_id) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
             rope = (self.yarn_freq, self.yarn_scale)
         if rope is not None:  # YaRN only: without it the context is left as built
@@ -350,7 +349,7 @@ class GPT(nn.Module):
         rt = self.runtime
         build = build_context if inputs_BT.size(0) == 1 else build_context_eagerly  # why: its docstring
         return build(inputs_BT, backend=backend or rt.attn_backend, windows=self.windows if windows is None else windows,
-                     doc_masking=self.cfg.doc_masking, bos_id=BOS_ID, patterns=self.mask_keys, block=rt.window_block,
+                     doc_masking=self.cfg.doc_masking, bos_id=self.cfg.bos_id, patterns=self.mask_keys, block=rt.window_block,
                      doc_starts=self.key_offset)
 
     def head(self, x_BTD: torch.Tensor) -> torch.Tensor:

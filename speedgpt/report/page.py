@@ -16,6 +16,8 @@ from .compare import compare_runs, comparison_markdown, format_comparison, print
 from .plot import plot_runs
 from .runs import RunData, load_runs
 from .summary import format_rows, print_summary, summarize, target_note
+from .tables import _print_table
+from .tokenizers import tokenizer_table
 
 
 _CSS = """
@@ -49,13 +51,15 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
     )
     note = target_note(rows)
     method = f"<p class='meta'>{esc(note)}</p>\n" if note else ""
+    tok_table = tokenizer_table(runs)
+    tokenizers = f"<h2>tokenizer</h2>\n{_html_table(*tok_table)}" if tok_table else ""
     stamp = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     img = base64.b64encode(png_bytes).decode("ascii")
     return (
         f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{esc(title)}</title>"
         f"<style>{_CSS}</style></head><body>\n<h1>{esc(title)}</h1>\n"
         f"<p class='meta'>generated {esc(stamp)}</p>\n"
-        f"{_html_table(*format_rows(rows))}{method}{ab}"
+        f"{_html_table(*format_rows(rows))}{method}{tokenizers}{ab}"
         f"<img alt='training curves' src='data:image/png;base64,{img}'>\n"
         f"<h2>configs</h2>\n{configs}</body></html>\n"
     )
@@ -98,6 +102,11 @@ def report_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | 
     paths = _render(runs, rows, out, target_loss, title, comparison)
     wrote = f"wrote {paths['png']} and {paths['html']}"
     print_summary(rows)
+    tok_table = tokenizer_table(runs)
+    if tok_table:
+        from rich.console import Console
+
+        _print_table(Console(), "tokenizer", *tok_table)
     if comparison is not None:
         print_comparison(comparison)
     print(wrote)

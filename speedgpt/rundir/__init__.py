@@ -6,6 +6,8 @@
       metrics.jsonl      one JSON record per line (rundir/metrics.py)
       checkpoints/       step_NNNNNN/{model.pt, optim.pt, state.json} (rundir/checkpoint.py), or
                          step_NNNNNN/{dcp/, state.json} (rundir/dcp.py: sharded, train.checkpoint_format=dcp)
+      tokenizer/         the run's own tokenizer, when its shards were made with one (speedgpt/tokenizer/folder.py;
+                         none: GPT-2)
       export/            model.safetensors + config.json (`speedgpt export`; rundir/export_dir.py)
       report.png, report.html
       compare/           `speedgpt report A B ...`'s files, in the baseline A's directory

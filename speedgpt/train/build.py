@@ -50,7 +50,8 @@ def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micr
     return TokenLoader(train_files, seq_len=d.seq_len, batch_size=micro_batch, rank=dist_info.rank,
                        world_size=dist_info.world_size, device=dist_info.device, seed=cfg.train.seed,
                        packing=d.packing, grad_accum=grad_accum, on_bad_shard=d.on_bad_shard,
-                       vocab_size=cfg.model.vocab_size, long_docs=d.long_docs, continued_bos=d.continued_bos)
+                       vocab_size=cfg.model.vocab_size, bos_id=cfg.model.bos_id, long_docs=d.long_docs,
+                       continued_bos=d.continued_bos)
 
 
 def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):

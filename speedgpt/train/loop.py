@@ -44,6 +44,7 @@ from .nonfinite import Rollbacks
 from .preempt import StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .step_schedule import StepInputs, apply_hyperparameters
+from .tokenizer import adopt_shards_tokenizer, keep_in_run, log_compression
 from .validation import Validator
 from .warmup import restored_afterwards, warmup_steps
 
@@ -63,14 +64,16 @@ class TrainResult:
 
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False):
-        # A budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers once, here;
-        # the resolved config is the one saved in the run dir and printed below.
+        # The shards' tokenizer sets the vocabulary and BOS id; a budget (tokens per parameter, FLOPs,
+        # derived batch, tuned width) becomes numbers once, here; the resolved config is the one saved
+        # in the run dir and printed below.
+        cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
         cfg, budget_lines = resolve_budget(cfg)
         self.dist = init_distributed(cfg.train.device)
         validate(cfg, self.dist.world_size)
         self.cfg = cfg = resolve_stage_table(cfg)  # saved with concrete values, like the budget's
         self.quiet = quiet or not self.dist.is_main
-        for line in budget_lines:
+        for line in tokenizer_lines + budget_lines:
             self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
@@ -106,6 +109,7 @@ class Trainer:
         # behind, which would refuse the corrected command as "already holds a run".
         if dist.is_main:
             self.rundir.write_config(cfg)
+            keep_in_run(self.tokenizer, self.run_dir)
             self.rundir.write_env(environment_snapshot(self.device))
         barrier()
         self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log)
@@ -131,6 +135,8 @@ class Trainer:
         self.metrics = self.rundir.metrics_logger(tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
                                                   wandb_project=cfg.run.wandb_project, run_name=cfg.run.name or None,
                                                   config=cfg.to_dict(), enabled=dist.is_main)
+        if dist.is_main and not self.resume:
+            log_compression(self.tokenizer, self.val_files, self.validator.tokens, self.metrics)
         self.checkpoints = Checkpointer(self.rundir, cfg.train, dist, self.strategy, self.model, self.optimizers,
                                         self.metrics)
         self.peak = peak_flops(self.device, cfg.train.peak_flops)

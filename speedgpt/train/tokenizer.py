@@ -1,0 +1,74 @@
+"""The run's tokenizer: the one that made its shards. Its vocabulary size and BOS id become the
+model's (in the config the run saves), shards of two tokenizers are refused, and a trained tokenizer
+is kept in the run (RUN_DIR/tokenizer/) so evaluation, sampling and export use it, with its
+compression on the validation text logged for the report."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..config import Config, ConfigError
+from ..tokenizer.core import Tokenizer, gpt2_tokenizer
+
+
+def adopt_shards_tokenizer(cfg: Config) -> tuple[Config, Tokenizer | None, list[str]]:
+    """(config, tokenizer, lines to print). A trained tokenizer sets model.vocab_size, model.bos_id
+    and data.tokenizer (its folder). GPT-2's (shards that record none, or the default corpus) leaves
+    the config as it is: a run may pad GPT-2's vocabulary, and synthetic test shards carry small ids.
+    Missing shards are left to the data setup to report (the tokenizer is None then: GPT-2)."""
+    from ..data.shards import find_shards
+    from ..tokenizer.shards import shards_tokenizer
+
+    d = cfg.data
+    if not d.train_files:  # the default local corpus: GPT-2
+        if d.tokenizer:
+            raise ConfigError(f"data.tokenizer={d.tokenizer} names the tokenizer of data.train_files, which is empty "
+                              f"(the default corpus is GPT-2's); pass --data.train_files=DIR of its shards")
+        return cfg, None, []
+    try:
+        files = find_shards(d.train_files, "train") + find_shards(d.val_files or d.train_files, "val")
+    except FileNotFoundError:
+        return cfg, None, []
+    tok = shards_tokenizer(files, d.tokenizer or None)
+    if tok.is_gpt2:
+        return cfg, tok, []
+    m = cfg.model
+    lines = [f"tokenizer: {tok.describe()} from {tok.folder}"]
+    if (m.vocab_size, m.bos_id) != (tok.vocab_size, tok.bos_id):
+        lines[0] += (f"; model.vocab_size={tok.vocab_size} and model.bos_id={tok.bos_id} from the shards "
+                     f"(were {m.vocab_size}, {m.bos_id})")
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(m, vocab_size=tok.vocab_size, bos_id=tok.bos_id),
+                              data=dataclasses.replace(d, tokenizer=str(tok.folder)))
+    return cfg, tok, lines
+
+
+def keep_in_run(tok: Tokenizer | None, run_root) -> None:
+    """Copy a trained tokenizer into the run directory (GPT-2 runs keep none: they read as GPT-2)."""
+    from ..tokenizer.folder import RUN_SUBDIR, copy_folder
+
+    if tok is not None and not tok.is_gpt2:
+        copy_folder(tok, run_root / RUN_SUBDIR)
+
+
+def log_compression(tok: Tokenizer | None, val_files, val_tokens: int, metrics) -> None:
+    """An "event": "tokenizer" record: bytes per token of the validation text under the run's
+    tokenizer and under GPT-2's (the report shows it). Only for trained tokenizers."""
+    import numpy as np
+
+    from ..data.shards import load_shard
+    from ..tokenizer.compression import measure_tokens, ratio
+
+    if tok is None or tok.is_gpt2:
+        return
+    parts, n = [], 0
+    for f in val_files:
+        if n >= val_tokens:
+            break
+        part = load_shard(f).numpy()[:val_tokens - n]
+        parts.append(part)
+        n += len(part)
+    m = measure_tokens(tok, np.concatenate(parts), reference=gpt2_tokenizer())
+    metrics.log({"step": 0, "tokens": 0, "time_s": 0.0, "event": "tokenizer", "tokenizer": tok.name,
+                 "tokenizer_id": tok.short_id, "vocab_size": tok.vocab_size, "tokenizer_documents": m["documents"],
+                 "tokenizer_bytes": m["bytes"], "bytes_per_token": ratio(m["bytes"], m["tokens"]),
+                 "gpt2_bytes_per_token": ratio(m["bytes"], m["ref_tokens"])})

@@ -1,0 +1,103 @@
+"""A model trained on a tokenizer of its own, end to end on CPU: `speedgpt train` takes the vocabulary
+and BOS id from the shards and keeps the tokenizer in the run; sampling, eval (bits per byte over the
+text's true UTF-8 bytes), export and the report use it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_OVERRIDES
+from speedgpt.cli import main
+from tokkit import corpus_docs, train_small, write_jsonl
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """(run dir, tokenizer, data dir, stdout of `speedgpt train`)."""
+    tmp = tmp_path_factory.mktemp("tokrun")
+    tok = train_small(tmp)
+    data = write_jsonl(tmp / "multi.jsonl", corpus_docs(40))
+    assert main(["data", "tokenize", str(data), "--out", str(tmp / "shards"), "--tokenizer", str(tok.folder),
+                 "--workers", "1", "--val-fraction", "0.1"]) == 0
+    run = tmp / "run"
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["train", "--preset", "tiny-cpu", *TINY_OVERRIDES, "--train.steps=4", "--train.val_every=0",
+                     "--data.val_tokens=1024", f"--data.train_files={tmp / 'shards'}", "--run-dir", str(run),
+                     "--run.sample_tokens=6", "--run.sample_prompt=机器学习"])
+    assert code == 0, out.getvalue()
+    return run, tok, tmp / "shards", out.getvalue()
+
+
+def test_train_takes_vocab_and_bos_from_the_shards_and_keeps_the_tokenizer(trained):
+    from speedgpt.config import load_toml
+    from speedgpt.report.runs import load_runs
+    from speedgpt.report.tokenizers import tokenizer_table
+    from speedgpt.tokenizer.folder import run_tokenizer
+
+    run, tok, shards, stdout = trained
+    cfg = load_toml(run / "config.toml")
+    assert (cfg.model.vocab_size, cfg.model.bos_id) == (512, 511)  # the preset said 50257, 50256
+    assert cfg.data.tokenizer == str(shards / "tokenizer")
+    assert "model.vocab_size=512 and model.bos_id=511 from the shards" in stdout
+    assert run_tokenizer(run).sha256 == tok.sha256  # RUN_DIR/tokenizer/
+    assert "sample:\n机器学习" in stdout
+    rec = next(json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if '"tokenizer"' in line)
+    assert rec["event"] == "tokenizer" and rec["vocab_size"] == 512 and rec["tokenizer_id"] == tok.short_id
+    assert rec["bytes_per_token"] > 1 and rec["gpt2_bytes_per_token"] > 1
+    headers, lines = tokenizer_table(load_runs([run]))
+    assert lines[0][1] == f"tok ({tok.short_id})" and lines[0][2] == "512"
+
+
+def test_a_run_that_lost_its_tokenizer_is_refused_not_read_as_gpt2(trained, tmp_path):
+    from speedgpt.tokenizer.folder import TokenizerError, run_tokenizer
+
+    run, _, _, _ = trained
+    (tmp_path / "config.toml").write_bytes((run / "config.toml").read_bytes())  # the run without tokenizer/
+    with pytest.raises(TokenizerError, match=r"GPT-2 \(no tokenizer/ folder\).*restore the run's tokenizer/ folder"):
+        run_tokenizer(tmp_path)
+
+
+def test_sample_and_export_use_the_runs_tokenizer(trained, tmp_path, capsys):
+    run, tok, _, _ = trained
+    assert main(["sample", str(run), "--prompt", "今日は", "--max-tokens", "5", "--seed", "3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("今日は")
+    assert main(["export", str(run), "--out", str(tmp_path / "export"), "--dtype", "fp32"]) == 0
+    assert (tmp_path / "export" / "tokenizer" / "tokenizer.json").is_file()
+    capsys.readouterr()
+    assert main(["sample", str(tmp_path / "export"), "--prompt", "今日は", "--max-tokens", "5", "--seed", "3"]) == 0
+    assert capsys.readouterr().out == text  # the same weights and tokenizer: the same sample
+
+
+def test_bits_per_byte_counts_the_texts_true_bytes(trained, capsys, text_shards):
+    """The bytes bpb divides by are the UTF-8 bytes the scored target tokens decode to (BOS excluded),
+    counted independently here; and eval refuses data from another tokenizer."""
+    from speedgpt.data.val import val_batches
+    from speedgpt.eval.bpb import evaluate_loss_and_bpb, token_byte_lengths
+    from speedgpt.infer.load import load_model
+    from speedgpt.tokenizer.folder import run_tokenizer
+
+    run, _, shards, _ = trained
+    assert main(["eval", str(run), "--no-log"]) == 0
+    assert "val bpb" in capsys.readouterr().out
+    model, cfg = load_model(run, device="cpu")
+    tok = run_tokenizer(run, cfg)
+    batches = list(val_batches(shards, seq_len=64, batch_size=2, max_tokens=1024))
+    res = evaluate_loss_and_bpb(model, batches, token_byte_lengths(tok.encoding, cfg.model.padded_vocab()),
+                                device=torch.device("cpu"))
+    targets = torch.cat([t.flatten() for _, t in batches]).tolist()
+    true_bytes = sum(len(tok.decode_bytes([t])) for t in targets if t != tok.bos_id)
+    text_bytes = len(tok.decode_bytes([t for t in targets if t != tok.bos_id]))
+    assert res["bytes"] == true_bytes == text_bytes > res["tokens"]
+    assert main(["eval", str(run), "--data", str(text_shards), "--no-log"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "come from gpt2" in err[0] and f"tok (vocab 512, id {tok.short_id})" in err[0]
