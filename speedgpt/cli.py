@@ -300,6 +300,9 @@ examples:
   speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
   speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
   speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
+  speedgpt eval runs/x/export-hf                   # also a Hugging Face one (speedgpt export --format hf)
+lm-evaluation-harness scores a Hugging Face export (pip install -e ".[hf]"; local tasks: docs/format.md):
+  lm_eval --model hf --model_args pretrained=runs/x/export-hf,trust_remote_code=True --tasks hellaswag
 """
 
 
