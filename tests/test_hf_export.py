@@ -132,6 +132,8 @@ def test_cache_and_left_padding_equal_the_full_forward(latest):
         steps = [hf(x[:, :16], cache=cache).logits] + [hf(x[:, t:t + 1], cache=cache).logits for t in range(16, 24)]
         steps.append(hf(x[:, 24:48], cache=cache).logits)  # a chunk holding the third document's BOS
         torch.testing.assert_close(torch.cat(steps, 1), full[:, :48], rtol=0, atol=1e-5)
+        cache.crop(-8)  # 48 -> 40, as assisted decoding rolls back rejected tokens: the history follows
+        torch.testing.assert_close(hf(x[:, 40:], cache=cache).logits, full[:, 40:], rtol=0, atol=1e-5)
         short = x[1:, 30:64]  # row 1's tail, alone and left-padded next to a longer row
         pad = torch.cat([torch.full((1, 30), 7), short], 1)
         mask = torch.cat([torch.zeros(1, 30, dtype=torch.long), torch.ones_like(short)], 1)
@@ -166,6 +168,10 @@ def test_greedy_generate_equals_speedgpt_sample(tmp_path, capsys):
     enc = tok(prompts, return_tensors="pt", padding=True)
     got = hf.generate(**enc, max_new_tokens=8, do_sample=False)[:, enc["input_ids"].size(1):].tolist()
     assert [g[:len(w)] for g, w in zip(got, want)] == want  # a padded batch: each row as alone
+    # beam search reorders the cache's rows, and their token history with them (_reorder_cache)
+    enc = tok(prompts[0], return_tensors="pt")
+    beams = [hf.generate(**enc, num_beams=3, max_new_tokens=6, do_sample=False, use_cache=c) for c in (True, False)]
+    assert torch.equal(*beams)
     # `speedgpt sample --temperature 0`, from the run and from the folder (round trip)
     for source in (run, tmp_path / "hf"):
         assert main(["sample", str(source), "--prompt", prompts[0], "--temperature", "0", "--max-tokens", "8",

@@ -185,7 +185,7 @@ def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str =
     provenance = {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
                   "step": src.step, "tokens": src.tokens, "train_time_s": src.train_time_s, "dtype": dtype,
                   "speedgpt_version": __version__,
-                  "embed_tied": model.embed_tied if model.tying is not None else None, "dropped": notes}
+                  "embed_tied": model.embed_tied if model.tying is not None else None, "dropped": list(notes)}
     with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
         write_folder(tmp, model, cfg, provenance, DTYPES[dtype], notes)
     if importlib.util.find_spec("transformers") is None:
