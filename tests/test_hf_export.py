@@ -239,6 +239,27 @@ def test_folder_layout_and_config(latest):
     assert imported == {"__future__", "torch", "transformers", ".configuration_speedgpt"}
 
 
+def test_fresh_model_from_a_config_runs():
+    """from_config (no export): speedgpt's rotary frequencies from rope_base, and every parameter initialized."""
+    pytest.importorskip("transformers")
+    from speedgpt.hf.configuration_speedgpt import SpeedGPTConfig
+    from speedgpt.hf.modeling_speedgpt import SpeedGPTForCausalLM, default_frequencies
+    from speedgpt.model.rotary import Rotary
+
+    for half in (True, False):
+        config = SpeedGPTConfig(head_dim=16, rope_half_truncate=half)
+        assert torch.equal(default_frequencies(config), Rotary(16, 8, 1024.0, half).frequencies())
+    config = SpeedGPTConfig(vocab_size=512, hidden_size=32, num_hidden_layers=4, num_attention_heads=2, head_dim=16,
+                            intermediate_size=64, max_position_embeddings=32, value_embed_slots=[0, None, None, 0],
+                            num_value_embeds=1, attn_gate=True, smear=True, skip_gates=True, moe_experts=4,
+                            moe_hidden=16, bos_token_id=1, eos_token_id=1)
+    model = SpeedGPTForCausalLM(config).eval()
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    with torch.no_grad():
+        logits = model(torch.randint(0, 512, (2, 16))).logits
+    assert logits.shape == (2, 16, 512) and torch.isfinite(logits).all() and logits.std() > 0
+
+
 def test_tokenizer_matches_speedgpt_encoding(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from speedgpt.data.tokenizer import get_tokenizer

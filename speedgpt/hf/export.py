@@ -114,7 +114,7 @@ Exported by `speedgpt export --format hf` from `{provenance['source']}` (step {p
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
-tok = AutoTokenizer.from_pretrained(DIR)  # puts <|endoftext|> (BOS) first, as in training
+tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # puts <|endoftext|> (BOS) first, as in training
 model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
 out = model.generate(**tok("Once upon a time", return_tensors="pt"), max_new_tokens=32, do_sample=False)
 print(tok.decode(out[0], skip_special_tokens=True))

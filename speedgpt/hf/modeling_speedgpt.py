@@ -22,7 +22,7 @@ Positions and documents, as in training:
 `position_ids` and `inputs_embeds` are not accepted: positions come from the attention mask, and
 the look-backs need the token ids.
 
-The KV cache is transformers' `DynamicCache` (or any cache with the same `update`). Besides keys and
+The KV cache is transformers' `DynamicCache` (a static cache is refused). Besides keys and
 values, the token ids a cache has seen are kept on the cache object (`speedgpt_tokens`): the next
 call needs them for the look-backs and the document masks. Keys are cached before the key offset,
 which is applied to the whole key sequence each call. Beam search reorders that history along with
@@ -70,28 +70,24 @@ class CastedLinear(nn.Linear):
         return F.linear(x, self.weight.type_as(x))
 
 
-class Rotary:
-    """Rotary embedding at arbitrary positions: the first half of a head's dims pair with the second
-    half; `freq` holds each pair's angular frequency (zero for half-truncated rotary's stationary dims)."""
-
-    @staticmethod
-    def apply(x_BTHD: torch.Tensor, pos_BT: torch.Tensor, freq: torch.Tensor, *, paired: bool = False,
-              scale: torch.Tensor | None = None) -> torch.Tensor:
-        B, T, H, D = x_BTHD.shape
-        if paired:  # head 2p + j of position t rotates at position 2t + j (record #58)
-            pos = torch.stack([2 * pos_BT, 2 * pos_BT + 1], dim=-1).to(torch.float32)  # (B, T, 2)
-            theta = pos[..., None] * freq  # (B, T, 2, D/2)
-            cos, sin = theta.cos()[:, :, None], theta.sin()[:, :, None]
-            x = x_BTHD.view(B, T, H // 2, 2, D)
-        else:
-            theta = pos_BT.to(torch.float32)[..., None] * freq  # (B, T, D/2)
-            cos, sin = theta.cos()[:, :, None], theta.sin()[:, :, None]
-            x = x_BTHD
-        x1, x2 = x.float().chunk(2, dim=-1)
-        y = torch.cat((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1)
-        if scale is not None:
-            y = y * scale
-        return y.type_as(x_BTHD).view(B, T, H, D)
+def rotary(x_BTHD: torch.Tensor, pos_BT: torch.Tensor, freq: torch.Tensor, *, paired: bool = False,
+           scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Rotary embedding at each token's position: dims d and d + D/2 form a pair rotating at freq[d]
+    (zero for half-truncated rotary's stationary dims); `scale` multiplies the result in fp32 (YaRN's
+    attention scale, on the queries)."""
+    B, T, H, D = x_BTHD.shape
+    if paired:  # head 2p + j of position t rotates at position 2t + j (record #58)
+        theta = doubled(pos_BT, positions=True).view(B, T, 2).to(torch.float32)[..., None] * freq  # (B, T, 2, D/2)
+        x = x_BTHD.view(B, T, H // 2, 2, D)
+    else:
+        theta = pos_BT.to(torch.float32)[..., None] * freq  # (B, T, D/2)
+        x = x_BTHD
+    cos, sin = theta.cos()[:, :, None], theta.sin()[:, :, None]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    y = torch.cat((x1 * cos + x2 * sin, -x1 * sin + x2 * cos), dim=-1)
+    if scale is not None:
+        y = y * scale
+    return y.type_as(x_BTHD).view(B, T, H, D)
 
 
 def default_frequencies(config: SpeedGPTConfig, device=None) -> torch.Tensor:
@@ -154,7 +150,6 @@ class SpeedGPTAttention(nn.Module):
         self.proj = CastedLinear(H * Dh, dim)
         self.gate = CastedLinear(config.gate_dim, H) if config.attn_gate else None
         self.window_key = config.layer_windows[layer]
-        self.window = config.attention_windows[0 if self.window_key == "L" else 1]
         self.paired = layer in config.paired_head_layers
         self.key_offset = layer in config.key_offset_layers
         self.mask_key = self.window_key + ("2" if self.paired else "")
@@ -174,8 +169,8 @@ class SpeedGPTAttention(nn.Module):
         H, Dh = self.num_heads, self.head_dim
         q, k, v = self.qkv(x_BTD)
         q, k = norm(q), norm(k)
-        q = Rotary.apply(q, batch.pos_new, batch.freq, paired=self.paired, scale=batch.query_scale)
-        k = Rotary.apply(k, batch.pos_new, batch.freq, paired=self.paired)
+        q = rotary(q, batch.pos_new, batch.freq, paired=self.paired, scale=batch.query_scale)
+        k = rotary(k, batch.pos_new, batch.freq, paired=self.paired)
         v = v_lambdas[0] * v + v_lambdas[1] * ve_BTD.view_as(v) if ve_BTD is not None else v_lambdas[0] * v
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T, Dh): the cache's layout
         if batch.cache is not None:
