@@ -150,11 +150,10 @@ def test_greedy_generate_equals_speedgpt_sample(tmp_path, capsys):
     assert main(["export", str(run), "--format", "hf", "--dtype", "fp32", "--out", str(tmp_path / "hf")]) == 0
     assert "note: dropped model.fp8_head=True" in capsys.readouterr().out
     hf = hf_model(tmp_path / "hf")
-    # transformers reads config.json first and asks whether to run the folder's code (no here: the
-    # tokenizer is a standard one); with trust_remote_code=True it does not ask
-    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    # The tokenizer is a standard one: it loads without running the folder's code (transformers reads
+    # config.json first, and asks about the code when trust_remote_code is not given)
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=False)
     assert type(tok) is type(transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True))
-    capsys.readouterr()
     prompts = ["def fibonacci(n):", "import numpy as np\nx = np."]
     ref, _ = load_model(run)
     want = generate_batch(ref, [encode_prompt(p) for p in prompts], 8, temperature=0.0)
