@@ -15,6 +15,8 @@ import torch
 
 from evalkit import randomize, tiny_config, write_corpus
 from speedgpt.config import load_preset, save_toml, validate
+from speedgpt.data.shards import load_shard
+from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.build import build_model
 from speedgpt.rundir.checkpoint import save_checkpoint
 
@@ -48,3 +50,17 @@ def preset_run(tmp_path: Path, preset: str, *, tied: bool = False) -> Path:
             state[k] = torch.tensor(not tied)
     save_checkpoint(run / "checkpoints", cfg.train.steps, state, [], {"tokens": 512, "train_time_s": 1.0}, keep=0)
     return run
+
+
+def text_rows(shards: Path, length: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two batches of real text (conftest's stdlib shards): (single, multi). `single`: two rows that each
+    start a document and hold no other BOS; `multi`: a document's start, then a row whose second
+    document begins mid-row."""
+    tokens = load_shard(shards / "val_000000.bin").long()
+    starts = (tokens == BOS_ID).nonzero().flatten().tolist()
+    whole = [s for s in starts if s + length <= len(tokens) and not (tokens[s + 1:s + length] == BOS_ID).any()]
+    middle = [s for s in starts if s >= length // 2 and s + length // 2 <= len(tokens)]
+    single = torch.stack([tokens[s:s + length] for s in whole[:2]])
+    m = middle[1] - length // 2
+    multi = torch.stack([tokens[whole[0]:whole[0] + length], tokens[m:m + length]])
+    return single, multi

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from evalkit import make_run
-from hfkit import preset_run, scaled_model
+from hfkit import preset_run, scaled_model, text_rows
 from speedgpt.cli import main
 from speedgpt.config import ModelConfig, preset_names
 from speedgpt.data.tokenizer import BOS_ID
@@ -91,7 +91,7 @@ def test_distinct_architectures_leave_out_only_deeper_or_fp8_twins():
 
 
 @pytest.mark.parametrize("preset", distinct_architectures())
-def test_logits_equal_speedgpt_with_and_without_cache(tmp_path, preset, request):
+def test_logits_equal_speedgpt_with_and_without_cache(tmp_path, preset, request, text_shards):
     from transformers import DynamicCache
 
     if preset == "speedrun-latest":
@@ -101,23 +101,23 @@ def test_logits_equal_speedgpt_with_and_without_cache(tmp_path, preset, request)
         out, _ = export_hf(run, tmp_path / "hf", dtype="fp32")
     ref, cfg = load_model(run)
     hf = hf_model(out)
-    x = batch()
+    single, multi = text_rows(text_shards)  # real text; `multi` has a document starting mid-row
     with torch.no_grad():
-        want = ref(x)
+        want = ref(multi)
         assert want.std() > 0.3  # random weights: the comparison means something
-        torch.testing.assert_close(hf(x, use_cache=False).logits, want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(hf(multi, use_cache=False).logits, want, rtol=0, atol=1e-5)
         # KV cache: a prefill, then one position per call, as speedgpt's cache does (single documents:
         # speedgpt's cache path does not mask documents)
-        y = batch(doc_starts=())
         kv = KVCache(cfg.model.depth, 2, cfg.model.resolved_kv_heads(), 64, cfg.model.head_dim, torch.device("cpu"),
                      torch.float32)
         cache = DynamicCache()
         for a, b in [(0, 48)] + [(t, t + 1) for t in range(48, 53)]:
-            torch.testing.assert_close(hf(y[:, a:b], cache=cache).logits, ref(y[:, a:b], kv_cache=kv), rtol=0, atol=1e-5)
+            want = ref(single[:, a:b], kv_cache=kv)
+            torch.testing.assert_close(hf(single[:, a:b], cache=cache).logits, want, rtol=0, atol=1e-5)
         # speedgpt reads the folder back: the same model
         back, back_cfg = load_model(out)
         assert back_cfg.to_dict() == cfg.to_dict()
-        assert torch.equal(back(x), want)
+        assert torch.equal(back(multi), ref(multi))
 
 
 def test_cache_and_left_padding_equal_the_full_forward(latest):
