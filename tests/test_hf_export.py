@@ -140,6 +140,11 @@ def test_cache_and_left_padding_equal_the_full_forward(latest):
         padded = hf(torch.cat([x[:1], pad]), attention_mask=torch.cat([torch.ones_like(mask), mask])).logits
         torch.testing.assert_close(padded[1:, 30:], hf(short).logits, rtol=0, atol=1e-5)
         torch.testing.assert_close(padded[:1], full[:1], rtol=0, atol=1e-5)
+        for kwargs, message in (({"input_ids": torch.full((1, 65), 7)}, "exceeds the model's context \\(64"),
+                                ({"input_ids": x, "position_ids": torch.arange(64)[None]}, "drop position_ids"),
+                                ({"inputs_embeds": torch.zeros(1, 4, 32)}, "inputs_embeds is not supported")):
+            with pytest.raises(ValueError, match=message):
+                hf(**kwargs)
 
 
 def test_greedy_generate_equals_speedgpt_sample(tmp_path, capsys):
