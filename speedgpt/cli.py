@@ -306,6 +306,9 @@ examples:
   speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
   speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
   speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
+  speedgpt eval runs/x/export-hf                   # also a Hugging Face one (speedgpt export --format hf)
+lm-evaluation-harness scores a Hugging Face export (pip install -e ".[hf]"; local tasks: docs/format.md):
+  lm_eval --model hf --model_args pretrained=runs/x/export-hf,trust_remote_code=True --tasks hellaswag
 """
 
 
@@ -412,9 +415,14 @@ def cmd_sample(argv: list[str]) -> int:
 def cmd_export(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speedgpt export",
                                 description="Write a run's weights as model.safetensors + config.json, loadable by "
-                                            "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model.")
+                                            "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model; "
+                                            "with --format hf, a folder Hugging Face transformers loads "
+                                            "(AutoModelForCausalLM, trust_remote_code=True) and speedgpt reads back.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
-    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export; an old export there is replaced)")
+    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export, RUN_DIR/export-hf with "
+                                                "--format hf; an old export there is replaced)")
+    p.add_argument("--format", default="speedgpt", choices=["speedgpt", "hf"],
+                   help="speedgpt (default) or hf: Hugging Face transformers' layout with modeling code and tokenizer")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weight dtype (default bf16)")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     args = p.parse_args(argv)
@@ -424,12 +432,19 @@ def cmd_export(argv: list[str]) -> int:
     from .infer.load import LoadError
 
     try:
-        out = export_model(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint)
+        if args.format == "hf":
+            from .hf.export import export_hf
+
+            out, notes = export_hf(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint)
+        else:
+            out, notes = export_model(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint), []
     except (LoadError, ExportError, ConfigError) as e:
         print(f"speedgpt export: {e}", file=sys.stderr)
         return 2
     size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
-    print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype})")
+    print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype}, {args.format} format)")
+    for note in notes:
+        print(f"note: {note}")
     return 0
 
 
@@ -493,7 +508,8 @@ COMMANDS = {
     "sample": (cmd_sample, "continue prompts with a trained model: RUN_DIR --prompt TEXT [--prompt ...]"),
     "ab": (cmd_ab, "paired A/B over seeds: --preset P --a \"OVERRIDES\" --b \"OVERRIDES\" --seeds N [--target-loss L]"),
     "sweep": (cmd_sweep, "depths x budgets, then the compute-optimal frontier: --out DIR --depths 4,6 --flops 1e15,3e15"),
-    "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32]"),
+    "export": (cmd_export, "weights as model.safetensors + config.json: RUN_DIR [--out DIR] [--dtype bf16|fp32] "
+                           "[--format speedgpt|hf]"),
     "config": (cmd_config, "every config key with its value and a description: [--preset P] [--config FILE]"),
     "help": (cmd_help, "this list, or a command's options: help [COMMAND]"),
 }

@@ -34,7 +34,7 @@ def imports_of(subpackage: str) -> dict[str, set[str]]:
     return {str(f.relative_to(PACKAGE)): imported_modules(f) for f in files}
 
 
-@pytest.mark.parametrize("reader", ["eval", "infer", "report", "rundir", "export"])
+@pytest.mark.parametrize("reader", ["eval", "infer", "report", "rundir", "export", "hf"])
 def test_readers_of_runs_do_not_import_the_trainer(reader):
     bad = {f: sorted(m for m in mods if m.startswith("speedgpt.train")) for f, mods in imports_of(reader).items()}
     assert not any(bad.values()), bad

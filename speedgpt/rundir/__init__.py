@@ -37,6 +37,7 @@ ENV_FILE = "env.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
+HF_EXPORT_DIR = "export-hf"  # `speedgpt export --format hf` (transformers' layout)
 REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
 COMPARE_DIR = "compare"  # `speedgpt report` of several runs, in the first (baseline) run's directory
@@ -70,6 +71,10 @@ class RunDir:
     @property
     def default_export(self) -> Path:
         return self.root / EXPORT_DIR
+
+    @property
+    def default_hf_export(self) -> Path:
+        return self.root / HF_EXPORT_DIR
 
     def is_run(self) -> bool:
         """Whether this looks like a directory `speedgpt train` wrote (it holds config.toml)."""

@@ -3,6 +3,8 @@
 - run directory (written by `speedgpt train`): `config.toml` + `checkpoints/step_NNNNNN/model.pt`;
   the latest complete checkpoint is used unless one is named.
 - export directory (written by `speedgpt export`): `config.json` + `model.safetensors`.
+- Hugging Face export (written by `speedgpt export --format hf`): transformers' `config.json`, which
+  carries speedgpt's config, + `model.safetensors` under the modeling file's names (hf/folder.py).
 
 `locate` finds the weights without loading them, `load_config` reads the config saved beside them,
 `load_state` the tensors. Either way the model is rebuilt from the saved config (infer/load.py), so
@@ -35,7 +37,7 @@ class LoadError(RuntimeError):
 @dataclass
 class WeightsSource:
     """Where a model's weights come from, and the training progress they stand for."""
-    kind: str  # "run" | "export"
+    kind: str  # "run" | "export" | "hf"
     root: Path  # the run or export directory
     weights: Path  # checkpoint directory (run) or model.safetensors (export)
     step: int | None
@@ -61,6 +63,9 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
                         f"directory (from `speedgpt export`)")
     if not root.is_dir():
         raise LoadError(f"{root} is a file; pass its directory (a run directory or an export directory)")
+    hf = _hf_source(root, checkpoint)
+    if hf is not None:
+        return hf
     if (root / EXPORT_CONFIG).is_file() or (root / EXPORT_WEIGHTS).is_file():
         if checkpoint is not None:
             raise LoadError(f"{root} is an export (one set of weights); drop --checkpoint={checkpoint}")
@@ -96,6 +101,21 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
     return WeightsSource("run", root, ckpt, state.get("step"), state.get("tokens"), state.get("train_time_s"))
 
 
+def _hf_source(root: Path, checkpoint) -> WeightsSource | None:
+    """The weights of a Hugging Face export at `root` (None: it is not one)."""
+    from ..hf.folder import read_hf_config
+
+    data = read_hf_config(root)
+    if data is None:
+        return None
+    if checkpoint is not None:
+        raise LoadError(f"{root} is an export (one set of weights); drop --checkpoint={checkpoint}")
+    if not (root / EXPORT_WEIGHTS).is_file():
+        raise LoadError(f"export {root} has no {EXPORT_WEIGHTS}; re-run `speedgpt export RUN_DIR --format hf --out {root}`")
+    meta = data["speedgpt"].get("export", {})
+    return WeightsSource("hf", root, root / EXPORT_WEIGHTS, meta.get("step"), meta.get("tokens"), meta.get("train_time_s"))
+
+
 def _read_export_json(root: Path) -> dict:
     try:
         data = json.loads((root / EXPORT_CONFIG).read_text())
@@ -113,8 +133,16 @@ def load_config(source: WeightsSource):
 
     if source.kind == "run":
         return RunDir(source.root).read_config()
-    data = _read_export_json(source.root)
-    data = {k: v for k, v in data.items() if k not in ("format_version", "export")}
+    if source.kind == "hf":
+        from ..hf.folder import read_hf_config
+
+        data = read_hf_config(source.root)["speedgpt"].get("config")
+        if not isinstance(data, dict):
+            raise LoadError(f"{source.root / EXPORT_CONFIG} has no speedgpt.config (the run's config); re-run "
+                            f"`speedgpt export RUN_DIR --format hf --out {source.root}`")
+    else:
+        data = _read_export_json(source.root)
+        data = {k: v for k, v in data.items() if k not in ("format_version", "export")}
     try:
         return config_from_dict(data)
     except ConfigError as e:
@@ -122,6 +150,13 @@ def load_config(source: WeightsSource):
 
 
 def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
+    if source.kind == "hf":
+        from safetensors.torch import load_file
+
+        from ..hf.folder import read_hf_config, speedgpt_state
+
+        provenance = read_hf_config(source.root)["speedgpt"].get("export", {})
+        return speedgpt_state(load_file(str(source.weights), device=str(device)), provenance)
     if source.kind == "export":
         from safetensors.torch import load_file
 

@@ -1,0 +1,193 @@
+"""`speedgpt export RUN --format hf`: a folder that Hugging Face transformers and lm-evaluation-harness
+load (`AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`); its layout: hf/folder.py.
+
+The model is rebuilt by speedgpt from the checkpoint (as `speedgpt sample` does, at the checkpoint's
+step: its windows and YaRN state), and its resolved structure is written into config.json layer
+by layer, so the modeling file reads numbers, never training schedules. Writing needs neither
+transformers nor tokenizers; loading needs transformers (the `hf` extra), which the export says
+when it is missing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from .features import check_supported
+from .folder import CONFIG, MODEL_TYPE, WEIGHTS, hf_state, read_hf_config
+from .tokenizer_files import write_tokenizer_files
+
+CODE_FILES = ("configuration_speedgpt.py", "modeling_speedgpt.py")
+GENERATION_CONFIG = "generation_config.json"
+README = "README.md"
+TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
+
+
+def hf_config(model, cfg, provenance: dict, dtype: torch.dtype) -> dict:
+    """config.json: the architecture of the built speedgpt `model`, resolved layer by layer."""
+    from ..data.tokenizer import BOS_ID
+    from ..model.moe import MoE
+
+    m = cfg.model
+    blocks = list(model.blocks)
+    attn = [b.attn for b in blocks]
+    moe = next((b.mlp for b in blocks if isinstance(b.mlp, MoE)), None)
+    yarn = model.runtime.yarn is not None
+    freq = model.yarn_freq if yarn else model.rotary.frequencies()
+    return {
+        "architectures": ["SpeedGPTForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_speedgpt.SpeedGPTConfig",
+                     "AutoModelForCausalLM": "modeling_speedgpt.SpeedGPTForCausalLM"},
+        "model_type": MODEL_TYPE,
+        "dtype": TORCH_DTYPE_NAMES[dtype],
+        "vocab_size": m.padded_vocab(),
+        "token_vocab_size": m.vocab_size,
+        "hidden_size": m.resolved_dim(),
+        "num_hidden_layers": m.depth,
+        "num_attention_heads": m.resolved_heads(),
+        "num_key_value_heads": m.resolved_kv_heads(),
+        "head_dim": m.head_dim,
+        "intermediate_size": int(m.mlp_ratio * m.resolved_dim()),
+        "max_position_embeddings": model.rotary.max_seq_len,
+        "rope_base": m.rope_base,
+        "rope_half_truncate": m.rope_half_truncate,
+        "rope_frequencies": [float(f) for f in freq.float().cpu().tolist()],
+        "query_scale": float(model.yarn_scale) if yarn else None,
+        "attention_scale": m.attn_scale or m.head_dim ** -0.5,
+        "attention_windows": [int(w) for w in model.windows],
+        "window_block": model.runtime.window_block,
+        "layer_windows": model.window_keys,
+        "attention_free_layers": [i for i, a in enumerate(attn) if a is None],
+        "paired_head_layers": [i for i, a in enumerate(attn) if a is not None and a.paired],
+        "key_offset_layers": [i for i, a in enumerate(attn) if a is not None and a.key_offset],
+        "value_embed_slots": [m.value_embed_slot(i) if len(model.value_embeds) else None for i in range(m.depth)],
+        "num_value_embeds": len(model.value_embeds),
+        "value_embed_gates": m.value_embed_gates,
+        "attn_gate": m.attn_gate,
+        "gate_dim": m.attn_gate_dim,
+        "unet_skips": m.unet_skips,
+        "skip_gates": m.skip_gates,
+        "x0_mixing": m.x0_mixing,
+        "smear": m.smear,
+        "bigram_rows": model.bigram.rows if model.bigram is not None else 0,
+        "backout_layer": m.backout_layer,
+        "logit_softcap": m.logit_softcap,
+        "logit_rescale": m.logit_rescale,
+        "doc_masking": m.doc_masking,
+        "moe_experts": m.moe_experts,
+        "moe_top_k": m.moe_top_k,
+        "moe_shared_experts": m.moe_shared_experts,
+        "moe_dense_layers": m.moe_dense_layers,
+        "moe_hidden": moe.hidden if moe is not None else 0,
+        "bos_token_id": BOS_ID,
+        "eos_token_id": BOS_ID,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "speedgpt": {"config": cfg.to_dict(), "export": provenance},
+    }
+
+
+def generation_config(cfg) -> dict:
+    """Stop at end-of-text; never pick the padded vocabulary's ids (no token has them; `speedgpt
+    sample` likewise picks among the tokenizer's ids only)."""
+    from ..data.tokenizer import BOS_ID
+
+    return {"bos_token_id": BOS_ID, "eos_token_id": BOS_ID, "pad_token_id": BOS_ID,
+            "suppress_tokens": list(range(cfg.model.vocab_size, cfg.model.padded_vocab()))}
+
+
+def readme(provenance: dict, notes: list[str]) -> str:
+    dropped = "".join(f"- {n}\n" for n in notes) or "- nothing\n"
+    return f"""---
+library_name: transformers
+tags: [speedgpt]
+---
+# speedgpt model
+
+Exported by `speedgpt export --format hf` from `{provenance['source']}` (step {provenance['step']},
+{provenance['tokens']} tokens, {provenance['dtype']} weights). The modeling code runs with
+`trust_remote_code=True`; it needs torch and transformers only.
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+tok = AutoTokenizer.from_pretrained(DIR, trust_remote_code=True)  # puts <|endoftext|> (BOS) first, as in training
+model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
+out = model.generate(**tok("Once upon a time", return_tensors="pt"), max_new_tokens=32, do_sample=False)
+print(tok.decode(out[0], skip_special_tokens=True))
+```
+
+lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True --tasks TASK`.
+
+Dropped at export (training only):
+{dropped}"""
+
+
+def check_out_dir(out: Path) -> None:
+    """An existing Hugging Face export at `out` is replaced; any other non-empty path is refused."""
+    from ..export import ExportError
+
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and read_hf_config(out) is None)):
+        raise ExportError(f"{out} exists and is not a Hugging Face export; choose an empty or new --out directory")
+
+
+def write_folder(folder: Path, model, cfg, provenance: dict, dtype: torch.dtype, notes: list[str]) -> list[str]:
+    """Write every file of the export into `folder`; returns their names."""
+    from safetensors.torch import save_file
+
+    from ..export import scalar_param_names
+
+    # Scalars (residual, value and skip lambdas, routers) and the experts' balancing bias stay fp32, as in
+    # speedgpt's own bf16 export: a few hundred numbers whose precision matters more than their size.
+    keep_fp32 = scalar_param_names(cfg) | {k for k in model.state_dict() if k.endswith("expert_bias")}
+    state = {k: (v.to(dtype) if v.is_floating_point() and k not in keep_fp32 else v)
+             for k, v in model.state_dict().items()}
+    tensors = {k: v.detach().contiguous() for k, v in hf_state(state, model.embed_tied).items()}
+    save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
+    files = {CONFIG: hf_config(model, cfg, provenance, dtype), GENERATION_CONFIG: generation_config(cfg)}
+    for name, data in files.items():
+        (folder / name).write_text(json.dumps(data, indent=1) + "\n")
+    for name in CODE_FILES:  # the package's own modules, copied as they are (tests import them directly)
+        (folder / name).write_text((resources.files("speedgpt.hf") / name).read_text(encoding="utf-8"),
+                                   encoding="utf-8")
+    (folder / README).write_text(readme(provenance, notes))
+    tokenizer = write_tokenizer_files(folder, "gpt2", model_max_length=model.rotary.max_seq_len)
+    return [WEIGHTS, *files, *CODE_FILES, README, *tokenizer]
+
+
+def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
+              checkpoint: str | int | None = None) -> tuple[Path, list[str]]:
+    """Write the Hugging Face folder `out` (default SOURCE/export-hf) from a run's latest (or named)
+    checkpoint, or from an export. Returns (out, notes): what was dropped, and what loading needs.
+    Written into a temporary directory and renamed into place: a crash never leaves half a folder."""
+    from .. import __version__
+    from ..atomic import atomic_dir
+    from ..export import DTYPES, ExportError
+    from ..infer.load import load_model
+    from ..rundir import RunDir
+    from ..rundir.weights import load_config, locate
+
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    src = locate(source, checkpoint)
+    cfg = load_config(src)
+    default_out = RunDir(src.root).default_hf_export
+    out = Path(out) if out is not None else default_out
+    if out.resolve() == src.root.resolve():
+        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
+    check_out_dir(out)
+    notes = check_supported(cfg)
+    # fp32 masters on the CPU, windows and YaRN state of the checkpoint's step
+    model, _ = load_model(source, device="cpu", checkpoint=checkpoint, dtype=torch.float32)
+    provenance = {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
+                  "step": src.step, "tokens": src.tokens, "train_time_s": src.train_time_s, "dtype": dtype,
+                  "speedgpt_version": __version__,
+                  "embed_tied": model.embed_tied if model.tying is not None else None, "dropped": list(notes)}
+    with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
+        write_folder(tmp, model, cfg, provenance, DTYPES[dtype], notes)
+    if importlib.util.find_spec("transformers") is None:
+        notes.append("loading this folder needs transformers: pip install 'speedgpt[hf]' (or transformers)")
+    return out, notes
