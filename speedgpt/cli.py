@@ -407,7 +407,8 @@ def cmd_export(argv: list[str]) -> int:
                                 description="Write a run's weights as model.safetensors + config.json, loadable by "
                                             "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
-    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export; an old export there is replaced)")
+    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export): new, empty, or holding an "
+                                                "earlier export, whose files are replaced (other files there are kept)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weight dtype (default bf16)")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     args = p.parse_args(argv)
@@ -421,7 +422,9 @@ def cmd_export(argv: list[str]) -> int:
     except (LoadError, ExportError, ConfigError) as e:
         print(f"speedgpt export: {e}", file=sys.stderr)
         return 2
-    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    from .rundir.export_dir import written_files
+
+    size = sum(f.stat().st_size for f in written_files(out)) / 2**20
     print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype})")
     return 0
 

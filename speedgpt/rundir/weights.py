@@ -64,6 +64,15 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
     if (root / EXPORT_CONFIG).is_file() or (root / EXPORT_WEIGHTS).is_file():
         if checkpoint is not None:
             raise LoadError(f"{root} is an export (one set of weights); drop --checkpoint={checkpoint}")
+        from .export_dir import ExportError, read_manifest
+
+        try:
+            manifest = read_manifest(root)
+        except ExportError as e:
+            raise LoadError(str(e)) from None
+        if manifest is not None and not manifest.get("complete"):  # stopped while swapping files
+            raise LoadError(f"export {root} is incomplete (an export into it was interrupted); re-run "
+                            f"`speedgpt export RUN_DIR --out {root}`")
         for name in (EXPORT_CONFIG, EXPORT_WEIGHTS):
             if not (root / name).is_file():
                 raise LoadError(f"export {root} has no {name}; re-run `speedgpt export RUN_DIR --out {root}`")
