@@ -7,6 +7,7 @@ Each subcommand parses its own arguments and imports its heavy modules only when
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ examples:
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
   (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
-A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite).
+A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
+one that another `speedgpt train` is using right now (its lock file RUN_DIR/.speedgpt-run.lock).
 """
 
 
@@ -47,16 +49,49 @@ def cmd_train(argv: list[str]) -> int:
         return 0
     if args.auto_resume and not args.run_dir:
         p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
-    run_dir = args.resume or args.run_dir
-    cfg = _train_config(p, args, overrides)
-    if cfg is None or not _run_dir_usable(args, run_dir or cfg.run.dir):
-        return 2
-    result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
-    if isinstance(result, int):
-        return result
-    if result.model is not None:  # the rank that wrote the run
-        sample_and_report(cfg, result)
+    with contextlib.ExitStack() as held:  # the run directory's lock, released whatever happens
+        # Locked before anything looks at the directory (rundir/lock.py): a second command on it is
+        # refused before it reads the run's config or checks whether the directory holds a run.
+        named = args.resume or args.run_dir
+        if named and (not args.resume or Path(args.resume).is_dir()) and not _lock(held, named, args):
+            return 2
+        cfg = _train_config(p, args, overrides)
+        if cfg is None:
+            return 2
+        from .rundir import default_run_dir
+
+        run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
+        if not named and not _lock(held, run_dir, args):
+            return 2
+        if not _run_dir_usable(args, run_dir):
+            return 2
+        result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+        if isinstance(result, int):
+            return result
+        if result.model is not None:  # the rank that wrote the run
+            sample_and_report(cfg, result)
     return 0
+
+
+def _main_rank() -> bool:
+    """Whether this process is the one that decides for the run (rank 0 under torchrun, or alone)."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:
+    """Lock `run_dir` for this command (rank 0 only), kept by `held`; False after a one-line error."""
+    if not _main_rank():
+        return True
+    from .outdir import OutDirError
+    from .rundir.lock import RunLocked, lock_run_dir
+
+    try:
+        held.enter_context(lock_run_dir(run_dir, flag="--resume" if args.resume else "--run-dir",
+                                        notice=lambda line: print(f"speedgpt train: {line}", file=sys.stderr)))
+    except (RunLocked, OutDirError) as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
@@ -103,21 +138,13 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     return cfg
 
 
-def _run_dir_usable(args, new_dir: str | None) -> bool:
-    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error."""
-    if args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
+def _run_dir_usable(args, new_dir: str) -> bool:
+    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error.
+    (A file where the directory must go, or one that cannot be written, was refused when it was locked.)"""
+    if args.resume or not _main_rank():  # one rank decides (torchrun)
         return True
-    from .outdir import OutDirError, check_out_dir
     from .rundir import RunDir
     from .rundir.reuse import RunDirInUse, prepare_new_run_dir
-
-    try:  # a file where the run directory (or the default runs/) must go: the fix, not "[Errno 17]"
-        check_out_dir(new_dir or "runs", "--run-dir")
-    except OutDirError as e:
-        print(f"speedgpt train: {e}", file=sys.stderr)
-        return False
-    if not new_dir:
-        return True
 
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
@@ -150,7 +177,7 @@ def _run_training(cfg, run_dir: str | None, resume):
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
     except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
-        if os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
+        if _main_rank():  # one line per run, not per rank
             print(f"speedgpt train: {e}", file=sys.stderr)
         return e.exit_code
     except NonFiniteError as e:
