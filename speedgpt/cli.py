@@ -20,6 +20,7 @@ examples:
   speedgpt train --preset speedrun-124m --train.steps=300
   speedgpt train --config runs/x/config.toml       # reproduce a run
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
+  speedgpt train --resume runs/x --train.steps=300 --extend   # train a finished run further
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
   (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
 A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
@@ -37,6 +38,9 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--auto-resume", action="store_true",
                    help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
                         "schedulers that re-run the same command; implied for workers torchrun restarted)")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume/--auto-resume: accept a changed train.steps or schedule (the lr schedule "
+                        "is stretched from the checkpoint on), e.g. to train a finished run further")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
@@ -65,7 +69,8 @@ def cmd_train(argv: list[str]) -> int:
             return 2
         if not _run_dir_usable(args, run_dir):
             return 2
-        result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
+        result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False,
+                               extend=args.extend)
         if isinstance(result, int):
             return result
         if result.model is not None:  # the rank that wrote the run
@@ -158,16 +163,17 @@ def _run_dir_usable(args, new_dir: str) -> bool:
     return True
 
 
-def _run_training(cfg, run_dir: str | None, resume):
+def _run_training(cfg, run_dir: str | None, resume, extend: bool = False):
     """train(), its errors as one line and an exit status (an int); the TrainResult otherwise."""
     from .config import ConfigError
     from .rundir.checkpoint import CheckpointError
     from .train.guard import NonFiniteError
     from .train.loop import train
     from .train.preempt import TrainingStopped
+    from .train.resume import RunComplete
 
     try:
-        result = train(cfg, run_dir=run_dir, resume=resume)
+        result = train(cfg, run_dir=run_dir, resume=resume, extend=extend)
         # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
         # turn its exit status into a failure (a scheduler would then retry a finished run).
         import signal
@@ -176,6 +182,10 @@ def _run_training(cfg, run_dir: str | None, resume):
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
+    except RunComplete as e:  # nothing to train: not an error (a scheduler re-running a finished job)
+        if _main_rank():
+            print(f"speedgpt train: {e}", flush=True)
+        return 0
     except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
         if _main_rank():  # one line per run, not per rank
             print(f"speedgpt train: {e}", file=sys.stderr)
