@@ -494,11 +494,11 @@ def cmd_config(argv: list[str]) -> int:
 
 def cmd_help(argv: list[str]) -> int:
     if not argv:
-        return main(["--help"])
+        return _main(["--help"])
     if argv[0] not in COMMANDS:
         print(f"speedgpt help: unknown command '{argv[0]}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return main([*argv, "--help"])  # e.g. `speedgpt help data tokenize`
+    return _main([*argv, "--help"])  # e.g. `speedgpt help data tokenize`
 
 
 def _error_line(e: BaseException) -> str:
@@ -529,6 +529,18 @@ LOADS_TORCH = {"train", "bench", "eval", "sample", "export"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's own flush at exit
+        return status
+    except BrokenPipeError:
+        # The reader stopped reading (`speedgpt config | head`), having what it wanted: end quietly,
+        # as command-line tools do. stdout goes to /dev/null so the flush at exit finds no pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["train"]
@@ -560,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"\nspeedgpt {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # main() ends quietly
     except Exception as e:
         if os.environ.get("SPEEDGPT_DEBUG"):
             raise
