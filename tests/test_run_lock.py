@@ -106,3 +106,20 @@ def test_a_refused_or_failed_command_leaves_no_directory_and_no_lock(tmp_path, c
     assert main(argv) == 2  # already holds a run: refused, and the run's files untouched
     assert "already holds a run" in capsys.readouterr().err
     assert not (run / LOCK_FILE).exists() and (run / "config.toml").is_file()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_a_run_dir_that_cannot_be_written_is_refused_before_the_data_step(tmp_path, capsys):
+    """Was "[Errno 2] No such file or directory" (exit 1), after the data had been prepared."""
+    missing_data = tmp_path / "no-such-data"  # the data step would fail on it: the run dir is checked first
+    for run_dir in ("/proc/speedgpt-no-such-dir/run", "/proc/self/run"):
+        assert main(["train", "--train.device=cpu", f"--data.train_files={missing_data}", "--run-dir", run_dir]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f"speedgpt train: --run-dir {run_dir}"), err
+        assert "pass another directory" in err or "pass a directory you can write to" in err
+    if os.geteuid() != 0:  # root writes anywhere: a read-only directory stops only other users
+        ro = tmp_path / "ro"
+        ro.mkdir(mode=0o500)
+        assert main(["train", "--train.device=cpu", f"--data.train_files={missing_data}", "--run-dir",
+                     str(ro / "run")]) == 2
+        assert "no permission to write" in capsys.readouterr().err
