@@ -275,6 +275,9 @@ def cmd_data(argv: list[str]) -> int:
             raise
         print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
         return 2
+    except ConnectionError as e:  # the Hub endpoint did not answer (data/fineweb.py names it and the fix)
+        print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:  # no permission, a full disk, ...: while writing the output, or reading an input
         from .outdir import os_error_line
 
