@@ -244,14 +244,24 @@ def cmd_data(argv: list[str]) -> int:
     fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
     fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
     args = p.parse_args(argv)
-    from .outdir import OutDirError, check_out_dir
+    from .outdir import OutDirError, check_out_dir, missing_dirs, remove_empty_dirs
 
     try:
         check_out_dir(args.out)
     except OutDirError as e:
         print(f"speedgpt data: {e}", file=sys.stderr)
         return 2
+    created, status = missing_dirs(args.out), 1
+    try:
+        status = _data_command(args)
+        return status
+    finally:
+        if status != 0:  # a failed command leaves no empty --out behind (only folders it made itself)
+            remove_empty_dirs(created)
 
+
+def _data_command(args) -> int:
+    """`speedgpt data WHAT` once its arguments are checked: 0, or 2 after a one-line error."""
     from .data.tokenize import summary_text
 
     try:

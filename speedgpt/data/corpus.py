@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterator
 
 _MAX_EXAMPLES = 5  # per skip reason: enough to find the problem, small enough for a manifest
+MISSING_FIELD = "no string field"  # the skip reason of a JSONL record without the text field
 
 
 class Skipped:
@@ -173,7 +174,9 @@ class JsonlFiles(Source):
                             continue
                         text = obj.get(self.text_field) if isinstance(obj, dict) else None
                         if not isinstance(text, str):
-                            self.skipped.add(item, f"no string field {self.text_field!r}")
+                            # The fields it has: the likely value for --text-field is among them.
+                            fields = f" with fields: {', '.join(map(str, list(obj)[:8]))}" if isinstance(obj, dict) else ""
+                            self.skipped.add(item + fields, f"{MISSING_FIELD} {self.text_field!r}")
                             continue
                         yield item, text
             except (OSError, UnicodeDecodeError) as e:
@@ -207,7 +210,7 @@ class ParquetFiles(Source):
             if self.text_column not in pf.schema_arrow.names:
                 raise ValueError(
                     f"{path} has no column {self.text_column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                    "pass text_column="
+                    "name the text's column with --text-field (text_column=)"
                 )
             row = 0
             # One row group at a time keeps memory bounded by the file's row-group size.

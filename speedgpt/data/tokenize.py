@@ -26,7 +26,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..atomic import atomic_write
-from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths, python_source_files
+from .corpus import (MISSING_FIELD, JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths,
+                     python_source_files)
 from .split import Splitter
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
 
@@ -299,7 +300,9 @@ def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool) -> str
         return None
     skipped = _skip_summary(sources)
     if n_docs == 0:
-        return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "")
+        hint = ("; name the field that holds the text with --text-field"
+                if any(r.startswith(MISSING_FIELD) for s in sources for r in s.skipped.counts) else "")
+        return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "") + hint
     return ("only 1 document read: a val split needs at least 2; add inputs or pass --val-fraction 0 "
             "(then give training its own val shards with --data.val_files)")
 
