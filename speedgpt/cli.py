@@ -238,12 +238,17 @@ def cmd_data(argv: list[str]) -> int:
     lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
     lp.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     lp.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens; 0: every file (default)")
+    lp.add_argument("--piece-chars", type=int, default=0,
+                    help="0: one document per file (default); N: pieces of about N characters cut at top-level "
+                         "statements and shuffled, as the tiny-cpu preset's default corpus (data.local_piece_chars)")
     lp.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
     fw = sub.add_parser("fineweb", help="download GPT-2-tokenized FineWeb10B shards from the Hugging Face Hub")
     fw.add_argument("--out", required=True, help="directory for the downloaded shards")
     fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
     fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
     args = p.parse_args(argv)
+    if args.what == "local-python" and args.piece_chars < 0:
+        p.error(f"--piece-chars {args.piece_chars}: must be >= 0 (0: one document per file)")
     from .outdir import OutDirError, check_out_dir, missing_dirs, remove_empty_dirs
 
     try:
@@ -273,7 +278,8 @@ def _data_command(args) -> int:
         elif args.what == "local-python":
             from .data.tokenize import ensure_local_python_corpus
 
-            m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, workers=args.workers)
+            m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, piece_chars=args.piece_chars,
+                                           workers=args.workers)
         else:
             from .data.fineweb import download_fineweb
 

@@ -19,6 +19,7 @@ import pytest
 
 from conftest import TINY_OVERRIDES
 from speedgpt.cli import main
+from speedgpt.config import apply_overrides, load_preset
 LOCK_FILE = ".speedgpt-run.lock"  # rundir/lock.py (spelled out: the test also runs against code without it)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,10 +47,10 @@ def wait_for(condition, timeout: float = 180.0) -> None:
 
 def test_two_trains_on_one_run_dir_and_a_resume_while_it_runs(tmp_path, capsys, text_shards):
     run = tmp_path / "run"
-    cache = tmp_path / "cache"
-    corpus = cache / "local-python-50000"  # data.local_max_tokens below
+    data_keys = [*TINY_OVERRIDES, f"--data.cache_dir={tmp_path / 'cache'}", "--data.local_max_tokens=50000"]
+    corpus = apply_overrides(load_preset("tiny-cpu"), data_keys).data.default_corpus_dir()
     corpus.mkdir(parents=True)
-    argv = [*TINY_OVERRIDES, f"--data.cache_dir={cache}", "--data.local_max_tokens=50000", "--run-dir", str(run)]
+    argv = [*data_keys, "--run-dir", str(run)]
     with open(corpus / ".lock", "w") as corpus_lock:
         fcntl.flock(corpus_lock, fcntl.LOCK_EX)  # both trains wait here, in their data step
         procs = [start_train(tmp_path, name, *argv) for name in ("a", "b")]
@@ -99,7 +100,7 @@ def test_a_refused_or_failed_command_leaves_no_directory_and_no_lock(tmp_path, c
     run = tmp_path / "new" / "run"
     assert main(["train", *TINY_OVERRIDES, "--model.depth=0", "--run-dir", str(run)]) == 2  # a config error
     assert "config error" in capsys.readouterr().err
-    assert not run.exists()
+    assert not (tmp_path / "new").exists()  # nor the parent it made for it
     argv = ["train", *TINY_OVERRIDES, "--train.steps=2", "--train.val_every=0", f"--data.train_files={text_shards}",
             "--run-dir", str(run)]
     assert main(argv) == 0

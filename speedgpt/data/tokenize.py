@@ -35,6 +35,9 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
 _CHUNK_CHARS = 1 << 20  # ~1 MB of text per worker task: big enough to amortize IPC, small enough to balance
 _CHUNK_DOCS = 512
+# The local corpus in pieces validates on whole files (corpus.PythonSourceFiles): 1% of a 5M-token
+# build is about 6 files, too few for a val loss that does not hang on which files they are.
+LOCAL_VAL_FRACTION_PIECES = 0.05
 
 
 class TokenizeError(ValueError):
@@ -79,21 +82,23 @@ def _init_worker() -> None:
 # ----------------------------------------------------------------------------- main side
 
 
-def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
-    """(source indices, texts) in input order, cut into ~_CHUNK_CHARS pieces."""
+def _chunks(sources: Sequence[Source]) -> Iterator[tuple[tuple[list[int], list], list[str]]]:
+    """((source indices, split keys), texts) in input order, cut into ~_CHUNK_CHARS pieces."""
     idx: list[int] = []
+    keys: list[str | None] = []
     texts: list[str] = []
     chars = 0
     for s, source in enumerate(sources):
-        for _, text in source.documents():
+        for doc_id, text in source.documents():
             idx.append(s)
+            keys.append(source.split_key(doc_id))
             texts.append(text)
             chars += len(text)
             if chars >= _CHUNK_CHARS or len(texts) >= _CHUNK_DOCS:
-                yield idx, texts
-                idx, texts, chars = [], [], 0
+                yield (idx, keys), texts
+                idx, keys, texts, chars = [], [], [], 0
     if texts:
-        yield idx, texts
+        yield (idx, keys), texts
 
 
 @contextmanager
@@ -243,11 +248,12 @@ def tokenize_corpus(
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
     try:
         with _ordered_results(_chunks(sources), workers) as results:
-            for source_idx, (tokens, lengths, hashes) in results:
+            for (source_idx, keys), (tokens, lengths, hashes) in results:
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
                 for j, s in enumerate(source_idx):
                     doc = tokens[offsets[j] : offsets[j + 1]]
-                    split.add(s, doc, hashes[j], n_docs)
+                    # The text's hash, or its source's split key (every piece of one file alike)
+                    split.add(s, doc, hashes[j] if keys[j] is None else _doc_hash(keys[j]), n_docs)
                     n_docs += 1
                     total_tokens += len(doc)
                     if max_tokens is not None and total_tokens >= max_tokens:
@@ -438,22 +444,26 @@ def ensure_local_python_corpus(
     out_dir: str | os.PathLike,
     max_tokens: int = 20_000_000,
     *,
-    val_fraction: float = 0.01,
+    piece_chars: int = 0,
+    val_fraction: float | None = None,
     shard_tokens: int = 100_000_000,
     workers: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """The default training data: this interpreter's stdlib + site-packages ``.py`` files.
+    """The default training data: this interpreter's stdlib + site-packages ``.py`` files (one document
+    per file, or shuffled pieces of about ``piece_chars`` characters: corpus.PythonSourceFiles).
 
     Builds it into ``out_dir`` unless ``out_dir/manifest.json`` exists and was built with
     the same parameters (same sources, Python version, max_tokens, split, shard size),
     in which case it is reused. Safe to call from every rank at once (a file lock makes
     one build and the others reuse it). Returns the manifest.
     """
+    if val_fraction is None:  # pieces take val by whole file: 5% of the files, so validation scores many
+        val_fraction = LOCAL_VAL_FRACTION_PIECES if piece_chars else 0.01
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _dir_lock(out_dir):
-        source = python_source_files()
+        source = python_source_files(piece_chars)
         wanted = {
             "sources": [source.describe()],
             "val_fraction": val_fraction,

@@ -9,8 +9,8 @@ one directory together (metrics twice over, one run's config beside the other's 
 The lock is `fcntl.flock` on the file, kept open until the command ends: the kernel drops it when the
 process ends however it ends (kill -9 included), so a dead run's lock is never taken for a live one.
 The JSON record is only for the messages: who holds the lock, or whose lock was left behind. On a
-clean end the file is removed (and the directory too if the run wrote nothing else into it, e.g. when
-it was refused for its data). Taking the lock is also the first write into the directory, so a path
+clean end the file is removed (and the directories taking it made, if the run wrote nothing into
+them, e.g. when it was refused for its data). Taking the lock is also the first write into the directory, so a path
 that cannot be written is an error before any data is prepared.
 """
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..outdir import OutDirError, os_error_line
+from ..outdir import OutDirError, missing_dirs, os_error_line, remove_empty_dirs
 
 LOCK_FILE = ".speedgpt-run.lock"
 
@@ -36,9 +36,9 @@ class RunLocked(ValueError):
 class RunLock:
     """A held run-directory lock; `release()` (or leaving a `with` block) gives it back."""
 
-    def __init__(self, run_dir: Path, fd: int | None, created_dir: bool):
+    def __init__(self, run_dir: Path, fd: int | None, created: list[Path]):
         self.run_dir, self.path = run_dir, run_dir / LOCK_FILE
-        self.fd, self.created_dir = fd, created_dir
+        self.fd, self.created = fd, created  # the directories taking the lock made (deepest first)
 
     def __enter__(self) -> RunLock:
         return self
@@ -56,11 +56,7 @@ class RunLock:
             pass
         os.close(self.fd)
         self.fd = None
-        if self.created_dir:
-            try:
-                self.run_dir.rmdir()  # only when empty: a run that wrote files keeps them
-            except OSError:
-                pass
+        remove_empty_dirs(self.created)  # only while empty: a run that wrote files keeps them
 
 
 def lock_run_dir(run_dir: str | os.PathLike, *, flag: str = "--run-dir",
@@ -71,7 +67,7 @@ def lock_run_dir(run_dir: str | os.PathLike, *, flag: str = "--run-dir",
     run_dir = Path(run_dir)
     notice = notice or (lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        created = not run_dir.is_dir()
+        created = missing_dirs(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / LOCK_FILE
         while True:
