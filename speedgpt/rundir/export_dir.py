@@ -111,7 +111,7 @@ def export_files(out: str | os.PathLike, fmt: str) -> Iterator[Path]:
     them; on an exception nothing in `out` changes. See the module docstring for the rules."""
     out = Path(out)
     check_export_dir(out)  # refuse early, before the caller's expensive writes
-    with staging_dir(out) as tmp:
+    with staging_dir(out.resolve()) as tmp:  # beside the real directory (out may be a link): one file system
         yield tmp
         new = [f.relative_to(tmp).as_posix() for f in seal_files(tmp)]
         old = check_export_dir(out)  # again: the folder may have changed while the files were written
