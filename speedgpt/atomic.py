@@ -97,25 +97,45 @@ def publish_dir(tmp: str | os.PathLike, final: str | os.PathLike) -> Path:
 
 
 @contextlib.contextmanager
+def staging_dir(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a new, empty, hidden sibling directory of `path` (same filesystem, so its files can be
+    renamed into place) with the umask's mode; it is removed on exit, with whatever is still in it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def seal_files(directory: str | os.PathLike) -> list[Path]:
+    """Give every file under `directory` the umask's mode and fsync it (before renaming it into place);
+    returns the files, sorted. Some writers (safetensors) create private files: an export is meant to be shared."""
+    mode = 0o666 & ~_umask()
+    files = sorted(f for f in Path(directory).rglob("*") if f.is_file())
+    for f in files:
+        os.chmod(f, mode)
+        fsync_file(f)
+    return files
+
+
+def _umask() -> int:
+    umask = os.umask(0)  # the only way to read it is to set it
+    os.umask(umask)
+    return umask
+
+
+@contextlib.contextmanager
 def atomic_dir(path: str | os.PathLike) -> Iterator[Path]:
     """Yield an empty temporary sibling directory of `path` to fill; on a clean exit every file in
     it gets the umask's mode and is fsynced, and the directory replaces `path` (an existing one is removed first: between the
     two, `path` is briefly absent, never half-written). On an exception the temporary is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent))
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private
+    with staging_dir(path) as tmp:
         yield tmp
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                os.chmod(f, 0o666 & ~umask)  # some writers (safetensors) create private files
-                fsync_file(f)
+        seal_files(tmp)
         if path.exists():
             shutil.rmtree(path)
         publish_dir(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -7,6 +7,7 @@ Each subcommand parses its own arguments and imports its heavy modules only when
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -19,9 +20,11 @@ examples:
   speedgpt train --preset speedrun-124m --train.steps=300
   speedgpt train --config runs/x/config.toml       # reproduce a run
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
+  speedgpt train --resume runs/x --train.steps=300 --extend   # train a finished run further
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
   (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
-A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite).
+A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
+one that another `speedgpt train` is using right now (its lock file RUN_DIR/.speedgpt-run.lock).
 """
 
 
@@ -35,6 +38,9 @@ def cmd_train(argv: list[str]) -> int:
     p.add_argument("--auto-resume", action="store_true",
                    help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
                         "schedulers that re-run the same command; implied for workers torchrun restarted)")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume/--auto-resume: accept a changed train.steps or schedule (the lr schedule "
+                        "is stretched from the checkpoint on), e.g. to train a finished run further")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
@@ -47,16 +53,50 @@ def cmd_train(argv: list[str]) -> int:
         return 0
     if args.auto_resume and not args.run_dir:
         p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
-    run_dir = args.resume or args.run_dir
-    cfg = _train_config(p, args, overrides)
-    if cfg is None or not _run_dir_usable(args, run_dir or cfg.run.dir):
-        return 2
-    result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False)
-    if isinstance(result, int):
-        return result
-    if result.model is not None:  # the rank that wrote the run
-        sample_and_report(cfg, result)
+    with contextlib.ExitStack() as held:  # the run directory's lock, released whatever happens
+        # Locked before anything looks at the directory (rundir/lock.py): a second command on it is
+        # refused before it reads the run's config or checks whether the directory holds a run.
+        named = args.resume or args.run_dir
+        if named and (not args.resume or Path(args.resume).is_dir()) and not _lock(held, named, args):
+            return 2
+        cfg = _train_config(p, args, overrides)
+        if cfg is None:
+            return 2
+        from .rundir import default_run_dir
+
+        run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
+        if not named and not _lock(held, run_dir, args):
+            return 2
+        if not _run_dir_usable(args, run_dir):
+            return 2
+        result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False,
+                               extend=args.extend)
+        if isinstance(result, int):
+            return result
+        if result.model is not None:  # the rank that wrote the run
+            sample_and_report(cfg, result)
     return 0
+
+
+def _main_rank() -> bool:
+    """Whether this process is the one that decides for the run (rank 0 under torchrun, or alone)."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:
+    """Lock `run_dir` for this command (rank 0 only), kept by `held`; False after a one-line error."""
+    if not _main_rank():
+        return True
+    from .outdir import OutDirError
+    from .rundir.lock import RunLocked, lock_run_dir
+
+    try:
+        held.enter_context(lock_run_dir(run_dir, flag="--resume" if args.resume else "--run-dir",
+                                        notice=lambda line: print(f"speedgpt train: {line}", file=sys.stderr)))
+    except (RunLocked, OutDirError) as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
@@ -101,21 +141,13 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     return cfg
 
 
-def _run_dir_usable(args, new_dir: str | None) -> bool:
-    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error."""
-    if args.resume or int(os.environ.get("RANK", "0")) != 0:  # one rank decides (torchrun)
+def _run_dir_usable(args, new_dir: str) -> bool:
+    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error.
+    (A file where the directory must go, or one that cannot be written, was refused when it was locked.)"""
+    if args.resume or not _main_rank():  # one rank decides (torchrun)
         return True
-    from .outdir import OutDirError, check_out_dir
     from .rundir import RunDir
     from .rundir.reuse import RunDirInUse, prepare_new_run_dir
-
-    try:  # a file where the run directory (or the default runs/) must go: the fix, not "[Errno 17]"
-        check_out_dir(new_dir or "runs", "--run-dir")
-    except OutDirError as e:
-        print(f"speedgpt train: {e}", file=sys.stderr)
-        return False
-    if not new_dir:
-        return True
 
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
@@ -129,16 +161,17 @@ def _run_dir_usable(args, new_dir: str | None) -> bool:
     return True
 
 
-def _run_training(cfg, run_dir: str | None, resume):
+def _run_training(cfg, run_dir: str | None, resume, extend: bool = False):
     """train(), its errors as one line and an exit status (an int); the TrainResult otherwise."""
     from .config import ConfigError
     from .rundir.checkpoint import CheckpointError
     from .train.guard import NonFiniteError
     from .train.loop import train
     from .train.preempt import TrainingStopped
+    from .train.resume import RunComplete
 
     try:
-        result = train(cfg, run_dir=run_dir, resume=resume)
+        result = train(cfg, run_dir=run_dir, resume=resume, extend=extend)
         # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
         # turn its exit status into a failure (a scheduler would then retry a finished run).
         import signal
@@ -147,8 +180,12 @@ def _run_training(cfg, run_dir: str | None, resume):
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)
         return 2
+    except RunComplete as e:  # nothing to train: not an error (a scheduler re-running a finished job)
+        if _main_rank():
+            print(f"speedgpt train: {e}", flush=True)
+        return 0
     except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
-        if os.environ.get("RANK", "0") == "0":  # one line per run, not per rank
+        if _main_rank():  # one line per run, not per rank
             print(f"speedgpt train: {e}", file=sys.stderr)
         return e.exit_code
     except NonFiniteError as e:
@@ -202,20 +239,35 @@ def cmd_data(argv: list[str]) -> int:
     lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
     lp.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     lp.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens; 0: every file (default)")
+    lp.add_argument("--piece-chars", type=int, default=0,
+                    help="0: one document per file (default); N: pieces of about N characters cut at top-level "
+                         "statements and shuffled, as the tiny-cpu preset's default corpus (data.local_piece_chars)")
     lp.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
     fw = sub.add_parser("fineweb", help="download GPT-2-tokenized FineWeb10B shards from the Hugging Face Hub")
     fw.add_argument("--out", required=True, help="directory for the downloaded shards")
     fw.add_argument("--shards", type=int, default=8, help="train shards of 100M tokens (1..103)")
     fw.add_argument("--endpoint", default=None, help="Hub endpoint (default: huggingface.co or $HF_ENDPOINT)")
     args = p.parse_args(argv)
-    from .outdir import OutDirError, check_out_dir
+    if args.what == "local-python" and args.piece_chars < 0:
+        p.error(f"--piece-chars {args.piece_chars}: must be >= 0 (0: one document per file)")
+    from .outdir import OutDirError, check_out_dir, missing_dirs, remove_empty_dirs
 
     try:
         check_out_dir(args.out)
     except OutDirError as e:
         print(f"speedgpt data: {e}", file=sys.stderr)
         return 2
+    created, status = missing_dirs(args.out), 1
+    try:
+        status = _data_command(args)
+        return status
+    finally:
+        if status != 0:  # a failed command leaves no empty --out behind (only folders it made itself)
+            remove_empty_dirs(created)
 
+
+def _data_command(args) -> int:
+    """`speedgpt data WHAT` once its arguments are checked: 0, or 2 after a one-line error."""
     from .data.tokenize import summary_text
 
     try:
@@ -230,7 +282,8 @@ def cmd_data(argv: list[str]) -> int:
         elif args.what == "local-python":
             from .data.tokenize import ensure_local_python_corpus
 
-            m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, workers=args.workers)
+            m = ensure_local_python_corpus(args.out, max_tokens=args.max_tokens or None, piece_chars=args.piece_chars,
+                                           workers=args.workers)
         else:
             from .data.fineweb import download_fineweb
 
@@ -240,6 +293,9 @@ def cmd_data(argv: list[str]) -> int:
     except (FileNotFoundError, ValueError) as e:  # bad inputs, nothing usable read (TokenizeError)
         if os.environ.get("SPEEDGPT_DEBUG"):
             raise
+        print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
+        return 2
+    except ConnectionError as e:  # the Hub endpoint did not answer (data/fineweb.py names it and the fix)
         print(f"speedgpt data {args.what}: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # no permission, a full disk, ...: while writing the output, or reading an input
@@ -420,7 +476,8 @@ def cmd_export(argv: list[str]) -> int:
                                             "(AutoModelForCausalLM, trust_remote_code=True) and speedgpt reads back.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
     p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export, RUN_DIR/export-hf with "
-                                                "--format hf; an old export there is replaced)")
+                                                "--format hf): new, empty, or holding an earlier export, whose files "
+                                                "are replaced (other files there are kept)")
     p.add_argument("--format", default="speedgpt", choices=["speedgpt", "hf"],
                    help="speedgpt (default) or hf: Hugging Face transformers' layout with modeling code and tokenizer")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weight dtype (default bf16)")
@@ -441,7 +498,9 @@ def cmd_export(argv: list[str]) -> int:
     except (LoadError, ExportError, ConfigError) as e:
         print(f"speedgpt export: {e}", file=sys.stderr)
         return 2
-    size = sum(f.stat().st_size for f in out.iterdir()) / 2**20
+    from .rundir.export_dir import written_files
+
+    size = sum(f.stat().st_size for f in written_files(out) if f.is_file()) / 2**20
     print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype}, {args.format} format)")
     for note in notes:
         print(f"note: {note}")
@@ -482,11 +541,11 @@ def cmd_config(argv: list[str]) -> int:
 
 def cmd_help(argv: list[str]) -> int:
     if not argv:
-        return main(["--help"])
+        return _main(["--help"])
     if argv[0] not in COMMANDS:
         print(f"speedgpt help: unknown command '{argv[0]}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    return main([*argv, "--help"])  # e.g. `speedgpt help data tokenize`
+    return _main([*argv, "--help"])  # e.g. `speedgpt help data tokenize`
 
 
 def _error_line(e: BaseException) -> str:
@@ -519,6 +578,18 @@ LOADS_TORCH = {"train", "bench", "eval", "sample", "export"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a reader that went away shows here, not in Python's own flush at exit
+        return status
+    except BrokenPipeError:
+        # The reader stopped reading (`speedgpt config | head`), having what it wanted: end quietly,
+        # as command-line tools do. stdout goes to /dev/null so the flush at exit finds no pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
         argv = ["train"]
@@ -550,6 +621,8 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"\nspeedgpt {name}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        raise  # main() ends quietly
     except Exception as e:
         if os.environ.get("SPEEDGPT_DEBUG"):
             raise

@@ -81,6 +81,9 @@ DESCRIPTIONS: dict[str, str] = {
     "data.tokenizer": "the shards' tokenizer folder; empty: tokenizer/ next to the shards, GPT-2 for shards that record none",
     "data.cache_dir": "where the default corpus and downloaded eval data live; empty: ~/.cache/speedgpt",
     "data.local_max_tokens": "token cap of the default local Python-source corpus (0: every file)",
+    "data.local_piece_chars": "documents of the default corpus: 0 = whole files; N = pieces of about N characters cut "
+                              "at top-level statements and shuffled (seeded), so a small step holds many files; "
+                              "val takes whole files",
     "data.seq_len": "tokens per training row",
     "data.val_tokens": "tokens scored at each validation (capped at what the val shards hold)",
     "data.val_seq_len": "tokens per validation row; 0: seq_len",

@@ -6,6 +6,10 @@ The export holds only the model weights (no optimizer state) under their plain p
 run config, the same data as the run's `config.toml`, plus `format_version` and an `export` table
 (source step, tokens, dtype, aliases). `speedgpt.infer.load.load_model(EXPORT_DIR)` reads it back.
 
+The directory is written through rundir/export_dir.py: a manifest lists the files this export wrote,
+so exporting again replaces exactly those, a user's own files beside them stay, and a folder that no
+export wrote is refused.
+
 bf16 exports halve the file; the scalar parameters (skip weights, residual and value lambdas) and
 the MoE routers stay fp32, being few numbers whose precision matters more than their size.
 """
@@ -18,12 +22,12 @@ from pathlib import Path
 import torch
 
 from .rundir import RunDir
+from .rundir.export_dir import ExportError, check_export_dir, export_files
+
+__all__ = ["DTYPES", "ExportError", "export_model"]
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
-
-
-class ExportError(RuntimeError):
-    """The export cannot be written where asked; the message says what to do."""
+FORMAT = "speedgpt"  # this exporter's name in the export manifest
 
 
 def dedupe_shared(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -65,13 +69,13 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
                  checkpoint: str | int | None = None) -> Path:
     """Write `out` (default SOURCE/export) from a run directory's latest (or named) checkpoint.
 
-    Written into a temporary directory next to `out` and renamed into place, so a crash never
-    leaves a half export; an existing export at `out` is replaced, any other non-empty directory is not.
+    The files are written next to `out` and renamed into place (rundir/export_dir.py): a previous
+    export's files at `out` are replaced and the user's own files there kept; a non-empty directory
+    that holds no speedgpt export is refused (ExportError) and left as it was.
     """
     from safetensors.torch import save_file
 
     from . import __version__
-    from .atomic import atomic_dir
     from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
                                  locate, strip_wrapper_prefixes)
     from .tokenizer.folder import RUN_SUBDIR, TokenizerError, copy_folder, run_tokenizer
@@ -84,8 +88,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
     out = Path(out) if out is not None else default_out
     if out.resolve() == src.root.resolve():
         raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / EXPORT_CONFIG).is_file())):
-        raise ExportError(f"{out} exists and is not an export; choose an empty or new --out directory")
+    check_export_dir(out)  # before the checkpoint is read: a foreign folder is refused at once
 
     state = strip_wrapper_prefixes(load_state(src, torch.device("cpu")))
     target = DTYPES[dtype]
@@ -102,7 +105,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
         tok = run_tokenizer(src.root, cfg)
     except TokenizerError as e:
         raise ExportError(str(e)) from None
-    with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
+    with export_files(out, FORMAT) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
         copy_folder(tok, tmp / RUN_SUBDIR)  # a trained tokenizer travels with the weights (GPT-2's: nothing)

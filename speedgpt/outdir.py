@@ -56,3 +56,19 @@ def make_out_dir(path: str | Path, flag: str = "--out") -> Path:
     except OSError as e:
         raise OutDirError(os_error_line(e, flag, path)) from None
     return path
+
+
+def missing_dirs(path: str | Path) -> list[Path]:
+    """`path` and those of its parents that do not exist yet, deepest first: what a command will create."""
+    path = Path(path)
+    return [p for p in (path, *path.parents) if not (p.exists() or p.is_symlink())]
+
+
+def remove_empty_dirs(dirs: list[Path]) -> None:
+    """Remove `dirs` (deepest first) while they are empty directories: a failed command takes back the
+    folders it made and left empty, and never touches one that holds anything."""
+    for d in dirs:
+        try:
+            d.rmdir()
+        except OSError:
+            return

@@ -29,6 +29,24 @@ def one_thread():
 
 
 @pytest.fixture(scope="session")
+def hf_offline(tmp_path_factory):
+    """No network, and transformers' copy of the folders' code in a temporary directory (read when
+    transformers is first imported: only the tests that use this fixture import it)."""
+    import os
+
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("hf_modules"))}
+    before = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    yield
+    for k, v in before.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
 def text_shards(tmp_path_factory) -> Path:
     """train/val shards of GPT-2 tokens from the interpreter's own stdlib sources (deterministic)."""
     from speedgpt.data.shards import write_shard

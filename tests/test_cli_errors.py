@@ -314,3 +314,20 @@ def test_data_os_errors_are_one_line(tmp_path, capsys, monkeypatch, inside_out, 
     monkeypatch.setattr(tok, "tokenize_files", refuse)
     line = expect_one_line_error(["data", "tokenize", str(tmp_path), "--out", str(out)], capsys)
     assert says in line and str(where) in line, line
+
+
+@pytest.mark.parametrize("argv", [["config"], ["--help"]])
+def test_a_reader_that_stops_reading_ends_the_command_quietly(argv):
+    """`speedgpt config | head` exited 1 with "[Errno 32] Broken pipe"; the pipe here is closed before
+    the command writes, so the write always meets it (no timing)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "speedgpt", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == ""

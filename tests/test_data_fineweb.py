@@ -176,3 +176,32 @@ def test_broken_local_leftover_is_fetched_again(tmp_path, hub_files):
         download_fineweb(out, 0, endpoint=hub.url, progress=False)
         assert len(hub.gets("fineweb_val_000000.bin")) == 1
     assert (out / "fineweb_val_000000.bin").read_bytes() == hub_files["fineweb_val_000000.bin"]
+
+
+def test_an_endpoint_that_does_not_answer_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    """Was ten lines of "Retrying in 2s [Retry 2/5]" and the hub library's text, naming no endpoint."""
+    import logging
+    import socket
+
+    from huggingface_hub.utils import _http
+
+    from speedgpt.cli import main
+
+    monkeypatch.setattr(_http.time, "sleep", lambda seconds: None)  # the library's retries, minus their waits
+    with socket.socket() as s:  # a port that nobody listens on once it is closed
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    logging.getLogger("huggingface_hub").addHandler(handler)
+    try:
+        assert main(["data", "fineweb", "--out", str(tmp_path / "fw"), "--shards", "1"]) == 2
+    finally:
+        logging.getLogger("huggingface_hub").removeHandler(handler)
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"speedgpt data fineweb: error: cannot reach the Hugging Face Hub at {url} (")
+    assert "set HF_ENDPOINT=URL (or pass --endpoint URL)" in err
+    assert not [r for r in logged if r.levelno < logging.ERROR]  # no retry chatter

@@ -182,7 +182,7 @@ def test_ensure_local_corpus_builds_reuses_rebuilds(tmp_path, monkeypatch):
     corpus.mkdir()
     for i, t in enumerate(many_docs(100, seed=6)):
         (corpus / f"m{i:03d}.py").write_text(t)
-    monkeypatch.setattr(tok, "python_source_files", lambda: TextFiles(corpus, suffixes=(".py",)))
+    monkeypatch.setattr(tok, "python_source_files", lambda piece_chars=0: TextFiles(corpus, suffixes=(".py",)))
     out = tmp_path / "data"
     m = ensure_local_python_corpus(out, 2000, workers=1, progress=False)
     assert m["stopped_early"] and m["tokens"] >= 2000

@@ -99,3 +99,21 @@ def test_summary_names_skipped_files(tmp_path, capsys):
     assert main(["data", "tokenize", str(tmp_path / "in"), "--out", str(tmp_path / "out"), "--workers", "1"]) == 0
     out = capsys.readouterr().out
     assert "tokenized 3 documents" in out and "skipped 1 item: binary (NUL bytes)" in out and "logo.png" in out
+
+
+def test_jsonl_without_the_text_field_hints_text_field_and_leaves_no_empty_out(tmp_path, capsys):
+    """Was a good error without the --text-field hint, and an empty --out folder left behind."""
+    data = tmp_path / "notes.jsonl"
+    data.write_text(json.dumps({"content": "hello there", "id": 1}) + "\n" + json.dumps({"content": "again"}) + "\n")
+    out = tmp_path / "new" / "shards"
+    assert main(["data", "tokenize", str(data), "--out", str(out), "--workers", "1"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("tokenizing (")]
+    assert len(err) == 1, err
+    assert "no string field 'text': 2 (e.g. " in err[0] and ":1 with fields: content, id)" in err[0]
+    assert err[0].endswith("name the field that holds the text with --text-field")
+    assert not (tmp_path / "new").exists()  # the folders this command made are gone again
+    mine = tmp_path / "mine"
+    mine.mkdir()  # a folder that was there before the command is not its to remove
+    assert main(["data", "tokenize", str(data), "--out", str(mine), "--workers", "1"]) == 2
+    assert mine.is_dir()
+    assert main(["data", "tokenize", str(data), "--out", str(out), "--workers", "1", "--text-field", "content"]) == 0

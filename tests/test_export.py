@@ -27,7 +27,7 @@ def logits_of(model, seed=0):
 def test_fp32_round_trip_gives_identical_logits(tmp_path, extra):
     run = make_run(tmp_path, extra=extra)
     out = export_model(run, tmp_path / "exp", dtype="fp32")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == [".speedgpt-export.json", "config.json", "model.safetensors"]
     a, cfg_a = load_model(run)
     b, cfg_b = load_model(out)
     assert cfg_a.to_dict() == cfg_b.to_dict() == load_toml(run / "config.toml").to_dict()
@@ -105,7 +105,7 @@ def test_cli_export_replaces_old_exports_only(tmp_path, capsys):
     other.mkdir()
     (other / "keep.txt").write_text("mine")
     assert main(["export", str(run), "--out", str(other)]) == 2
-    assert "is not an export" in capsys.readouterr().err
+    assert f"--out {other} holds files that no speedgpt export wrote" in capsys.readouterr().err
     assert (other / "keep.txt").read_text() == "mine"
     assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]  # no temp dirs left behind
     assert main(["export", str(tmp_path / "nope")]) == 2
@@ -129,3 +129,89 @@ def test_export_format_checks(tmp_path):
     (out / "model.safetensors").unlink()
     with pytest.raises(LoadError, match="has no model.safetensors"):
         load_model(out)
+
+
+def test_export_refuses_a_folder_it_did_not_write(tmp_path, capsys):
+    """A Hugging Face-style folder (its own config.json) was taken for an old export and wiped."""
+    run = make_run(tmp_path)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    files = {"config.json": '{"architectures": ["GPT2LMHeadModel"]}', "pytorch_model.bin": "weights",
+             "notes.txt": "mine"}
+    for name, text in files.items():
+        (hf / name).write_text(text)
+    assert main(["export", str(run), "--out", str(hf)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {hf}" in err and "empty or new --out" in err
+    assert {p.name: p.read_text() for p in hf.iterdir()} == files
+    assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]
+
+
+def test_reexport_replaces_only_the_files_it_wrote(tmp_path, capsys):
+    run = make_run(tmp_path)
+    out = tmp_path / "exp"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    (out / "README.md").write_text("my notes")
+    assert main(["export", str(run), "--out", str(out), "--dtype", "fp32"]) == 0
+    assert (out / "README.md").read_text() == "my notes"
+    assert json.loads((out / "config.json").read_text())["export"]["dtype"] == "fp32"
+    manifest = json.loads((out / ".speedgpt-export.json").read_text())
+    assert manifest == {"format": "speedgpt", "files": ["config.json", "model.safetensors"], "complete": True}
+    size = (out / "model.safetensors").stat().st_size + (out / "config.json").stat().st_size
+    assert f"({size / 2**20:.1f} MiB, fp32, speedgpt format)" in capsys.readouterr().out  # the export's files, not the README
+    load_model(out)
+    # An export written before manifests existed is still recognized as one (and gets a manifest).
+    (out / ".speedgpt-export.json").unlink()
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert (out / "README.md").read_text() == "my notes"
+    assert json.loads((out / ".speedgpt-export.json").read_text())["files"] == ["config.json", "model.safetensors"]
+
+
+def test_export_files_never_overwrites_a_file_it_did_not_write(tmp_path):
+    """The manifest mechanism every export format writes through (rundir/export_dir.py)."""
+    from speedgpt.rundir.export_dir import ExportError, export_files
+
+    out = tmp_path / "exp"
+    with export_files(out, "test") as tmp:
+        (tmp / "a.txt").write_text("a1")
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "b.txt").write_text("b1")
+    (out / "c.txt").write_text("user's")
+    with pytest.raises(ExportError, match="holds c.txt, which no speedgpt export wrote"):
+        with export_files(out, "test") as tmp:
+            (tmp / "a.txt").write_text("a2")
+            (tmp / "c.txt").write_text("ours?")
+    assert (out / "a.txt").read_text() == "a1" and (out / "c.txt").read_text() == "user's"
+    with export_files(out, "other") as tmp:  # files the new export does not write again are removed
+        (tmp / "a.txt").write_text("a3")
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
+        ".speedgpt-export.json", "a.txt", "c.txt"]
+    assert (out / "a.txt").read_text() == "a3"
+    assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]
+
+
+def test_an_interrupted_export_is_refused_by_readers_and_redone(tmp_path, monkeypatch, capsys):
+    import os
+
+    from speedgpt.rundir import export_dir
+
+    run = make_run(tmp_path)
+    out = tmp_path / "exp"
+    export_model(run, out)
+    calls, rename = [], os.replace
+
+    def dies_after_one(src, dst):  # the process stops between two renames: the manifest's, a file's
+        calls.append(dst)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        rename(src, dst)
+
+    monkeypatch.setattr(export_dir.os, "replace", dies_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        export_model(run, out, dtype="fp32")
+    monkeypatch.undo()
+    with pytest.raises(LoadError, match="is incomplete .* re-run `speedgpt export"):
+        load_model(out)
+    assert main(["export", str(run), "--out", str(out), "--dtype", "fp32"]) == 0
+    load_model(out)
+    assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]

@@ -26,24 +26,6 @@ from speedgpt.model.attention import KVCache
 pytestmark = pytest.mark.usefixtures("one_thread", "hf_offline")
 
 
-@pytest.fixture(scope="session")
-def hf_offline(tmp_path_factory):
-    """No network, and transformers' copy of the folders' code in a temporary directory (read when
-    transformers is first imported: only this file imports it)."""
-    import os
-
-    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_MODULES_CACHE": str(tmp_path_factory.mktemp("hf_modules"))}
-    before = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    yield
-    for k, v in before.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-
-
 @pytest.fixture(scope="module")
 def latest(tmp_path_factory):
     """speedrun-latest's architecture (every switch the presets have) scaled down: (run, fp32 folder)."""
@@ -219,7 +201,7 @@ def test_bf16_folder_equals_speedgpt_in_bf16(tmp_path, latest):
 def test_folder_layout_and_config(latest):
     out = latest[1]
     assert sorted(p.name for p in out.iterdir()) == sorted([
-        "config.json", "configuration_speedgpt.py", "generation_config.json", "merges.txt", "model.safetensors",
+        ".speedgpt-export.json", "config.json", "configuration_speedgpt.py", "generation_config.json", "merges.txt", "model.safetensors",
         "modeling_speedgpt.py", "README.md", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
         "vocab.json"])
     config = json.loads((out / "config.json").read_text())
@@ -268,8 +250,9 @@ def test_tokenizer_matches_speedgpt_encoding(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from speedgpt.data.tokenizer import get_tokenizer
     from speedgpt.hf.tokenizer_files import write_tokenizer_files
+    from speedgpt.tokenizer.core import gpt2_tokenizer
 
-    names = write_tokenizer_files(tmp_path, model_max_length=64)
+    names = write_tokenizer_files(tmp_path, gpt2_tokenizer(), model_max_length=64)
     assert sorted(names) == sorted(p.name for p in tmp_path.iterdir())
     tok = tokenizers.Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     enc = get_tokenizer()
@@ -277,8 +260,6 @@ def test_tokenizer_matches_speedgpt_encoding(tmp_path):
         assert tok.encode(text).ids == [BOS_ID] + enc.encode_ordinary(text)
         assert tok.encode(text, add_special_tokens=False).ids == enc.encode_ordinary(text)
         assert tok.decode(tok.encode(text).ids) == text
-    with pytest.raises(ValueError, match="tokenizer 'llama' has no Hugging Face writer"):
-        write_tokenizer_files(tmp_path, "llama", model_max_length=64)
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):
@@ -286,9 +267,7 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     cases = []
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "notes.txt").write_text("mine")
-    cases.append(([str(run), "--out", str(tmp_path / "busy")], "is not a Hugging Face export"))
-    assert main(["export", str(run), "--out", str(tmp_path / "plain")]) == 0  # speedgpt's own format there
-    cases.append(([str(run), "--out", str(tmp_path / "plain")], "is not a Hugging Face export"))
+    cases.append(([str(run), "--out", str(tmp_path / "busy")], "holds files that no speedgpt export wrote"))
     cases.append(([str(run), "--out", str(run)], "is the source directory itself"))
     cases.append(([str(tmp_path / "data")], "neither config.toml"))
     cases.append(([str(tmp_path / "missing")], "does not exist"))
@@ -310,8 +289,12 @@ def test_reexport_replaces_and_default_out(tmp_path, capsys):
     assert main(["export", str(run), "--format", "hf"]) == 0
     assert "-> " + str(run / "export-hf") in capsys.readouterr().out
     (run / "export-hf" / "model.safetensors").write_bytes(b"stale")
+    (run / "export-hf" / "notes.txt").write_text("mine")  # a user's file beside the export
     assert main(["export", str(run), "--format", "hf", "--dtype", "fp32"]) == 0
     assert json.loads((run / "export-hf" / "config.json").read_text())["dtype"] == "float32"
+    assert (run / "export-hf" / "notes.txt").read_text() == "mine"
+    manifest = json.loads((run / "export-hf" / ".speedgpt-export.json").read_text())
+    assert manifest["format"] == "hf" and manifest["complete"] and "notes.txt" not in manifest["files"]
     load_model(run / "export-hf")
 
 

@@ -78,6 +78,31 @@ def test_sample_and_export_use_the_runs_tokenizer(trained, tmp_path, capsys):
     assert capsys.readouterr().out == text  # the same weights and tokenizer: the same sample
 
 
+@pytest.mark.usefixtures("hf_offline")
+def test_hf_export_carries_the_runs_tokenizer_and_bos(trained, tmp_path):
+    """--format hf of a run with its own tokenizer: the folder's AutoTokenizer encodes as the run's
+    tokenizer does (BOS 511 first), config.json's BOS is the run's (its documents' boundary), and the
+    transformers model gives speedgpt's logits on a row holding two documents."""
+    transformers = pytest.importorskip("transformers")
+    from speedgpt.hf.export import export_hf
+    from speedgpt.infer.load import load_model
+
+    run, tok, _, _ = trained
+    out, _ = export_hf(run, tmp_path / "hf", dtype="fp32")
+    assert json.loads((out / "config.json").read_text())["bos_token_id"] == tok.bos_id == 511
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 511
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    for text in ["def f(x):\n    return x", "机器学习 and 今日は", ""]:
+        assert hf_tok(text)["input_ids"] == [511, *tok.encode(text)]
+        assert hf_tok.decode(hf_tok(text)["input_ids"], skip_special_tokens=True) == text
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True).eval()
+    ref, _ = load_model(run, device="cpu", dtype=torch.float32)
+    ids = [511, *tok.encode("print('a')"), 511, *tok.encode("x = 1")]
+    row = torch.tensor([ids])
+    with torch.no_grad():
+        torch.testing.assert_close(model(row, use_cache=False).logits, ref(row), rtol=0, atol=1e-5)
+
+
 def test_bits_per_byte_counts_the_texts_true_bytes(trained, capsys, text_shards):
     """The bytes bpb divides by are the UTF-8 bytes the scored target tokens decode to (BOS excluded),
     counted independently here; and eval refuses data from another tokenizer."""

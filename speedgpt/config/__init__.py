@@ -19,7 +19,7 @@ from .files import default_preset, load_preset, load_toml, preset_names, save_to
 from .model import ModelConfig
 from .optim import OptimConfig
 from .overrides import apply_overrides, resolve
-from .parse import RENAMED_KEYS, config_from_dict, config_from_plain
+from .parse import RENAMED_KEYS, config_from_dict, config_from_plain, flat_config
 from .sections import (SECTIONS, Config, DataConfig, ParallelConfig, RunConfig, ScheduleConfig, StageConfig,
                        TrainConfig)
 from .validate import micro_batch_rows, validate
@@ -27,6 +27,6 @@ from .validate import micro_batch_rows, validate
 __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
     "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "config_from_dict",
-    "config_from_plain", "default_preset", "load_preset", "load_toml", "micro_batch_rows", "preset_names", "resolve", "save_toml",
-    "to_toml", "validate",
+    "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml", "micro_batch_rows",
+    "preset_names", "resolve", "save_toml", "to_toml", "validate",
 ]

@@ -88,3 +88,15 @@ def config_from_plain(d: dict[str, Any]) -> Config:
         setattr(out, section, cls(**{k: (_coerce(f"{section}.{k}", v, types_[k]) if isinstance(v, list) else v)
                                      for k, v in d.get(section, {}).items()}))
     return out
+
+
+def flat_config(data: dict[str, Any]) -> dict[str, Any]:
+    """``{"section.key": value}`` of a config as a dict (``Config.to_dict()`` or a file's tables);
+    top-level keys (``preset``) as themselves."""
+    flat: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            flat[key] = value
+    return flat

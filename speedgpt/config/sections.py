@@ -21,6 +21,9 @@ class DataConfig:
     tokenizer: str = ""
     cache_dir: str = ""  # where the default corpus is built; empty: ~/.cache/speedgpt
     local_max_tokens: int = 20_000_000  # cap for the default corpus (0: everything)
+    # The default corpus's documents: 0 = whole files; N = pieces of about N characters, shuffled, so
+    # a small step holds many files (corpus.PythonSourceFiles). The CPU preset's steps are 1,024 tokens.
+    local_piece_chars: int = 0
     seq_len: int = 1024  # tokens per row
     val_tokens: int = 1_048_576
     val_seq_len: int = 0  # 0: seq_len
@@ -48,8 +51,8 @@ class DataConfig:
 
     def default_corpus_dir(self) -> Path:
         """The local Python-source corpus used when no data.train_files is given."""
-        return self.cache_root() / (f"local-python-{self.local_max_tokens}" if self.local_max_tokens
-                                    else "local-python-all")
+        name = f"local-python-{self.local_max_tokens}" if self.local_max_tokens else "local-python-all"
+        return self.cache_root() / (f"{name}-pieces{self.local_piece_chars}" if self.local_piece_chars else name)
 
 @dataclass
 class ParallelConfig:

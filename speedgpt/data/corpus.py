@@ -13,13 +13,15 @@ import gzip
 import hashlib
 import json
 import os
+import random
 import sys
 import sysconfig
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 _MAX_EXAMPLES = 5  # per skip reason: enough to find the problem, small enough for a manifest
+MISSING_FIELD = "no string field"  # the skip reason of a JSONL record without the text field
 
 
 class Skipped:
@@ -53,6 +55,11 @@ class Source:
     def describe(self) -> dict:
         """JSON-able identity of the source (what a manifest records and compares)."""
         raise NotImplementedError
+
+    def split_key(self, doc_id: str) -> str | None:
+        """What decides document `doc_id`'s train/val split (hashed): None for its own text. A source
+        whose documents are pieces of larger units returns the unit's key, so no unit straddles the split."""
+        return None
 
     def documents(self) -> Iterator[tuple[str, str]]:
         """Yield (doc_id, text); resets the skip counts, so a second pass counts afresh."""
@@ -173,7 +180,9 @@ class JsonlFiles(Source):
                             continue
                         text = obj.get(self.text_field) if isinstance(obj, dict) else None
                         if not isinstance(text, str):
-                            self.skipped.add(item, f"no string field {self.text_field!r}")
+                            # The fields it has: the likely value for --text-field is among them.
+                            fields = f" with fields: {', '.join(map(str, list(obj)[:8]))}" if isinstance(obj, dict) else ""
+                            self.skipped.add(item + fields, f"{MISSING_FIELD} {self.text_field!r}")
                             continue
                         yield item, text
             except (OSError, UnicodeDecodeError) as e:
@@ -207,7 +216,7 @@ class ParquetFiles(Source):
             if self.text_column not in pf.schema_arrow.names:
                 raise ValueError(
                     f"{path} has no column {self.text_column!r} (columns: {', '.join(pf.schema_arrow.names)}); "
-                    "pass text_column="
+                    "name the text's column with --text-field (text_column=)"
                 )
             row = 0
             # One row group at a time keeps memory bounded by the file's row-group size.
@@ -232,12 +241,23 @@ class PythonSourceFiles(Source):
     when nothing else is there. Files are ordered by root (stdlib first), then by a stable
     hash of the relative path; doc ids are
     ``<root label>/<relative path>`` so the val split does not depend on the install prefix.
+
+    ``piece_chars=0``: one document per file. ``piece_chars=N``: each file is cut into pieces of
+    about N characters at top-level statements (python_pieces) and the pieces are shuffled
+    (buffered_shuffle, seeded: the same corpus on every build), so a small training step holds
+    pieces of many files instead of a slice of one (a step of 1,024 tokens is a ninth of an average
+    file); every piece of a file takes the file's train/val split (split_key), so validation
+    scores files the model never saw a piece of. Doc ids of pieces are ``<file doc id>#<k>``.
     """
 
     kind = "python-source"
 
-    def __init__(self) -> None:
+    def __init__(self, piece_chars: int = 0) -> None:
         super().__init__()
+        if piece_chars < 0:
+            raise ValueError(f"piece_chars={piece_chars} must be >= 0 (0: whole files)")
+        self.piece_chars = piece_chars
+        self._file_keys: dict[str, str] = {}  # file doc id -> hash of its text (piece mode)
         self.roots = python_source_roots()
         self.files: list[tuple[str, Path]] = []
         seen: set[Path] = set()
@@ -267,13 +287,87 @@ class PythonSourceFiles(Source):
             "roots": [label for label, _ in self.roots],
             "files": len(self.files),
             "order": "path-hash",
+            **({"documents": f"pieces of ~{self.piece_chars} chars, split by file, shuffled (buffer "
+                             f"{SHUFFLE_BUFFER}, seed {SHUFFLE_SEED})"} if self.piece_chars else {}),
         }
 
+    def split_key(self, doc_id: str) -> str | None:
+        return self._file_keys.get(doc_id.rsplit("#", 1)[0]) if self.piece_chars else None
+
     def _iter(self):
+        if not self.piece_chars:
+            yield from self._files()
+            return
+        yield from buffered_shuffle(self._pieces(), SHUFFLE_BUFFER, SHUFFLE_SEED)
+
+    def _files(self):
         for doc_id, path in self.files:
             text = _read_text(path, self.skipped, doc_id)
             if text is not None:
                 yield doc_id, text
+
+    def _pieces(self):
+        for doc_id, text in self._files():
+            # A file's text hash keys its split: identical files (vendored copies) land together.
+            self._file_keys[doc_id] = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+            if not text:
+                yield doc_id, text  # counted as an empty document
+            for k, piece in enumerate(python_pieces(text, self.piece_chars)):
+                yield f"{doc_id}#{k}", piece
+
+
+# Piece mode's shuffle: a window of this many pieces (about 16 MB of text at 1,000 chars; the tiny-cpu
+# preset's whole 5M-token corpus) mixes the pieces of several hundred files, so that also the first
+# tokens of the val split, which validation scores, come from many of its files (with 1,024 pieces the
+# first 16K val tokens were a handful of files, 0.2 above the whole split's loss); the seed makes every
+# build of the corpus the same.
+SHUFFLE_BUFFER = 8192
+SHUFFLE_SEED = 0
+
+
+def buffered_shuffle(items: Iterable, size: int, seed: int) -> Iterator:
+    """`items` in a random order that needs only `size` of them in memory: each new item takes the
+    place of a random one in the buffer, which is emitted (the rest, shuffled, at the end). Items
+    move at most a few buffer lengths from their place; deterministic for a given seed."""
+    rng = random.Random(seed)
+    buffer: list = []
+    for item in items:
+        if len(buffer) < size:
+            buffer.append(item)
+            continue
+        i = rng.randrange(size)
+        yield buffer[i]
+        buffer[i] = item
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+def python_pieces(text: str, piece_chars: int) -> Iterator[str]:
+    """Python source cut into consecutive pieces of about `piece_chars` characters; joined, they give
+    the text back. Once a piece holds `piece_chars`, it ends before the next statement at the top
+    level or one indent in (a def, class, method, import, comment: a line at column 0, or indented at
+    most 4 columns after a blank line; not a closing bracket, nor the line after a decorator); at
+    twice that before any line after a blank line, at four times before any line."""
+    piece: list[str] = []
+    size = 0
+    previous = ""  # the last non-blank line
+    after_blank = False
+    for line in text.splitlines(keepends=True):
+        body = line.lstrip(" \t")
+        indent = len(line) - len(body)
+        opens = body[:1] not in ("", "\n", "\r", ")", "]", "}") and not previous.lstrip().startswith("@")
+        statement = opens and (indent == 0 or (indent <= 4 and after_blank))
+        if piece and ((size >= piece_chars and statement) or (size >= 2 * piece_chars and after_blank)
+                      or size >= 4 * piece_chars):
+            yield "".join(piece)
+            piece, size = [], 0
+        piece.append(line)
+        size += len(line)
+        after_blank = not body.strip()
+        if not after_blank:
+            previous = line
+    if piece:
+        yield "".join(piece)
 
 
 def python_source_roots() -> list[tuple[str, Path]]:
@@ -291,6 +385,7 @@ def _path_hash(doc_id: str) -> bytes:
     return hashlib.blake2b(doc_id.encode(), digest_size=8).digest()
 
 
-def python_source_files() -> PythonSourceFiles:
-    """The local Python-source corpus (stdlib + site-packages ``.py`` files), as a Source."""
-    return PythonSourceFiles()
+def python_source_files(piece_chars: int = 0) -> PythonSourceFiles:
+    """The local Python-source corpus (stdlib + site-packages ``.py`` files), as a Source: one document
+    per file, or shuffled pieces of about `piece_chars` characters (PythonSourceFiles)."""
+    return PythonSourceFiles(piece_chars)

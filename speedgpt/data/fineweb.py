@@ -11,9 +11,12 @@ size) are kept and not fetched again; anything else is (re)downloaded.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .shards import ShardError, read_header
@@ -38,6 +41,38 @@ def _quiet_tqdm():
     return Quiet
 
 
+class HubUnreachable(ConnectionError):
+    """The Hub endpoint did not answer; the message names it and how to use another."""
+
+
+@contextlib.contextmanager
+def _quiet_hub_logs() -> Iterator[None]:
+    """huggingface_hub logs every retry of a failed request as a warning ("Retrying in 2s [Retry 2/5]"):
+    ten lines of noise before its own error. Errors still pass; the retries themselves still happen."""
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _unreachable(error: Exception, endpoint: str) -> HubUnreachable | None:
+    """The one-line error for a download that failed because `endpoint` could not be reached: the Hub
+    library's LocalEntryNotFoundError ("... check your connection ..."), caused by a network error."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    if not isinstance(error, LocalEntryNotFoundError):
+        return None
+    cause: BaseException = error
+    while cause.__cause__ is not None or cause.__context__ is not None:
+        cause = cause.__cause__ or cause.__context__
+    reason = str(cause).splitlines()[0] if cause is not error and str(cause) else "no answer"
+    return HubUnreachable(f"cannot reach the Hugging Face Hub at {endpoint} ({reason}); check the network, or "
+                          f"use a mirror you can reach: set HF_ENDPOINT=URL (or pass --endpoint URL)")
+
+
 def _discard(out_dir: Path, name: str) -> None:
     """Remove a bad file and huggingface_hub's record of it, so the next call downloads it again."""
     (out_dir / name).unlink(missing_ok=True)
@@ -57,10 +92,11 @@ def download_fineweb(
 
     Each file is checked with ``read_header`` (magic, version, size) after download; a
     corrupt file is deleted and raises ShardError naming it. ``endpoint`` overrides the
-    Hub URL (a mirror; tests use a local server). Returns the local paths, val first.
+    Hub URL (a mirror; tests use a local server; default $HF_ENDPOINT, else huggingface.co); one that
+    does not answer raises HubUnreachable naming it. Returns the local paths, val first.
     Train shards for a run: ``find_shards(out_dir, "train")``; val: ``find_shards(out_dir, "val")``.
     """
-    from huggingface_hub import hf_hub_download  # imported on use: nothing happens at import
+    from huggingface_hub import constants, hf_hub_download  # imported on use: nothing happens at import
 
     if num_train_shards < 0:
         raise ValueError(f"num_train_shards={num_train_shards} must be >= 0")
@@ -73,6 +109,8 @@ def download_fineweb(
     out_dir.mkdir(parents=True, exist_ok=True)
     names = fineweb_filenames(num_train_shards)
     tqdm_class = None if progress else _quiet_tqdm()
+    # Named here (not left to the library) so an error can say which endpoint did not answer.
+    endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
     paths = []
     for i, name in enumerate(names, 1):
         path = out_dir / name
@@ -86,17 +124,15 @@ def download_fineweb(
                 paths.append(path)
                 continue
         start = time.perf_counter()
-        local = Path(
-            hf_hub_download(
-                repo_id=repo_id,
-                filename=name,
-                repo_type="dataset",
-                revision=revision,
-                local_dir=out_dir,
-                endpoint=endpoint,
-                tqdm_class=tqdm_class,
-            )
-        )
+        try:
+            with _quiet_hub_logs():
+                local = Path(hf_hub_download(repo_id=repo_id, filename=name, repo_type="dataset", revision=revision,
+                                             local_dir=out_dir, endpoint=endpoint, tqdm_class=tqdm_class))
+        except Exception as e:
+            unreachable = _unreachable(e, endpoint)
+            if unreachable is None:
+                raise
+            raise unreachable from None
         try:
             n = read_header(local)
         except ShardError as e:

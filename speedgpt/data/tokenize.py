@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 import numpy as np
 
 from ..atomic import atomic_write
-from .corpus import JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths, python_source_files
+from .corpus import (MISSING_FIELD, JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths,
+                     python_source_files)
 from .split import Splitter
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE, get_tokenizer
 
@@ -38,6 +39,9 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
 _CHUNK_CHARS = 1 << 20  # ~1 MB of text per worker task: big enough to amortize IPC, small enough to balance
 _CHUNK_DOCS = 512
+# The local corpus in pieces validates on whole files (corpus.PythonSourceFiles): 1% of a 5M-token
+# build is about 6 files, too few for a val loss that does not hang on which files they are.
+LOCAL_VAL_FRACTION_PIECES = 0.05
 
 
 class TokenizeError(ValueError):
@@ -102,21 +106,23 @@ def _init_worker(folder: str | None = None, sha256: str | None = None) -> None:
 # ----------------------------------------------------------------------------- main side
 
 
-def _chunks(sources: Sequence[Source]) -> Iterator[tuple[list[int], list[str]]]:
-    """(source indices, texts) in input order, cut into ~_CHUNK_CHARS pieces."""
+def _chunks(sources: Sequence[Source]) -> Iterator[tuple[tuple[list[int], list], list[str]]]:
+    """((source indices, split keys), texts) in input order, cut into ~_CHUNK_CHARS pieces."""
     idx: list[int] = []
+    keys: list[str | None] = []
     texts: list[str] = []
     chars = 0
     for s, source in enumerate(sources):
-        for _, text in source.documents():
+        for doc_id, text in source.documents():
             idx.append(s)
+            keys.append(source.split_key(doc_id))
             texts.append(text)
             chars += len(text)
             if chars >= _CHUNK_CHARS or len(texts) >= _CHUNK_DOCS:
-                yield idx, texts
-                idx, texts, chars = [], [], 0
+                yield (idx, keys), texts
+                idx, keys, texts, chars = [], [], [], 0
     if texts:
-        yield idx, texts
+        yield (idx, keys), texts
 
 
 @contextmanager
@@ -285,11 +291,12 @@ def tokenize_corpus(
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
     try:
         with _ordered_results(_chunks(sources), workers, tokenizer) as results:
-            for source_idx, (tokens, lengths, hashes) in results:
+            for (source_idx, keys), (tokens, lengths, hashes) in results:
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
                 for j, s in enumerate(source_idx):
                     doc = tokens[offsets[j] : offsets[j + 1]]
-                    split.add(s, doc, hashes[j], n_docs)
+                    # The text's hash, or its source's split key (every piece of one file alike)
+                    split.add(s, doc, hashes[j] if keys[j] is None else _doc_hash(keys[j]), n_docs)
                     n_docs += 1
                     total_tokens += len(doc)
                     if max_tokens is not None and total_tokens >= max_tokens:
@@ -346,7 +353,9 @@ def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool) -> str
         return None
     skipped = _skip_summary(sources)
     if n_docs == 0:
-        return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "")
+        hint = ("; name the field that holds the text with --text-field"
+                if any(r.startswith(MISSING_FIELD) for s in sources for r in s.skipped.counts) else "")
+        return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "") + hint
     return ("only 1 document read: a val split needs at least 2; add inputs or pass --val-fraction 0 "
             "(then give training its own val shards with --data.val_files)")
 
@@ -488,22 +497,26 @@ def ensure_local_python_corpus(
     out_dir: str | os.PathLike,
     max_tokens: int = 20_000_000,
     *,
-    val_fraction: float = 0.01,
+    piece_chars: int = 0,
+    val_fraction: float | None = None,
     shard_tokens: int = 100_000_000,
     workers: int | None = None,
     progress: bool = True,
 ) -> dict:
-    """The default training data: this interpreter's stdlib + site-packages ``.py`` files.
+    """The default training data: this interpreter's stdlib + site-packages ``.py`` files (one document
+    per file, or shuffled pieces of about ``piece_chars`` characters: corpus.PythonSourceFiles).
 
     Builds it into ``out_dir`` unless ``out_dir/manifest.json`` exists and was built with
     the same parameters (same sources, Python version, max_tokens, split, shard size),
     in which case it is reused. Safe to call from every rank at once (a file lock makes
     one build and the others reuse it). Returns the manifest.
     """
+    if val_fraction is None:  # pieces take val by whole file: 5% of the files, so validation scores many
+        val_fraction = LOCAL_VAL_FRACTION_PIECES if piece_chars else 0.01
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with _dir_lock(out_dir):
-        source = python_source_files()
+        source = python_source_files(piece_chars)
         wanted = {
             "sources": [source.describe()],
             "val_fraction": val_fraction,

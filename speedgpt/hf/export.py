@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 
 from .features import check_supported
-from .folder import CONFIG, MODEL_TYPE, WEIGHTS, hf_state, read_hf_config
+from .folder import CONFIG, MODEL_TYPE, WEIGHTS, hf_state
 from .tokenizer_files import write_tokenizer_files
 
 CODE_FILES = ("configuration_speedgpt.py", "modeling_speedgpt.py")
 GENERATION_CONFIG = "generation_config.json"
 README = "README.md"
+FORMAT = "hf"  # this exporter's name in the export manifest (rundir/export_dir.py)
 TORCH_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 def hf_config(model, cfg, provenance: dict, dtype: torch.dtype) -> dict:
     """config.json: the architecture of the built speedgpt `model`, resolved layer by layer."""
-    from ..data.tokenizer import BOS_ID
     from ..model.moe import MoE
 
     m = cfg.model
@@ -83,8 +83,8 @@ def hf_config(model, cfg, provenance: dict, dtype: torch.dtype) -> dict:
         "moe_shared_experts": m.moe_shared_experts,
         "moe_dense_layers": m.moe_dense_layers,
         "moe_hidden": moe.hidden if moe is not None else 0,
-        "bos_token_id": BOS_ID,
-        "eos_token_id": BOS_ID,
+        "bos_token_id": m.bos_id,  # also the document boundary of doc_masking
+        "eos_token_id": m.bos_id,
         "tie_word_embeddings": False,
         "use_cache": True,
         "speedgpt": {"config": cfg.to_dict(), "export": provenance},
@@ -94,9 +94,8 @@ def hf_config(model, cfg, provenance: dict, dtype: torch.dtype) -> dict:
 def generation_config(cfg) -> dict:
     """Stop at end-of-text; never pick the padded vocabulary's ids (no token has them; `speedgpt
     sample` likewise picks among the tokenizer's ids only)."""
-    from ..data.tokenizer import BOS_ID
-
-    return {"bos_token_id": BOS_ID, "eos_token_id": BOS_ID, "pad_token_id": BOS_ID,
+    bos = cfg.model.bos_id
+    return {"bos_token_id": bos, "eos_token_id": bos, "pad_token_id": bos,
             "suppress_tokens": list(range(cfg.model.vocab_size, cfg.model.padded_vocab()))}
 
 
@@ -126,16 +125,8 @@ Dropped at export (training only):
 {dropped}"""
 
 
-def check_out_dir(out: Path) -> None:
-    """An existing Hugging Face export at `out` is replaced; any other non-empty path is refused."""
-    from ..export import ExportError
-
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and read_hf_config(out) is None)):
-        raise ExportError(f"{out} exists and is not a Hugging Face export; choose an empty or new --out directory")
-
-
-def write_folder(folder: Path, model, cfg, provenance: dict, dtype: torch.dtype, notes: list[str]) -> list[str]:
-    """Write every file of the export into `folder`; returns their names."""
+def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.dtype, notes: list[str]) -> list[str]:
+    """Write every file of the export into `folder` (`tok`: the run's tokenizer); returns their names."""
     from safetensors.torch import save_file
 
     from ..export import scalar_param_names
@@ -154,7 +145,7 @@ def write_folder(folder: Path, model, cfg, provenance: dict, dtype: torch.dtype,
         (folder / name).write_text((resources.files("speedgpt.hf") / name).read_text(encoding="utf-8"),
                                    encoding="utf-8")
     (folder / README).write_text(readme(provenance, notes))
-    tokenizer = write_tokenizer_files(folder, "gpt2", model_max_length=model.rotary.max_seq_len)
+    tokenizer = write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len)
     return [WEIGHTS, *files, *CODE_FILES, README, *tokenizer]
 
 
@@ -162,13 +153,15 @@ def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str =
               checkpoint: str | int | None = None) -> tuple[Path, list[str]]:
     """Write the Hugging Face folder `out` (default SOURCE/export-hf) from a run's latest (or named)
     checkpoint, or from an export. Returns (out, notes): what was dropped, and what loading needs.
-    Written into a temporary directory and renamed into place: a crash never leaves half a folder."""
+    Written through rundir/export_dir.py like speedgpt's own export: a crash never leaves half a
+    folder, a re-export replaces only its own files, a folder no export wrote is refused."""
     from .. import __version__
-    from ..atomic import atomic_dir
     from ..export import DTYPES, ExportError
     from ..infer.load import load_model
     from ..rundir import RunDir
+    from ..rundir.export_dir import check_export_dir, export_files
     from ..rundir.weights import load_config, locate
+    from ..tokenizer.folder import TokenizerError, run_tokenizer
 
     if dtype not in DTYPES:
         raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
@@ -178,16 +171,23 @@ def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str =
     out = Path(out) if out is not None else default_out
     if out.resolve() == src.root.resolve():
         raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
-    check_out_dir(out)
+    check_export_dir(out)  # before the model is built: a foreign folder is refused at once
     notes = check_supported(cfg)
+    try:
+        tok = run_tokenizer(src.root, cfg)
+    except TokenizerError as e:
+        raise ExportError(str(e)) from None
     # fp32 masters on the CPU, windows and YaRN state of the checkpoint's step
     model, _ = load_model(source, device="cpu", checkpoint=checkpoint, dtype=torch.float32)
     provenance = {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
                   "step": src.step, "tokens": src.tokens, "train_time_s": src.train_time_s, "dtype": dtype,
                   "speedgpt_version": __version__,
                   "embed_tied": model.embed_tied if model.tying is not None else None, "dropped": list(notes)}
-    with atomic_dir(out) as tmp:  # an export is meant to be shared: files get the umask's mode
-        write_folder(tmp, model, cfg, provenance, DTYPES[dtype], notes)
+    with export_files(out, FORMAT) as tmp:  # an export is meant to be shared: files get the umask's mode
+        try:
+            write_folder(tmp, model, cfg, tok, provenance, DTYPES[dtype], notes)
+        except TokenizerError as e:
+            raise ExportError(str(e)) from None
     if importlib.util.find_spec("transformers") is None:
         notes.append("loading this folder needs transformers: pip install 'speedgpt[hf]' (or transformers)")
     return out, notes

@@ -22,7 +22,7 @@ ARCHITECTURE = frozenset({
     "attn_free_layers", "window_pattern", "attn_scale", "attn_gate", "attn_gate_dim", "logit_softcap",
     "doc_masking", "key_offset", "paired_head_layers", "yarn", "moe_experts", "moe_top_k", "moe_shared_experts",
     "moe_dense_layers", "bigram_vocab_mult", "smear", "value_embed_gates", "skip_gates", "backout_layer",
-    "logit_rescale", "tie_embed_frac", "value_embed_layers",
+    "logit_rescale", "tie_embed_frac", "value_embed_layers", "bos_id",
 })
 
 TRAINING_ONLY = {
@@ -33,6 +33,7 @@ TRAINING_ONLY = {
     "fp8_head_fp8_wgrad": "the FP8 head's weight gradient",
     "bf16_embeds": "the embeddings' training dtype (the export stores them in --dtype)",
     "fused_ce": "the fused softcap cross-entropy kernel",
+    "fused_mtp": "the fused multi-token-prediction loss kernel (a training loss only)",
     "fp8_mlp": "FP8 MLP matmuls: they run in the weights' dtype",
     "fp8_attn": "FP8 attention projections: they run in the weights' dtype",
     "fp8_scaling": "the FP8 matmuls' scaling",

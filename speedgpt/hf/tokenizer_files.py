@@ -1,12 +1,16 @@
 """The tokenizer files of a Hugging Face export (`tokenizer.json` and friends), written offline.
 
-One function, `write_tokenizer_files`, so that other tokenizers can plug in beside GPT-2's. GPT-2's
-files are built from the BPE tables speedgpt ships (speedgpt/data/gpt2_bpe: encoder.json and
-vocab.bpe, the files tiktoken's "gpt2" encoding is made of), so the export needs no download and no
-`tokenizers` package: `tokenizer.json` is plain JSON in the `tokenizers` library's format.
+`write_tokenizer_files` writes the run's tokenizer (tokenizer/folder.py's `run_tokenizer`):
+- GPT-2's, built from the BPE tables speedgpt ships (speedgpt/data/gpt2_bpe: encoder.json and
+  vocab.bpe, the files tiktoken's "gpt2" encoding is made of), plus GPT-2's classic vocab.json and
+  merges.txt;
+- a tokenizer trained with `speedgpt tokenizer train`: its folder's tokenizer.json (the same byte-level
+  BPE, split pattern and separator as its tiktoken ranks).
+Either way no download and no `tokenizers` package: `tokenizer.json` is plain JSON in the `tokenizers`
+library's format.
 
-The tokenizer puts <|endoftext|> (BOS) before the text, as speedgpt's documents and prompts start
-(`AutoTokenizer(...)("text")` gives [50256, ...], as `speedgpt sample` feeds the model);
+The tokenizer puts the separator <|endoftext|> (BOS) before the text, as speedgpt's documents and
+prompts start (`AutoTokenizer(...)("text")` gives [BOS, ...], as `speedgpt sample` feeds the model);
 `add_special_tokens=False` gives the bare ids.
 """
 
@@ -17,9 +21,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..data.tokenizer import BOS_ID, GPT2_VOCAB_SIZE
-
-BOS_TEXT = "<|endoftext|>"
-TOKENIZER_SOURCES = ("gpt2",)
+from ..tokenizer.core import SEPARATOR as BOS_TEXT
 
 
 def _gpt2_tables() -> tuple[dict[str, int], list[str]]:
@@ -31,8 +33,20 @@ def _gpt2_tables() -> tuple[dict[str, int], list[str]]:
     return vocab, merges
 
 
-def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
+def _bos_first(bos_id: int) -> dict:
+    """The post-processor that puts BOS before each text (a pair: before each of the two), as
+    speedgpt's documents start."""
     bos = {"SpecialToken": {"id": BOS_TEXT, "type_id": 0}}
+    return {
+        "type": "TemplateProcessing",
+        "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
+        "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
+                 {"SpecialToken": {"id": BOS_TEXT, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [bos_id], "tokens": [BOS_TEXT]}},
+    }
+
+
+def _gpt2_tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
     return {
         "version": "1.0",
         "truncation": None,
@@ -41,14 +55,7 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
                           "rstrip": False, "normalized": False, "special": True}],
         "normalizer": None,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
-        # BOS before each text (a pair: before each of the two), as speedgpt's documents start
-        "post_processor": {
-            "type": "TemplateProcessing",
-            "single": [bos, {"Sequence": {"id": "A", "type_id": 0}}],
-            "pair": [bos, {"Sequence": {"id": "A", "type_id": 0}},
-                     {"SpecialToken": {"id": BOS_TEXT, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-            "special_tokens": {BOS_TEXT: {"id": BOS_TEXT, "ids": [BOS_ID], "tokens": [BOS_TEXT]}},
-        },
+        "post_processor": _bos_first(BOS_ID),
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
                   "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
@@ -56,28 +63,47 @@ def _tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
     }
 
 
-def write_tokenizer_files(out_dir: str | Path, tokenizer_source: str = "gpt2", *, model_max_length: int) -> list[str]:
-    """Write the tokenizer of `tokenizer_source` into `out_dir`; returns the names of the files written.
-    `model_max_length`: the model's context (tools truncate inputs to it)."""
-    if tokenizer_source not in TOKENIZER_SOURCES:
-        raise ValueError(f"tokenizer '{tokenizer_source}' has no Hugging Face writer; available: "
-                         f"{', '.join(TOKENIZER_SOURCES)}")
+def _trained_tokenizer_json(tok) -> dict:
+    """A trained tokenizer's own tokenizer.json (tokenizer/folder.py wrote it from the same ranks and
+    pattern), with the BOS-first post-processor."""
+    from ..tokenizer.folder import HF_FILE, TokenizerError
+
+    data = json.loads((tok.folder / HF_FILE).read_text(encoding="utf-8"))
+    ids = {t.get("content"): t.get("id") for t in data.get("added_tokens", [])}
+    if ids.get(BOS_TEXT) != tok.bos_id:
+        raise TokenizerError(f"{tok.folder / HF_FILE} gives {BOS_TEXT} id {ids.get(BOS_TEXT)}, its tokenizer "
+                         f"{tok.bos_id}; train the tokenizer again")
+    return {**data, "post_processor": _bos_first(tok.bos_id)}
+
+
+def write_tokenizer_files(out_dir: str | Path, tok, *, model_max_length: int) -> list[str]:
+    """Write the tokenizer `tok` (a speedgpt Tokenizer: GPT-2's or a trained one) into `out_dir`;
+    returns the names of the files written. `model_max_length`: the model's context (tools truncate
+    inputs to it)."""
     out = Path(out_dir)
-    vocab, merges = _gpt2_tables()
-    if len(vocab) != GPT2_VOCAB_SIZE or vocab.get(BOS_TEXT) != BOS_ID:
-        raise ValueError(f"the bundled GPT-2 vocabulary has {len(vocab)} entries (expected {GPT2_VOCAB_SIZE} with "
-                         f"{BOS_TEXT} = {BOS_ID}); reinstall speedgpt")
+    extra: dict[str, str] = {}
+    if tok.is_gpt2:
+        vocab, merges = _gpt2_tables()
+        if len(vocab) != GPT2_VOCAB_SIZE or vocab.get(BOS_TEXT) != BOS_ID:
+            raise ValueError(f"the bundled GPT-2 vocabulary has {len(vocab)} entries (expected {GPT2_VOCAB_SIZE} "
+                             f"with {BOS_TEXT} = {BOS_ID}); reinstall speedgpt")
+        tokenizer_json = _gpt2_tokenizer_json(vocab, merges)
+        # GPT-2's classic pair, for tools that read vocab + merges
+        extra = {"vocab.json": json.dumps(vocab, ensure_ascii=False) + "\n",
+                 "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n"}
+    else:
+        tokenizer_json = _trained_tokenizer_json(tok)
     files = {
-        "tokenizer.json": _tokenizer_json(vocab, merges),
+        "tokenizer.json": tokenizer_json,
         # PreTrainedTokenizerFast reads tokenizer.json as written (GPT2Tokenizer would rebuild its own
         # post-processor and drop the BOS template)
         "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TEXT,
                                   "eos_token": BOS_TEXT, "unk_token": BOS_TEXT, "add_prefix_space": False,
                                   "clean_up_tokenization_spaces": False, "model_max_length": model_max_length},
         "special_tokens_map.json": {"bos_token": BOS_TEXT, "eos_token": BOS_TEXT, "unk_token": BOS_TEXT},
-        "vocab.json": vocab,  # GPT-2's classic pair, for tools that read vocab + merges
     }
     for name, data in files.items():
         (out / name).write_text(json.dumps(data, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
-    return [*files, "merges.txt"]
+    for name, text in extra.items():
+        (out / name).write_text(text, encoding="utf-8")
+    return [*files, *extra]

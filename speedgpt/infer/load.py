@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..rundir.weights import LoadError, load_config, load_state, locate, strip_wrapper_prefixes
+from ..rundir.weights import (LoadError, load_config, load_state, locate, shapes_of, strip_wrapper_prefixes,
+                              weights_mismatch)
 
 __all__ = ["LoadError", "load_model", "locate"]
 
@@ -33,20 +34,9 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
     # validated it at that step; a finished run's step is the last, whose windows are the final ones.
     model = model_from_config(cfg, dev, dtype=dtype, step=source.step)
     state = strip_wrapper_prefixes(load_state(source, dev))
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(state))
-    unexpected = sorted(set(state) - set(expected))
-    wrong = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
-    if missing or unexpected or wrong:
-        parts = []
-        if missing:
-            parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
-        if unexpected:
-            parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}")
-        if wrong:
-            k = wrong[0]
-            parts.append(f"shape of {k} is {tuple(state[k].shape)}, config gives {tuple(expected[k].shape)}")
-        raise LoadError(f"weights in {source.weights} do not fit the model its config describes ({'; '.join(parts)}); "
+    problem = weights_mismatch(shapes_of(model.state_dict()), shapes_of(state))
+    if problem:
+        raise LoadError(f"weights in {source.weights} do not fit the model its config describes ({problem}); "
                         f"the config was edited after training, or the weights come from another run")
     model.load_state_dict(state)
     model.eval()

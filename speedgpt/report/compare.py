@@ -54,19 +54,13 @@ def resolved_config(run: RunData) -> dict[str, Any] | None:
     file from another speedgpt version (unknown keys) is taken as written."""
     if not run.config:
         return None
-    from speedgpt.config import config_from_dict
+    from speedgpt.config import config_from_dict, flat_config
 
     try:
         data = config_from_dict(run.config).to_dict()
     except (ValueError, TypeError):  # ConfigError is a ValueError
         data = run.config
-    flat: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update({f"{key}.{k}": v for k, v in value.items()})
-        else:
-            flat[key] = value
-    return flat
+    return flat_config(data)
 
 
 def _override_value(v: Any) -> str:

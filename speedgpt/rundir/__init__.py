@@ -2,13 +2,15 @@
 
     RUN_DIR/
       config.toml        the resolved config (`speedgpt train --config` of it reproduces the run)
-      env.json           code version, packages, hardware (rundir/env.py)
+      env.json           code version, packages, hardware, command (rundir/env.py); each resume appended
+      .speedgpt-run.lock while a `speedgpt train` runs in it (rundir/lock.py)
       metrics.jsonl      one JSON record per line (rundir/metrics.py)
       checkpoints/       step_NNNNNN/{model.pt, optim.pt, state.json} (rundir/checkpoint.py), or
                          step_NNNNNN/{dcp/, state.json} (rundir/dcp.py: sharded, train.checkpoint_format=dcp)
       tokenizer/         the run's own tokenizer, when its shards were made with one (speedgpt/tokenizer/folder.py;
                          none: GPT-2)
-      export/            model.safetensors + config.json (`speedgpt export`; rundir/export_dir.py)
+      export/            model.safetensors + config.json + .speedgpt-export.json, the list of the files the
+                         export wrote (`speedgpt export`; rundir/export_dir.py)
       report.png, report.html
       compare/           `speedgpt report A B ...`'s files, in the baseline A's directory
 

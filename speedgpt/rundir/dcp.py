@@ -220,6 +220,14 @@ def _metadata(path: Path):
     return dcp.FileSystemReader(str(Path(path) / DCP_DIR)).read_metadata().state_dict_metadata
 
 
+def model_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """The whole shape of each model tensor a DCP checkpoint holds, from its metadata (nothing loaded)."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    return {k[len(MODEL):]: tuple(md.size) for k, md in _metadata(path).items()
+            if k.startswith(MODEL) and isinstance(md, TensorStorageMetadata)}
+
+
 def load_into(path: Path, model: torch.nn.Module, optimizers) -> dict:
     """Load checkpoint `path` into `model` and `optimizers` (any world size, any strategy: each
     tensor is read into this rank's layout), and return its state.json."""

@@ -9,6 +9,7 @@ from importlib import metadata
 import torch
 
 from ..provenance import source_version
+from . import RunDir
 
 
 def device_name(device: torch.device) -> str:
@@ -40,3 +41,19 @@ def environment_snapshot(device: torch.device) -> dict:
                        "sm_count": props.multi_processor_count, "capability": f"{props.major}.{props.minor}",
                        "count": torch.cuda.device_count()}
     return snap
+
+
+def record_resume(rundir: RunDir, snapshot: dict, step: int) -> None:
+    """env.json keeps the environment and command the run started with; each resume appends one
+    entry to its "resumes" list: the step it resumed at, when, its command, and whatever else in
+    `snapshot` differs from the start (another machine, another speedgpt commit, ...)."""
+    import time
+
+    try:
+        env = rundir.read_env()
+    except ValueError:  # unreadable: the start's record is gone either way; keep the resumes from now on
+        env = {"note": "env.json was unreadable when a resume rewrote it"}
+    entry = {"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": snapshot.get("argv")}
+    entry.update({k: v for k, v in snapshot.items() if k not in entry and env.get(k) != v})
+    env.setdefault("resumes", []).append(entry)
+    rundir.write_env(env)

@@ -55,6 +55,28 @@ def strip_wrapper_prefixes(state: dict[str, torch.Tensor]) -> dict[str, torch.Te
     return out
 
 
+def shapes_of(state: dict[str, torch.Tensor]) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(t.shape) for name, t in state.items()}
+
+
+def weights_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[int, ...]]) -> str | None:
+    """Why weights of shapes `found` do not load into a model whose state has shapes `expected` (names
+    missing or unexpected, the first shape that differs), or None when they fit. Eval, sampling and a
+    training resume say the same thing for the same problem."""
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(found) if tuple(expected[k]) != tuple(found[k]))
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if unexpected:
+        parts.append(f"unexpected {', '.join(unexpected[:3])}{' ...' if len(unexpected) > 3 else ''}")
+    if wrong:
+        k = wrong[0]
+        parts.append(f"shape of {k} is {tuple(found[k])}, config gives {tuple(expected[k])}")
+    return "; ".join(parts) or None
+
+
 def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSource:
     """Find the weights `load_model` would use, without loading them."""
     root = Path(path).expanduser()
@@ -69,6 +91,15 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
     if (root / EXPORT_CONFIG).is_file() or (root / EXPORT_WEIGHTS).is_file():
         if checkpoint is not None:
             raise LoadError(f"{root} is an export (one set of weights); drop --checkpoint={checkpoint}")
+        from .export_dir import ExportError, read_manifest
+
+        try:
+            manifest = read_manifest(root)
+        except ExportError as e:
+            raise LoadError(str(e)) from None
+        if manifest is not None and not manifest.get("complete"):  # stopped while swapping files
+            raise LoadError(f"export {root} is incomplete (an export into it was interrupted); re-run "
+                            f"`speedgpt export RUN_DIR --out {root}`")
         for name in (EXPORT_CONFIG, EXPORT_WEIGHTS):
             if not (root / name).is_file():
                 raise LoadError(f"export {root} has no {name}; re-run `speedgpt export RUN_DIR --out {root}`")

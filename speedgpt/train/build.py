@@ -28,7 +28,7 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
     out = d.default_corpus_dir()
     if dist_info.is_main:
         log(f"data: no data.train_files given; using the local Python-source corpus at {out}")
-        ensure_local_python_corpus(out, max_tokens=d.local_max_tokens or None)
+        ensure_local_python_corpus(out, max_tokens=d.local_max_tokens or None, piece_chars=d.local_piece_chars)
     barrier()
     return find_shards(out, "train"), find_shards(out, "val")
 

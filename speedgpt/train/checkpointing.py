@@ -14,10 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ..config import TrainConfig
+from ..config import Config
 from ..parallel.dist import DistInfo, barrier
 from ..rundir import RunDir
-from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint
+from ..rundir.checkpoint import CheckpointSaveError, load_checkpoint, read_state
+from ..rundir.weights import shapes_of, weights_mismatch
+from .resume import model_mismatch
 
 
 def should_resume(resume: bool | str, run_dir: Path) -> bool:
@@ -35,9 +37,9 @@ def should_resume(resume: bool | str, run_dir: Path) -> bool:
 class Checkpointer:
     """Saves and loads the model and optimizers of one run, in train.checkpoint_format."""
 
-    def __init__(self, rundir: RunDir, t: TrainConfig, dist: DistInfo, strategy: str, model, optimizers,
+    def __init__(self, rundir: RunDir, cfg: Config, dist: DistInfo, strategy: str, model, optimizers,
                  metrics):
-        self.rundir, self.t, self.dist, self.strategy = rundir, t, dist, strategy
+        self.rundir, self.cfg, self.t, self.dist, self.strategy = rundir, cfg, cfg.train, dist, strategy
         self.model, self.optimizers, self.metrics = model, optimizers, metrics
         self.pending = None  # a DCP checkpoint being written in the background
         self.last_save_time = time.monotonic()  # train.checkpoint_every_min counts from here
@@ -107,10 +109,20 @@ class Checkpointer:
 
         self.finish()  # a checkpoint still being written in the background (a rollback)
         path = self.rundir.latest_checkpoint()
+        expected = shapes_of(self.model.state_dict())  # whole shapes, also of sharded (DTensor) parameters
         if dcp.is_dcp_checkpoint(path):  # written by any number of ranks, under any strategy
+            self.check_fits(path, read_state(path), expected, dcp.model_shapes(path))
             state = dcp.load_into(path, self.model, self.optimizers)
         else:
             model_state, optim_states, state = load_checkpoint(path, map_location=device)
+            self.check_fits(path, state, expected, shapes_of(model_state))
             self.load_model_state(model_state)
             self.optimizers.load_state_dict(optim_states)
         return path, state
+
+    def check_fits(self, path: Path, state: dict, expected: dict, found: dict) -> None:
+        """A CheckpointError naming what changed when the checkpoint's weights do not fit the model
+        (the config was edited since), instead of torch's "Error(s) in loading state_dict"."""
+        problem = weights_mismatch(expected, found)
+        if problem:
+            raise model_mismatch(path, state, self.cfg, problem)

@@ -30,7 +30,7 @@ from ..optim.build import build_optimizers
 from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import barrier, init_distributed, mean_over_ranks, teardown
 from ..rundir import RunDir, default_run_dir
-from ..rundir.env import environment_snapshot
+from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
@@ -43,6 +43,7 @@ from .hardware import peak_flops
 from .nonfinite import Rollbacks
 from .preempt import StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
+from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, keep_in_run, log_compression
 from .validation import Validator
@@ -63,7 +64,8 @@ class TrainResult:
 
 
 class Trainer:
-    def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False):
+    def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False,
+                 extend: bool = False):
         # The shards' tokenizer sets the vocabulary and BOS id; a budget (tokens per parameter, FLOPs,
         # derived batch, tuned width) becomes numbers once, here; the resolved config is the one saved
         # in the run dir and printed below.
@@ -78,6 +80,8 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
         self.resume = should_resume(resume, self.run_dir)
+        if self.resume:  # a finished run, or a schedule changed without `extend`: stop before anything is built
+            check_resume(cfg, self.run_dir, extend=extend)
         self.guard = NumericsGuard(cfg.train.on_nonfinite, self.dist.device, self.dist.rank, self.dist.world_size)
         self.rollbacks = Rollbacks(cfg.train)  # and the lr scale they left, part of the checkpointed state
         self.stop_request = StopRequest()
@@ -106,8 +110,9 @@ class Trainer:
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
         check_data_capacity(cfg, self.plan, self.train_files, dist.world_size)
         # Only once the data is there: a run refused for its data must not leave a run directory
-        # behind, which would refuse the corrected command as "already holds a run".
-        if dist.is_main:
+        # behind, which would refuse the corrected command as "already holds a run". A resume writes
+        # them once its checkpoint has loaded (load_latest): a refused resume leaves the run as it was.
+        if dist.is_main and not self.resume:
             self.rundir.write_config(cfg)
             keep_in_run(self.tokenizer, self.run_dir)
             self.rundir.write_env(environment_snapshot(self.device))
@@ -137,7 +142,7 @@ class Trainer:
                                                   config=cfg.to_dict(), enabled=dist.is_main)
         if dist.is_main and not self.resume:
             log_compression(self.tokenizer, self.val_files, self.validator.tokens, self.metrics)
-        self.checkpoints = Checkpointer(self.rundir, cfg.train, dist, self.strategy, self.model, self.optimizers,
+        self.checkpoints = Checkpointer(self.rundir, cfg, dist, self.strategy, self.model, self.optimizers,
                                         self.metrics)
         self.peak = peak_flops(self.device, cfg.train.peak_flops)
         self.progress = ProgressLog(cfg.train, self.metrics, self.log, model=self.model, optimizers=self.optimizers,
@@ -149,12 +154,15 @@ class Trainer:
             self.log(line)
         for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens):
             self.log(line)
-        if self.plan.from_table:
-            self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         if self.resume:
             self.load_latest()
+            if dist.is_main:
+                self.rundir.write_config(cfg)
+                record_resume(self.rundir, environment_snapshot(self.device), self.step)
         elif cfg.train.on_nonfinite == "rollback":
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
+        if self.plan.from_table:
+            self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
 
     # ------------------------------------------------------------------------------------------
     def enter_stage(self, step: int) -> Stage:
@@ -242,7 +250,8 @@ class Trainer:
     def state(self) -> dict:
         """The trainer's progress, saved with each checkpoint (the model and optimizers beside it)."""
         return {"tokens": self.tokens, "train_time_s": self.train_time, "loader": self.loader.state_dict(),
-                "rng_cpu": torch.get_rng_state().tolist(), "lr_scale": self.rollbacks.lr_scale}
+                "rng_cpu": torch.get_rng_state().tolist(), "lr_scale": self.rollbacks.lr_scale,
+                "config": self.cfg.to_dict()}  # what a resume checks its config against (train/resume.py)
 
     def save(self, final: bool = False) -> Path | None:
         return self.checkpoints.save(self.step, self.state(), final=final)
@@ -359,8 +368,12 @@ class Trainer:
 
 
 def train(cfg: Config, *, run_dir: Path | str | None = None, resume: bool | str = False,
-          quiet: bool = False) -> TrainResult:
+          quiet: bool = False, extend: bool = False) -> TrainResult:
+    """Run a whole job. `resume` (True, or "auto": when the run directory has a checkpoint) continues
+    the run from its latest checkpoint (train/resume.py checks it first: RunComplete when there is
+    nothing left to train); `extend` lets that resume change train.steps or the schedules."""
     try:
-        return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet).run()
+        return Trainer(cfg, run_dir=Path(run_dir) if run_dir else None, resume=resume, quiet=quiet,
+                       extend=extend).run()
     finally:
         teardown()  # also after an error: a crashed rank must not leave the process group behind

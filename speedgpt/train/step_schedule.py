@@ -17,11 +17,16 @@ from ..optim.schedules import lr_multiplier, muon_momentum, muon_weight_decay
 from ..stages import StagePlan, windows_at
 
 
+def lr_mult_at(cfg: Config, plan: StagePlan, step: int) -> float:
+    """Step `step`'s multiplier of every base learning rate: the schedule's, times the stage's lr_mul
+    (x 1.0 exactly without a stage table)."""
+    return lr_multiplier(cfg.schedule, step, cfg.train.steps) * plan.stage_at(step).lr_mul
+
+
 def apply_hyperparameters(optimizers, cfg: Config, plan: StagePlan, step: int, lr_scale: float = 1.0) -> None:
     """Set step `step`'s learning rates (the schedule x the stage's lr_mul x `lr_scale`, which numerics
     rollbacks lower), Muon momentum and weight decay on every optimizer's param groups."""
-    # A stage's lr_mul scales the schedule (x 1.0 exactly without a stage table)
-    mult = lr_multiplier(cfg.schedule, step, cfg.train.steps) * plan.stage_at(step).lr_mul
+    mult = lr_mult_at(cfg, plan, step)
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult

@@ -1,0 +1,95 @@
+"""What `train --resume` checks before it continues a run (train/resume.py): weights that no longer
+fit the edited config are named by the keys that changed, a finished run is left alone, a changed
+step count needs --extend, and env.json keeps the run's first command."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from conftest import TINY_OVERRIDES
+from speedgpt import faults
+from speedgpt.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train_argv(text_shards, run, *extra):
+    return ["train", *TINY_OVERRIDES, "--train.val_every=0", f"--data.train_files={text_shards}", "--run-dir",
+            str(run), *extra]
+
+
+@pytest.fixture
+def stopped_run(tmp_path, monkeypatch, capsys, text_shards):
+    """A run of 6 steps stopped by SIGTERM after step 2 (checkpoint step_000002): one to resume."""
+    run = tmp_path / "run"
+    monkeypatch.setenv("SPEEDGPT_INJECT", "sigterm@1")
+    faults.reset()
+    monkeypatch.setattr(sys, "argv", ["speedgpt", "train", "--first-command"])
+    assert main(train_argv(text_shards, run, "--train.steps=6")) != 0
+    monkeypatch.delenv("SPEEDGPT_INJECT")
+    faults.reset()
+    assert (run / "checkpoints" / "step_000002").is_dir()
+    capsys.readouterr()
+    return run
+
+
+def one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_resume_with_an_edited_model_names_what_changed_and_touches_nothing(stopped_run, capsys):
+    run = stopped_run
+    before = {name: (run / name).read_bytes() for name in ("config.toml", "metrics.jsonl", "env.json")}
+    assert main(["train", "--resume", str(run), "--model.depth=3"]) == 2
+    line = one_line(capsys)
+    assert "checkpoint" in line and "does not fit the model" in line
+    assert "(model.depth: checkpoint 2, config 3)" in line
+    assert {name: (run / name).read_bytes() for name in before} == before  # the run is as it was
+
+    # A checkpoint from before state.json kept the config, and config.toml edited by hand: the shapes.
+    state_path = run / "checkpoints" / "step_000002" / "state.json"
+    state = json.loads(state_path.read_text())
+    del state["config"]
+    state_path.write_text(json.dumps(state))
+    (run / "config.toml").write_text((run / "config.toml").read_text().replace("depth = 2", "depth = 3"))
+    assert main(["train", "--resume", str(run)]) == 2
+    line = one_line(capsys)
+    assert "does not fit the model" in line and "missing blocks.2." in line
+
+
+def test_resume_appends_to_env_history_and_a_finished_run_is_left_alone(stopped_run, capsys, monkeypatch,
+                                                                         text_shards):
+    run = stopped_run
+    monkeypatch.setattr(sys, "argv", ["speedgpt", "train", "--resume", str(run)])
+    assert main(["train", "--resume", str(run)]) == 0
+    env = json.loads((run / "env.json").read_text())
+    assert env["argv"] == ["speedgpt", "train", "--first-command"]  # the command the run started with
+    assert [(r["step"], r["argv"]) for r in env["resumes"]] == [(2, ["speedgpt", "train", "--resume", str(run)])]
+    capsys.readouterr()
+
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert main(["train", "--resume", str(run)]) == 0
+    out, err = capsys.readouterr()
+    assert f"speedgpt train: {run} is complete (step 6 of 6); nothing to train" in out and "--extend" in out
+    assert "resumed" not in out and err == ""
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files  # nothing rewritten
+    # A scheduler re-running the run's own command with --auto-resume: the same answer.
+    assert main(train_argv(text_shards, run, "--train.steps=6", "--auto-resume")) == 0
+    assert f"{run} is complete (step 6 of 6)" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+
+
+def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
+    run = stopped_run
+    assert main(["train", "--resume", str(run), "--train.steps=3"]) == 2
+    line = one_line(capsys)
+    assert f"resuming {run} at step 2 with train.steps: checkpoint 6, config 3 would change its schedules" in line
+    assert "muon lr at step 2 from 0.05 to 0.0383" in line and "add --extend" in line  # into the cooldown at once
+    assert main(["train", "--resume", str(run), "--train.steps=3", "--extend"]) == 0
+    logged = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
+    assert [(r["step"], round(r["lr"], 4)) for r in logged] == [(3, 0.0383)]  # step 2's lr, as announced
