@@ -55,7 +55,7 @@ def test_corrupt_or_truncated_shard_is_an_error_naming_it(tmp_path, data):
     shard = shard_of(step)
     flip_byte(shard)
     with pytest.raises(CheckpointError, match=rf"{shard}.*corrupt.*delete {step}"):
-        run_here(apply_overrides(cfg, ["--train.steps=6"]), tmp_path / "run", resume=True)
+        run_here(apply_overrides(cfg, ["--train.steps=6"]), tmp_path / "run", resume=True, extend=True)
 
     from speedgpt.export import export_model
     from speedgpt.rundir.weights import LoadError

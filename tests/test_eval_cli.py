@@ -130,7 +130,7 @@ def test_default_corpus_matches_the_trainers(tmp_path, monkeypatch):
     from speedgpt.parallel.dist import DistInfo
     from speedgpt.train.build import resolve_data_files
 
-    def fake_build(out, max_tokens=None):  # stands in for the corpus builder: shards where it puts them
+    def fake_build(out, max_tokens=None, piece_chars=0):  # stands in for the corpus builder: shards where it puts them
         write_corpus(Path(out))
 
     fake = types.ModuleType("speedgpt.data.tokenize")

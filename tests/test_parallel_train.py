@@ -53,11 +53,11 @@ def _train_worker(rank, world, cfg_dict, run_dir, resume, out):
         torch.save({"losses": res.train_losses, "val": res.val_loss}, out)
 
 
-def run_here(cfg, run_dir, resume=False):
+def run_here(cfg, run_dir, resume=False, extend=False):
     n = torch.get_num_threads()
     torch.set_num_threads(1)  # a shared 2-core machine: a second OpenMP thread only adds contention
     try:
-        res = train(cfg, run_dir=run_dir, resume=resume, quiet=True)
+        res = train(cfg, run_dir=run_dir, resume=resume, quiet=True, extend=extend)
     finally:
         torch.set_num_threads(n)
     return res.train_losses, res.val_loss

@@ -50,8 +50,9 @@ def test_corrupt_checkpoint_is_reported_and_left_intact(tiny_cfg, tmp_path):
     model_file = ckpt / "model.pt"
     model_file.write_bytes(model_file.read_bytes()[:1000])  # truncated, as by a full disk
     before = sorted(p.name for p in ckpt.iterdir())
+    longer = apply_overrides(cfg, ["--train.steps=6"])  # the run is complete: only a longer one loads the checkpoint
     with pytest.raises(CheckpointError, match=f"checkpoint file {ckpt / 'model.pt'} is truncated"):
-        train(cfg, run_dir=tmp_path / "run", resume=True, quiet=True)
+        train(longer, run_dir=tmp_path / "run", resume=True, extend=True, quiet=True)
     assert sorted(p.name for p in ckpt.iterdir()) == before and model_file.stat().st_size == 1000
 
 

@@ -271,7 +271,8 @@ class Suite:
             newest_step = int(newest[-1].name[5:]) if newest else 0
             half = any(p.name.startswith(TMP_PREFIX) for p in (d / "checkpoints").glob("*"))
             rc2, out = self.run(self._args(d, data, extra))
-            m = re.search(r"resumed from \S+ at step (\d+)", out)
+            # killed after its last checkpoint: the restart reports the run complete (train/resume.py)
+            m = re.search(r"resumed from \S+ at step (\d+)", out) or re.search(r"is complete \(step (\d+) of", out)
             resumed = int(m.group(1)) if m else 0
             tally.trials += 1
             tally.survived += rc2 == 0
