@@ -55,7 +55,11 @@ def dump_preset(name: str, world_size: int) -> list[str]:
 def planned(cfg, world_size: int) -> tuple[list[str], object]:
     """The run's plan as text lines, and its resolved config (main's code: the functions the loop calls)."""
     from speedgpt.budget import resolve_budget
-    from speedgpt.config import ConfigError, micro_batch_rows, to_toml, validate
+    from speedgpt.config import ConfigError, micro_batch_rows, to_toml
+    try:
+        from speedgpt.plan import validate
+    except ImportError:  # the code before issue 28: the config package validated whole
+        from speedgpt.config import validate
     from speedgpt.model.build import model_from_config
     from speedgpt.optim.schedules import lr_multiplier, muon_momentum, muon_weight_decay
     from speedgpt.parallel.memory import estimate_memory

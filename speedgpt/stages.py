@@ -188,11 +188,11 @@ def stage_micro_batch(cfg: Config, stage: Stage, world_size: int = 1) -> tuple[i
     return rows, rows_rank // rows
 
 
-def check_stages(cfg: Config, world_size: int = 1) -> None:
-    """Raise ConfigError for the first inconsistent stage (called by config.validate)."""
+def check_stages(cfg: Config, world_size: int = 1) -> StagePlan:
+    """Raise ConfigError for the first inconsistent stage (called by plan.validate); return the table."""
     t = cfg.train
     if not t.stages:
-        return
+        return stage_plan(cfg)
     if t.tokens_per_param or t.flops_budget:
         raise ConfigError("train.stages with a budget (train.tokens_per_param / train.flops_budget) is not "
                           "supported: the batch changes per stage; set train.steps instead")
@@ -222,3 +222,4 @@ def check_stages(cfg: Config, world_size: int = 1) -> None:
         if stage.predicts >= stage.seq_len:
             raise ConfigError(f"train.stages[{stage.index}]: {stage.predicts} MTP weights need rows longer than "
                               f"seq_len={stage.seq_len}")
+    return plan

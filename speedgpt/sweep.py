@@ -356,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
 def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> None:
     """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
     from .budget import describe, resolve_budget
-    from .config import resolve, validate
+    from .config import resolve
+    from .plan import validate
 
     for pt in points:
         cfg, _ = resolve_budget(resolve(preset, None, [*overrides, *run_overrides(pt, kind)]))

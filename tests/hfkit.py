@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from evalkit import randomize, tiny_config, write_corpus
-from speedgpt.config import load_preset, save_toml, validate
+from speedgpt.config import load_preset, save_toml
+from speedgpt.plan import validate
 from speedgpt.data.shards import load_shard
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.build import build_model

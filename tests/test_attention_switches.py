@@ -10,7 +10,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
+
+from speedgpt.plan import validate
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.attention import KVCache, build_context, pair_heads
 from speedgpt.model.build import build_model

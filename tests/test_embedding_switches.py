@@ -8,7 +8,9 @@ import math
 import pytest
 import torch
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
+
+from speedgpt.plan import validate
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.attention import KVCache
 from speedgpt.model.build import build_model

@@ -7,7 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
+
+from speedgpt.plan import validate
 from speedgpt.model import runtime as runtime_module
 from speedgpt.model.build import build_model
 from speedgpt.model.fp8_cast import E4M3_MAX, E5M2_MAX, quantize

@@ -10,7 +10,9 @@ from collections import defaultdict
 import pytest
 import torch
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
+
+from speedgpt.plan import validate
 from speedgpt.model.build import build_model
 from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import (DistMuon, Muon, muon_lr_scale, newton_schulz, normuon_normalize, orthogonalize,

@@ -10,7 +10,8 @@ import torch
 
 from conftest import TINY_OVERRIDES
 from distkit import drop_checkpoints_after
-from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml
+from speedgpt.plan import validate
 from speedgpt.optim.schedules import lr_multiplier
 from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
 from speedgpt.train.loop import Trainer

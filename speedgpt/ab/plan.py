@@ -76,7 +76,8 @@ def parse_arm(name: str, text: str, default_preset: str) -> Arm:
 
 
 def _resolve(arm: Arm, common: list[str]):
-    from ..config import ConfigError, resolve, validate
+    from ..config import ConfigError, resolve
+    from ..plan import validate
 
     try:
         cfg = resolve(arm.preset, None, [*common, *arm.overrides])

@@ -23,12 +23,13 @@ import torch
 
 from .. import faults
 from ..budget import resolve_budget
-from ..config import Config, micro_batch_rows, validate
+from ..config import Config, micro_batch_rows
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import barrier, init_distributed, mean_over_ranks, teardown
+from ..plan import validate
 from ..rundir import RunDir, default_run_dir
 from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
