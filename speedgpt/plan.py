@@ -154,7 +154,8 @@ class RunPlan:
             for s in self.stages:
                 rows, accum = self.stage_batch(s)
                 windows = f"{s.windows[0]}/{s.windows[1]}" if s.windows else "schedule"
-                mtp = _fmt(s.mtp_weights) + ("" if s.mtp_weights == s.mtp_weights_end else f"->{_fmt(s.mtp_weights_end)}")
+                ramp = "" if s.mtp_weights == s.mtp_weights_end else f"->{_fmt(s.mtp_weights_end)}"
+                mtp = _fmt(s.mtp_weights) + ramp
                 docs = f" | documents <= {s.max_doc_len}" if s.max_doc_len else ""
                 lines.append(f"  stage {s.index}: steps {s.start}-{s.end - 1} | batch {s.batch_tokens} tokens = "
                              f"{self.world_size} rank(s) x {accum} micro-step(s) x {rows} row(s) x {s.seq_len}{docs} | "

@@ -5,8 +5,8 @@ The table is config data (`[[train.stages]]` in a preset, `train.stages` in a ru
 `stage_plan(cfg)` resolves it once into `Stage`s with concrete step ranges; everything a step needs
 from it (its stage, windows, MTP weights, lr multiplier, micro-batching) is then a pure function of
 the step, which the run's plan (plan.py) gives, so a resumed run lands in the right stage without
-storing anything. A config without a
-table is one stage made of the run's own keys: the loop runs exactly as it did before stages.
+storing anything. A config without a table is one stage made of the run's own keys: the loop runs
+exactly as it did before stages.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ def test_a_run_prints_and_saves_its_plan_resolved_once(tiny_cfg, tmp_path, monke
     # derived, never config: the saved config alone gives the same plan again
     plan = RunPlan.of(load_toml(tmp_path / "run" / "config.toml"))
     assert saved == json.loads(json.dumps(plan.as_dict()))
-    assert [(s["start"], s["end"], s["rows"], s["micro_steps"]) for s in saved["stages"]] == [(0, 2, 8, 1), (2, 4, 8, 1)]
+    stages = [(s["start"], s["end"], s["rows"], s["micro_steps"]) for s in saved["stages"]]
+    assert stages == [(0, 2, 8, 1), (2, 4, 8, 1)]
     printed = capsys.readouterr().out
     assert all(line in printed for line in saved["printed"]) and saved["printed"][0] == "stages: 2 over 4 steps"
 

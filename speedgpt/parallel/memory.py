@@ -105,7 +105,7 @@ def estimate_memory(cfg: Config, strategy: str, world_size: int, *, dtype_bytes:
     w = world_size
     from ..plan import RunPlan
 
-    micro_batch = RunPlan.of(cfg, w).micro_batch  # the run's own micro-step (a stage table's are no larger)
+    micro_batch = RunPlan.of(cfg, w).micro_batch  # the run's own micro-step
     optimizer = (8 * counts.adam + 4 * counts.muon) / w
     if strategy == "ddp":
         params = 4.0 * counts.total

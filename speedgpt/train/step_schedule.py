@@ -3,9 +3,9 @@ attention windows, rotary (YaRN) state and multi-token-prediction weights in the
 takes.
 
 Everything here is read from the run's plan (plan.py), a pure function of the step, so a resumed
-run recomputes it exactly. Under compile the per-step values enter the model as device tensors, each distinct
-value copied once: the compiled graph sees neither new Python values (no recompiles as the
-windows grow) nor a host-to-device copy (no sync) inside the timed steps.
+run recomputes it exactly. Under compile the per-step values enter the model as device tensors,
+each distinct value copied once: the compiled graph sees neither new Python values (no recompiles
+as the windows grow) nor a host-to-device copy (no sync) inside the timed steps.
 """
 
 from __future__ import annotations
