@@ -27,7 +27,7 @@ from .validate import check_config, micro_batch_rows
 
 __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
-    "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "check_config", "config_from_dict",
-    "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml", "micro_batch_rows",
-    "preset_names", "resolve", "save_toml", "to_toml",
+    "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "check_config",
+    "config_from_dict", "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml",
+    "micro_batch_rows", "preset_names", "resolve", "save_toml", "to_toml",
 ]
