@@ -28,7 +28,7 @@ from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.model.build import build_model
 from speedgpt.model.moe import balance_experts, moe_health
 from speedgpt.optim.build import build_optimizers
-from speedgpt.stages import stage_plan
+from speedgpt.plan import RunPlan
 from speedgpt.train.step_schedule import apply_hyperparameters
 
 
@@ -58,14 +58,14 @@ def main() -> None:
     model = build_model(cfg.model, args.seq, "cpu", seed=cfg.train.seed)
     optimizers = build_optimizers(model, cfg.optim, torch.device("cpu"))
     optimizers.adam.register_step_post_hook(lambda *_: balance_experts(model, cfg.model.moe_bias_rate))
-    plan = stage_plan(cfg)
+    plan = RunPlan.of(cfg)
     data = stdlib_bytes()
     g = torch.Generator().manual_seed(cfg.train.seed)
     print(f"width {args.width}, {args.rows} x {args.seq} bytes per step, router lr {cfg.optim.router_lr}, "
           f"bias rate {cfg.model.moe_bias_rate}, overrides {' '.join(overrides) or '-'}")
     losses, t0 = [], time.perf_counter()
     for step in range(args.steps):
-        apply_hyperparameters(optimizers, cfg, plan, step)
+        apply_hyperparameters(optimizers, plan, step)
         starts = torch.randint(0, len(data) - args.seq - 1, (args.rows,), generator=g)
         batch = torch.stack([data[s:s + args.seq + 1] for s in starts])
         loss = model(batch[:, :-1], batch[:, 1:])

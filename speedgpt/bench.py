@@ -256,8 +256,6 @@ def time_stages(trainer, steps: int):
     up new shapes (loader rows, micro-steps), a once-per-stage cost that is not a step's. Returns
     (one row of figures per stage, the timed positions, their seconds, exposed communication ms per
     step, loader host seconds)."""
-    from .stages import stage_micro_batch
-
     cfg, world = trainer.cfg, trainer.dist.world_size
     rows, positions, times, comm, loader_s = [], [], [], [], 0.0
     for stage in trainer.plan.stages:
@@ -265,7 +263,7 @@ def time_stages(trainer, steps: int):
         trainer.train_step(stage.start)
         pos = timed_steps(stage.end, steps, adam_every=cfg.optim.adam_every, first=stage.start)
         stage_times, stage_comm, stage_loader_s = time_steps(trainer, pos)
-        micro_rows, accum = stage_micro_batch(cfg, stage, world)
+        micro_rows, accum = trainer.plan.stage_batch(stage)
         step_s = statistics.mean(stage_times)
         rows.append({"stage": stage.index, "first_step": stage.start, "last_step": stage.end - 1,
                      "run_steps": stage.steps, "batch_tokens": stage.batch_tokens,

@@ -4,8 +4,9 @@ multi-token-prediction weights and lr multiplier (the later speedrun records' st
 The table is config data (`[[train.stages]]` in a preset, `train.stages` in a run's config.toml).
 `stage_plan(cfg)` resolves it once into `Stage`s with concrete step ranges; everything a step needs
 from it (its stage, windows, MTP weights, lr multiplier, micro-batching) is then a pure function of
-the step, so a resumed run lands in the right stage without storing anything. A config without a
-table is one stage made of the run's own keys: the loop runs exactly as it did before stages.
+the step, which the run's plan (plan.py) gives, so a resumed run lands in the right stage without
+storing anything. A config without a table is one stage made of the run's own keys: the loop runs
+exactly as it did before stages.
 """
 
 from __future__ import annotations
@@ -79,29 +80,12 @@ class StagePlan:
     def min_batch_tokens(self) -> int:
         return min(s.batch_tokens for s in self.stages)
 
-    def describe(self, cfg: Config, world_size: int = 1) -> list[str]:
-        """The resolved table, one line per stage, as printed at the start of a run."""
-        lines = [f"stages: {len(self.stages)} over {cfg.train.steps} steps"]
-        for s in self.stages:
-            rows, accum = stage_micro_batch(cfg, s, world_size)
-            windows = f"{s.windows[0]}/{s.windows[1]}" if s.windows else "schedule"
-            mtp = _fmt(s.mtp_weights) + ("" if s.mtp_weights == s.mtp_weights_end else f"->{_fmt(s.mtp_weights_end)}")
-            docs = f" | documents <= {s.max_doc_len}" if s.max_doc_len else ""
-            lines.append(f"  stage {s.index}: steps {s.start}-{s.end - 1} | batch {s.batch_tokens} tokens = "
-                         f"{world_size} rank(s) x {accum} micro-step(s) x {rows} row(s) x {s.seq_len}{docs} | windows "
-                         f"{windows} | mtp {mtp} | lr x{s.lr_mul:g}")
-        return lines
-
     def as_records(self) -> list[dict]:
         """The resolved table as plain dicts (the run's metrics.jsonl keeps it)."""
         return [{"stage": s.index, "start": s.start, "end": s.end, "batch_tokens": s.batch_tokens,
                  "seq_len": s.seq_len, "max_doc_len": s.max_doc_len, "windows": list(s.windows) if s.windows else None,
                  "mtp_weights": list(s.mtp_weights), "mtp_weights_end": list(s.mtp_weights_end),
                  "lr_mul": s.lr_mul} for s in self.stages]
-
-
-def _fmt(weights: tuple[float, ...]) -> str:
-    return "[" + ", ".join(f"{w:g}" for w in weights) + "]"
 
 
 def stage_plan(cfg: Config) -> StagePlan:
@@ -128,14 +112,15 @@ def stage_plan(cfg: Config) -> StagePlan:
     return StagePlan(tuple(stages), True)
 
 
-def resolve_stage_table(cfg: Config) -> Config:
+def resolve_stage_table(cfg: Config, plan: StagePlan | None = None) -> Config:
     """A copy of cfg whose train.stages rows hold concrete values (the run's batch and row length in
     place of zeros, the short window, the weights at both ends): the table the run's config.toml keeps.
-    Windows left at 0 stay 0 (they follow the window schedule)."""
+    Windows left at 0 stay 0 (they follow the window schedule). `plan`: cfg's table, if derived already."""
     if not cfg.train.stages:
         return cfg
+    plan = plan or stage_plan(cfg)
     cfg = copy.deepcopy(cfg)
-    for row, stage in zip(cfg.train.stages, stage_plan(cfg).stages):
+    for row, stage in zip(cfg.train.stages, plan.stages):
         row.batch_tokens, row.seq_len = stage.batch_tokens, stage.seq_len
         if stage.windows:
             row.window_long, row.window_short = stage.windows
@@ -161,14 +146,6 @@ def _stage_windows(cfg: Config, i: int) -> tuple[int, int] | None:
     return s.window_long, short
 
 
-def windows_at(cfg: Config, step: int, plan: StagePlan | None = None) -> tuple[int, int]:
-    """(long, short) attention windows of training step `step`: its stage's, or the window schedule's."""
-    from .optim.schedules import attention_windows
-
-    stage = (plan or stage_plan(cfg)).stage_at(step)
-    return stage.windows or attention_windows(cfg.schedule, step, cfg.train.steps)
-
-
 def stage_micro_batch(cfg: Config, stage: Stage, world_size: int = 1) -> tuple[int, int]:
     """(rows per micro-step per rank, gradient-accumulation steps) of a stage. Without a table, the
     run's own (`micro_batch_rows`). With one, a micro-step holds at most the tokens of the run's own
@@ -188,11 +165,11 @@ def stage_micro_batch(cfg: Config, stage: Stage, world_size: int = 1) -> tuple[i
     return rows, rows_rank // rows
 
 
-def check_stages(cfg: Config, world_size: int = 1) -> None:
-    """Raise ConfigError for the first inconsistent stage (called by config.validate)."""
+def check_stages(cfg: Config, world_size: int = 1) -> StagePlan:
+    """Raise ConfigError for the first inconsistent stage (called by plan.validate); return the table."""
     t = cfg.train
     if not t.stages:
-        return
+        return stage_plan(cfg)
     if t.tokens_per_param or t.flops_budget:
         raise ConfigError("train.stages with a budget (train.tokens_per_param / train.flops_budget) is not "
                           "supported: the batch changes per stage; set train.steps instead")
@@ -222,3 +199,4 @@ def check_stages(cfg: Config, world_size: int = 1) -> None:
         if stage.predicts >= stage.seq_len:
             raise ConfigError(f"train.stages[{stage.index}]: {stage.predicts} MTP weights need rows longer than "
                               f"seq_len={stage.seq_len}")
+    return plan

@@ -355,13 +355,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> None:
     """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
-    from .budget import describe, resolve_budget
-    from .config import resolve, validate
+    from .budget import describe
+    from .config import resolve
+    from .planner import plan_run
 
     for pt in points:
-        cfg, _ = resolve_budget(resolve(preset, None, [*overrides, *run_overrides(pt, kind)]))
-        validate(cfg)
-        b = describe(cfg)
+        b = describe(plan_run(resolve(preset, None, [*overrides, *run_overrides(pt, kind)])).cfg)
         echo(f"sweep: {pt.name}: {b.scaling_params:,} scaling params, batch {b.batch_tokens:,}, {b.steps:,} steps, "
              f"{b.tokens:,} tokens, {b.flops:.3g} FLOPs")
 

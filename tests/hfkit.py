@@ -14,10 +14,11 @@ from pathlib import Path
 import torch
 
 from evalkit import randomize, tiny_config, write_corpus
-from speedgpt.config import load_preset, save_toml, validate
+from speedgpt.config import load_preset, save_toml
 from speedgpt.data.shards import load_shard
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.build import build_model
+from speedgpt.plan import validate
 from speedgpt.rundir.checkpoint import save_checkpoint
 
 SCHEDULE = ["--schedule.window_start=16", "--schedule.window_end=48", "--schedule.window_block=16"]

@@ -281,3 +281,16 @@ def test_a_target_never_reached_is_stated_not_an_error(tmp_path, monkeypatch, ca
     assert "target not reached: A seed 1337 (final 4.1000)" in text
     assert "B - A time to target: mean -, 95% CI -, n=0: 0 complete pair(s)" in text
     assert summary["paired"]["final_loss"]["n"] == 2
+
+
+def test_a_budget_preset_plans_the_config_its_runs_save(tmp_path):
+    # d12 derives its steps and batch from tokens per parameter and scales lrs by width: a run saves the
+    # resolved values, so the plan's config (what ab/run.py checks a finished run against) must have them.
+    from speedgpt.config import load_preset
+    from speedgpt.planner import plan_run
+
+    plan = make_plan(preset="d12", common=[], a="--optim.muon_lr=0.04", b="", seeds=2, out=tmp_path)
+    want = plan_run(load_preset("d12")).cfg
+    assert {r.steps for r in plan.runs} == {want.train.steps}
+    assert {(r.config["optim"]["tuned_width"], r.config["train"]["batch_tokens"]) for r in plan.runs} == {
+        (0, want.train.batch_tokens)}

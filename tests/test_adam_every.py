@@ -13,9 +13,10 @@ import torch
 
 from distkit import copy_without_checkpoint, drop_checkpoints_after, spawn_local
 from speedgpt import faults
-from speedgpt.config import ConfigError, apply_overrides, config_from_plain, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, config_from_plain, load_preset
 from speedgpt.model.build import build_model
 from speedgpt.optim.build import build_optimizers
+from speedgpt.plan import validate
 from speedgpt.rundir.checkpoint import load_checkpoint
 from speedgpt.train.loop import train
 

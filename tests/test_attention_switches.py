@@ -10,13 +10,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.attention import KVCache, build_context, pair_heads
 from speedgpt.model.build import build_model
 from speedgpt.model.rotary import Rotary
 from speedgpt.model.runtime import runtime_for
 from speedgpt.model.yarn import YarnSchedule, rescale, scale_factor
+from speedgpt.plan import RunPlan, validate
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -274,7 +275,7 @@ def test_training_validation_and_eval_use_the_yarn_state_of_the_scored_step(tiny
                                      "--train.keep_checkpoints=10", "--schedule.window_start=16",
                                      "--schedule.window_end=64", "--model.yarn=true", f"--run.dir={tmp_path / 'run'}"])
     result = train(cfg, quiet=True)
-    sched = YarnSchedule.from_config(cfg)
+    sched = RunPlan.of(cfg).yarn
     assert sched.index(4) > 0 and sched.index(8) > sched.index(4)  # the state really moves during the run
     model, _ = load_model(tmp_path / "run", checkpoint=4, device="cpu")
     freq, scale = sched.state(4)

@@ -6,7 +6,8 @@ import pytest
 
 from speedgpt.budget import (ANCHOR_BATCH_TOKENS, describe, ladder_model, optimal_batch_tokens, resolve_budget,
                              scaling_params)
-from speedgpt.config import ConfigError, ModelConfig, apply_overrides, load_preset, load_toml, save_toml, validate
+from speedgpt.config import ConfigError, ModelConfig, apply_overrides, load_preset, load_toml, save_toml
+from speedgpt.plan import validate
 
 # nanochat's published depth ladder (its 32768-token vocabulary, 12 tokens per scaling parameter).
 PUBLISHED = {8: 2**18, 10: 2**19, 12: 2**19, 14: 2**19, 16: 2**19, 18: 2**20, 20: 2**20, 22: 2**20, 24: 2**20,

@@ -1,7 +1,8 @@
 import pytest
 
 from speedgpt.config import (ConfigError, apply_overrides, load_preset, load_toml, micro_batch_rows, preset_names,
-                             save_toml, validate)
+                             save_toml)
+from speedgpt.plan import validate
 
 
 def test_presets_load_and_validate():

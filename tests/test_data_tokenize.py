@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from speedgpt.data import tokenize as tok
+from speedgpt.data import tokenize_pool
 from speedgpt.data.corpus import Documents, JsonlFiles, ParquetFiles, TextFiles, python_source_files
 from speedgpt.data.shards import find_shards, load_shard
 from speedgpt.data.tokenize import ensure_local_python_corpus, tokenize_corpus, tokenize_files
@@ -43,11 +44,11 @@ def test_tokenizer_is_gpt2():
 
 
 def test_worker_encoding_equals_encode_ordinary():
-    tokens, lengths, hashes = tok._encode_chunk(TEXTS)
+    tokens, lengths, hashes = tokenize_pool.encode_chunk(TEXTS)
     expected = [encode_document(t) for t in TEXTS]
     assert lengths.tolist() == [len(e) for e in expected]
     assert tokens.tolist() == [t for e in expected for t in e]
-    assert hashes == [tok._doc_hash(t) for t in TEXTS] and len(set(hashes)) == len(TEXTS)
+    assert hashes == [tokenize_pool.doc_hash(t) for t in TEXTS] and len(set(hashes)) == len(TEXTS)
 
 
 def many_docs(n=400, seed=0):
@@ -71,8 +72,8 @@ def test_round_trip_split_and_shards(tmp_path):
     train_docs, val_docs = docs_of(train), docs_of(val)
     # Train + val partition the input documents, each in input order, none lost or changed.
     threshold = int(0.1 * 2**64)
-    assert [enc.decode(d) for d in train_docs] == [t for t in texts if tok._doc_hash(t) >= threshold]
-    assert [enc.decode(d) for d in val_docs] == [t for t in texts if tok._doc_hash(t) < threshold]
+    assert [enc.decode(d) for d in train_docs] == [t for t in texts if tokenize_pool.doc_hash(t) >= threshold]
+    assert [enc.decode(d) for d in val_docs] == [t for t in texts if tokenize_pool.doc_hash(t) < threshold]
     assert 20 <= len(val_docs) <= 70  # ~10% of 401
     assert m["documents"] == len(texts) and m["tokens"] == m["train"]["tokens"] + m["val"]["tokens"]
     assert m["train"]["documents"] == len(train_docs) and m["val"]["documents"] == len(val_docs)
@@ -110,7 +111,7 @@ def test_val_docs_takes_smallest_hashes(tmp_path):
     m = tokenize_corpus(Documents(texts), tmp_path, val_docs=7, workers=1, progress=False)
     enc = get_tokenizer()
     val = [enc.decode(d) for d in docs_of(find_shards(tmp_path, "val"))]
-    smallest = sorted(texts, key=tok._doc_hash)[:7]
+    smallest = sorted(texts, key=tokenize_pool.doc_hash)[:7]
     assert val == [t for t in texts if t in smallest]  # exactly those 7, in input order
     train = [enc.decode(d) for d in docs_of(find_shards(tmp_path, "train"))]
     assert sorted(train) == sorted(t for t in texts if t not in smallest)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.model.attention import KVCache
 from speedgpt.model.build import build_model
@@ -16,6 +16,7 @@ from speedgpt.model.embeddings import bigram_hash
 from speedgpt.model.gates import rescale_for_softcap, rescale_logits, RESCALE_CAP
 from speedgpt.model.runtime import runtime_for
 from speedgpt.optim.build import adam_groups, build_optimizers
+from speedgpt.plan import validate
 
 SEQ = 32
 VOCAB = 1024  # small tables: these tests run on a shared CPU

@@ -1,4 +1,4 @@
-"""The CI-sized part of the fault-injection suite (speedgpt/train/fault_suite.py): real CLI runs,
+"""The CI-sized part of the fault-injection suite (speedgpt/tools/fault_suite.py): real CLI runs,
 faulted, resumed, and compared bit for bit with an uninterrupted run. The full measurement is
 `python scripts/fault_suite.py --trials 100 --faults kill9` (docs/reliability.md).
 
@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from speedgpt.train.fault_suite import Runs, Suite, Tally, check_runs, compare_runs, main
+from speedgpt.tools.fault_runs import Runs, Tally, check_runs
+from speedgpt.tools.fault_suite import Suite, compare_runs, main
 
 
 @pytest.fixture(scope="module")

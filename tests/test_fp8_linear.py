@@ -7,12 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.model import runtime as runtime_module
 from speedgpt.model.build import build_model
 from speedgpt.model.fp8_cast import E4M3_MAX, E5M2_MAX, quantize
 from speedgpt.model.fp8_linear import fp8_linear_dynamic
-from speedgpt.model.gpt import MLP
+from speedgpt.model.mlp import MLP
+from speedgpt.plan import validate
 from test_fp8 import rel  # relative error in the Frobenius norm
 from test_model import batch, tiny_model_cfg  # a depth-4, width-64 model and BOS-split token rows
 

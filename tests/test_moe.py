@@ -56,7 +56,8 @@ def test_bias_moves_load_towards_balance():
 
 
 def test_a_negative_bias_rate_is_refused_in_one_line():
-    from speedgpt.config import ConfigError, load_preset, validate
+    from speedgpt.config import ConfigError, load_preset
+    from speedgpt.plan import validate
 
     cfg = apply_overrides(load_preset("moe-d12"), ["--model.moe_bias_rate=-0.01"])
     with pytest.raises(ConfigError, match="moe_bias_rate=-0.01 must be >= 0"):

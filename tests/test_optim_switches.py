@@ -10,7 +10,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset
 from speedgpt.model.build import build_model
 from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import (DistMuon, Muon, muon_lr_scale, newton_schulz, normuon_normalize, orthogonalize,
@@ -19,6 +19,7 @@ from speedgpt.optim.schedules import lr_multiplier, muon_weight_decay
 from speedgpt.parallel.ddp import GradSync
 from distkit import spawn_local
 from speedgpt.parallel.dist import init_distributed
+from speedgpt.plan import validate
 from speedgpt.rundir.checkpoint import load_checkpoint, save_checkpoint
 from test_optim import conditioned  # singular values log-spaced over [1/cond, 1]
 
@@ -366,7 +367,7 @@ def test_trainer_sets_the_scheduled_weight_decay_each_step(schedule):
     model = build_model(cfg.model, cfg.data.seq_len, "cpu")
     trainer.optimizers = build_optimizers(model, cfg.optim, torch.device("cpu"))
     for step in (0, 54, 80, 99):
-        apply_hyperparameters(trainer.optimizers, trainer.cfg, trainer.plan, step)
+        apply_hyperparameters(trainer.optimizers, trainer.plan, step)
         mult = lr_multiplier(cfg.schedule, step, 100)
         group = trainer.optimizers.muon.param_groups[0]
         assert group["cautious_wd"] is True

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from speedgpt.model import gpt as gpt_module
+from speedgpt.model import mlp as mlp_module
 from speedgpt.model import runtime as runtime_module
 from speedgpt.model.build import build_model
 from speedgpt.model.fp8_cast import quantize
@@ -130,11 +130,11 @@ def test_build_model_fuses_the_activation_of_rowwise_fp8_mlps(monkeypatch):
 @needs_rowwise
 def test_mlp_module_takes_the_fused_path(monkeypatch):
     calls = []
-    monkeypatch.setattr(gpt_module, "fp8_relu2_mlp", lambda *a: calls.append(a) or fp8_relu2_mlp(*a))
+    monkeypatch.setattr(mlp_module, "fp8_relu2_mlp", lambda *a: calls.append(a) or fp8_relu2_mlp(*a))
     x = mlp_weights()[0].detach()
 
     def mlp(**kw):
-        m = gpt_module.MLP(64, 256, **kw)
+        m = mlp_module.MLP(64, 256, **kw)
         m.init_weights()
         return m
 

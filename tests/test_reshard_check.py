@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from speedgpt.train.reshard_check import check_args, gpu_sets, loss_table, main, world_sizes
+from speedgpt.tools.reshard_check import check_args, gpu_sets, loss_table, main, world_sizes
 
 TINY = ["--model.depth=1", "--model.model_dim=32", "--model.head_dim=16", "--model.value_embeds=0",
         "--data.seq_len=64", "--train.batch_tokens=512", "--train.micro_batch_size=2", "--schedule.window_start=64",

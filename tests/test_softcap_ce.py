@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from speedgpt.model.kernels import softcap_ce as sce
+from speedgpt.model.kernels import softcap_ce_kernels as sce_kernels
 from speedgpt.model.kernels.softcap_ce import (reference_grad, reference_rows, softcap_cross_entropy,
                                                softcap_cross_entropy_reference)
 
@@ -367,18 +368,18 @@ def test_kernels_compile_for_hopper_with_wide_loads(kernel):
     from triton.compiler import ASTSource
 
     if kernel == "fwd":
-        fn = sce._softcap_ce_fwd_kernel
+        fn = sce_kernels._softcap_ce_fwd_kernel
         sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LOSS": "*fp32", "LSE": "*fp32",
                "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "FIXED_MAX": True, "TANH": 0, "BLOCK_V": 4096}
     elif kernel == "bwd":
-        fn = sce._softcap_ce_bwd_kernel
+        fn = sce_kernels._softcap_ce_bwd_kernel
         sig = {"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64", "W": "*fp32",
                "LSE": "*fp32", "DLOSS": "*fp32", "stride_dloss": "i32", "V": "i32", "cap": "fp32", "a": "fp32",
                "b": "fp32", "ignore_index": "i32"}
         consts = {"HAS_CAP": True, "TANH": 0, "BLOCK_V": 4096}
     else:  # the GPU's e5m2 gradient kernel (f16x2 math, inline PTX: checked by ptxas here)
-        fn = sce._softcap_ce_fp8_grad_fast_kernel
+        fn = sce_kernels._softcap_ce_fp8_grad_fast_kernel
         sig = {"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LSE": "*fp32", "G": "*fp8e5",
                "GT16": "*i16", "N": "i32", "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32", "g_scale": "fp32",
                "log2_g_scale": "fp32", "ignore_index": "i32"}

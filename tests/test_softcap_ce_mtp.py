@@ -13,6 +13,7 @@ import torch
 
 from speedgpt.model.gates import rescale_as_affine_softcap, rescale_logits
 from speedgpt.model.kernels import softcap_ce as sce
+from speedgpt.model.kernels import softcap_ce_kernels as sce_kernels
 from speedgpt.model.kernels.softcap_ce import softcap_ce_fp8_grad, softcap_cross_entropy
 from speedgpt.model.mtp import multi_token_loss, target_rows
 
@@ -400,15 +401,15 @@ def test_weighted_kernels_compile_for_hopper_without_spills():
 
     common = {"AFFINE": True, "K": 3, "HAS_W": True}
     kernels = {
-        sce._softcap_ce_fwd_kernel: ({"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LOSS": "*fp32",
+        sce_kernels._softcap_ce_fwd_kernel: ({"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32", "LOSS": "*fp32",
                                       "LSE": "*fp32", "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32",
                                       "ignore_index": "i32"},
                                      {"HAS_CAP": True, "FIXED_MAX": True, "TANH": 0, "BLOCK_V": 4096}),
-        sce._softcap_ce_bwd_kernel: ({"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64",
+        sce_kernels._softcap_ce_bwd_kernel: ({"X": "*bf16", "stride_x": "i32", "G": "*bf16", "stride_g": "i32", "T": "*i64",
                                       "W": "*fp32", "LSE": "*fp32", "DLOSS": "*fp32", "stride_dloss": "i32",
                                       "V": "i32", "cap": "fp32", "a": "fp32", "b": "fp32", "ignore_index": "i32"},
                                      {"HAS_CAP": True, "TANH": 0, "BLOCK_V": 4096}),
-        sce._softcap_ce_fp8_grad_fast_kernel: ({"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32",
+        sce_kernels._softcap_ce_fp8_grad_fast_kernel: ({"X": "*bf16", "stride_x": "i32", "T": "*i64", "W": "*fp32",
                                                 "LSE": "*fp32", "G": "*fp8e5", "GT16": "*i16", "N": "i32", "V": "i32",
                                                 "cap": "fp32", "a": "fp32", "b": "fp32", "g_scale": "fp32",
                                                 "log2_g_scale": "fp32", "ignore_index": "i32"},

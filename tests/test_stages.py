@@ -10,9 +10,10 @@ import torch
 
 from conftest import TINY_OVERRIDES
 from distkit import drop_checkpoints_after
-from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml
 from speedgpt.optim.schedules import lr_multiplier
-from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan, windows_at
+from speedgpt.plan import RunPlan, validate
+from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan
 from speedgpt.train.loop import Trainer
 from speedgpt.train.warmup import warmup_steps
 
@@ -41,7 +42,8 @@ def test_table_resolves_to_step_ranges_and_values(staged_cfg):
     assert s1.mtp_weights_at(7) == (1.0, 0.5) and s2.predicts == 1 and s2.lr_mul == 0.5
     assert s2.row is staged_cfg.train.stages[2]  # hooks read keys of the row as given
     assert plan.stage_at(5) is s0 and plan.stage_at(6) is s1 and plan.stage_at(12) is s2
-    assert windows_at(staged_cfg, 0) == (32, 16) and windows_at(staged_cfg, 7) == (64, 32)  # the schedule's
+    run = RunPlan.of(staged_cfg)
+    assert run.windows_at(0) == (32, 16) and run.windows_at(7) == (64, 32)  # the schedule's
     assert plan.has_mtp and plan.max_seq_len() == 64 and plan.min_batch_tokens() == 256
 
 

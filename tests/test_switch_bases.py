@@ -3,7 +3,9 @@ naming the key to set (speedgpt/config/switch_bases.py); with its base it valida
 
 import pytest
 
-from speedgpt.config import ConfigError, apply_overrides, load_preset, preset_names, validate
+from speedgpt.config import ConfigError, apply_overrides, load_preset, preset_names
+from speedgpt.plan import validate
+
 
 # (case, overrides on tiny-cpu that turn a switch on without its base, a key the error must name)
 WITHOUT_BASE = [

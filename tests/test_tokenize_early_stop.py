@@ -72,12 +72,12 @@ def test_early_stop_while_a_task_is_being_sent_shuts_down(tmp_path):
     run_child(f"""
         from pathlib import Path
         from slowpickle import BusyInWorker, SlowToSend
-        from speedgpt.data.tokenize import _ordered_results
+        from speedgpt.data.tokenize_pool import ordered_results
 
         big = "word " * 200_000  # ~1 MB pickled: more than a pipe holds
         chunks = [(0, ["first"]), (1, BusyInWorker(["a"])), (2, BusyInWorker(["b"])), (3, SlowToSend([big]))]
         chunks += [(i, ["later"]) for i in range(4, 8)]
-        with _ordered_results(iter(chunks), workers=2) as results:
+        with ordered_results(iter(chunks), workers=2) as results:
             for meta, (tokens, lengths, hashes) in results:
                 assert meta == 0 and len(lengths) == 1
                 Path({str(flag)!r}).touch()
@@ -107,7 +107,7 @@ def test_a_worker_killed_mid_task_fails_the_build_with_one_line(tmp_path):
         import os
         import signal
 
-        def encode_then_die(texts):  # stands in for _encode_chunk
+        def encode_then_die(texts):  # stands in for encode_chunk
             assert multiprocessing.parent_process() is not None, "only a pool worker may die here"
             os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer does
     """))
@@ -116,11 +116,11 @@ def test_a_worker_killed_mid_task_fails_the_build_with_one_line(tmp_path):
         (tmp_path / "in" / f"doc{i}.txt").write_text(f"document {i} " * 100)
     out = run_child("""
         import sys
-        import speedgpt.data.tokenize as tokenize
+        import speedgpt.data.tokenize_pool as tokenize_pool
         from killer import encode_then_die
         from speedgpt.cli import main
 
-        tokenize._encode_chunk = encode_then_die  # what the parent hands to the workers
+        tokenize_pool.encode_chunk = encode_then_die  # what the parent hands to the workers
         sys.exit(main(["data", "tokenize", "in", "--out", "out", "--workers", "2"]))
     """, tmp_path, returncode=2)
     assert "Traceback" not in out, out

@@ -8,8 +8,6 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..stages import resolve_stage_table
-
 ARMS = ("a", "b")
 
 
@@ -75,11 +73,17 @@ def parse_arm(name: str, text: str, default_preset: str) -> Arm:
     return Arm(name, preset, overrides, text or "")
 
 
-def _resolve(arm: Arm, common: list[str]):
-    from ..config import ConfigError, resolve, validate
+def _resolve(arm: Arm, common: list[str], *, run: bool = False):
+    """The arm's config, validated. `run`: the config a run of it saves, its plan's (planner.plan_run:
+    budget and stage table resolved), so that ab/run.py's check of a finished run compares like with like."""
+    from ..config import ConfigError, resolve
+    from ..plan import validate
+    from ..planner import plan_run
 
     try:
         cfg = resolve(arm.preset, None, [*common, *arm.overrides])
+        if run:
+            return plan_run(cfg).cfg
         validate(cfg)
     except ConfigError as e:
         raise AbError(f"arm {arm.name.upper()}: {e}") from None
@@ -125,8 +129,7 @@ def make_plan(*, preset: str, common: list[str], a: str, b: str, seeds: int, out
             run_dir = out / f"{k}-seed{s}"
             overrides = [*extra, *common, *arm.overrides, f"--train.seed={s}"]
             argv = ["--preset", arm.preset, *overrides, "--run-dir", str(run_dir)]
-            cfg = _resolve(Arm(k, arm.preset, overrides, arm.text), [])
-            cfg = resolve_stage_table(cfg)  # a run saves its stage table resolved: compare with that
+            cfg = _resolve(Arm(k, arm.preset, overrides, arm.text), [], run=True)
             runs.append(Run(k, s, i, run_dir, argv, cfg.train.steps, comparable_config(cfg.to_dict())))
     return Plan(arms, common, seed_list, runs, out, {k: c.to_dict() for k, c in cfgs.items()})
 

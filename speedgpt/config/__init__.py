@@ -10,8 +10,9 @@ itself; each lives in a module with one job:
   sections, `Config` and `SECTIONS`);
 - parse.py: building a Config from plain dicts, with type checks that name the key;
 - files.py: presets and config.toml files; overrides.py: `--section.key=value` and `resolve`;
-- validate.py (whole config), model_checks.py (model section), switch_bases.py (switches that
-  would silently do nothing without their base): one-line `ConfigError`s naming the fix.
+- validate.py (every section), model_checks.py (model section), switch_bases.py (switches that
+  would silently do nothing without their base): one-line `ConfigError`s naming the fix. The whole
+  run's validation, stage table included, is speedgpt.plan.validate (it builds on this package).
 """
 
 from .errors import ConfigError
@@ -22,11 +23,11 @@ from .overrides import apply_overrides, resolve
 from .parse import RENAMED_KEYS, config_from_dict, config_from_plain, flat_config
 from .sections import (SECTIONS, Config, DataConfig, ParallelConfig, RunConfig, ScheduleConfig, StageConfig,
                        TrainConfig)
-from .validate import micro_batch_rows, validate
+from .validate import check_config, micro_batch_rows
 
 __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
-    "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "config_from_dict",
-    "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml", "micro_batch_rows",
-    "preset_names", "resolve", "save_toml", "to_toml", "validate",
+    "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "check_config",
+    "config_from_dict", "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml",
+    "micro_batch_rows", "preset_names", "resolve", "save_toml", "to_toml",
 ]

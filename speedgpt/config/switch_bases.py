@@ -3,12 +3,13 @@ the key to set.
 
 A switch that does nothing in a config that lacks its base (gates on value embeddings the model does
 not have, YaRN with a window that never grows, ...) would let an A/B run or a sweep compare two
-identical models without a word: the command must fail instead. Called by validate() after the
-stage table is known to be consistent (the window and MTP checks read it).
+identical models without a word: the command must fail instead. Called by plan.validate after the
+stage table is known to be consistent (the window and MTP checks read it, handed in).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .errors import ConfigError
@@ -19,13 +20,11 @@ if TYPE_CHECKING:
     from ..stages import StagePlan
 
 
-def check_switch_bases(cfg: Config) -> None:
-    """Raise ConfigError for the first switch that is on but would do nothing in this config."""
-    from ..stages import stage_plan  # (stages.py builds on the config package)
-
-    plan = stage_plan(cfg)
+def check_switch_bases(cfg: Config, plan: StagePlan, windows_at: Callable[[int], tuple[int, int]]) -> None:
+    """Raise ConfigError for the first switch that is on but would do nothing in this config, whose
+    stage table is `plan` and whose attention windows at step s are `windows_at(s)`."""
     _check_model_switches(cfg.model)
-    _check_yarn_growth(cfg, plan)
+    _check_yarn_growth(cfg, plan, windows_at)
     _check_adam_every(cfg)
     _check_stage_rows(cfg, plan)
 
@@ -65,16 +64,14 @@ def _check_model_switches(m: ModelConfig) -> None:
                               f"layers from model.attn_free_layers")
 
 
-def _check_yarn_growth(cfg: Config, plan: StagePlan) -> None:
+def _check_yarn_growth(cfg: Config, plan: StagePlan, windows_at: Callable[[int], tuple[int, int]]) -> None:
     """YaRN rescales rotary at each growth of the long window: a window that never changes gives it nothing to do."""
     if not cfg.model.yarn:
         return
-    from ..stages import windows_at
-
     # Within a stage the long window is constant (its window_long) or the schedule's, which never
     # shrinks, so the windows at each stage's first and last step show every change there is.
     steps = {s for stage in plan.stages for s in (stage.start, stage.end - 1)} | {cfg.train.steps}
-    if len({windows_at(cfg, s, plan)[0] for s in steps}) == 1:
+    if len({windows_at(s)[0] for s in steps}) == 1:
         raise ConfigError("model.yarn=true does nothing: the long attention window never grows in this run; set "
                           "schedule.window_end above schedule.window_start (or --schedule.window_rule=record28), "
                           "or stages with growing window_long")

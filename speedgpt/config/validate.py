@@ -1,4 +1,8 @@
-"""Validation of a whole Config: one line per problem, naming the key and the fix."""
+"""Validation of a Config's sections: one line per problem, naming the key and the fix.
+
+The checks that need the run's stage table (its rows, windows and the switches that read them)
+come after these, in plan.validate, which is what commands call: the config package builds on
+nothing above it, so it cannot derive the table itself."""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from .errors import ConfigError
 from .model_checks import check_model
 from .optim import OptimConfig
 from .sections import Config, ParallelConfig, ScheduleConfig, TrainConfig
-from .switch_bases import check_switch_bases
 
 
 def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
@@ -27,17 +30,14 @@ def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
     return mb, rows_rank // mb
 
 
-def validate(cfg: Config, world_size: int = 1) -> None:
-    """Raise ConfigError for the first inconsistent value, section by section."""
+def check_config(cfg: Config, world_size: int = 1) -> None:
+    """Raise ConfigError for the first inconsistent value, section by section (plan.validate runs
+    this first, then the stage table's checks)."""
     check_model(cfg.model)
     _check_data_and_batch(cfg, world_size)
     _check_schedule(cfg.schedule)
     _check_optim(cfg.optim)
     _check_parallel(cfg.parallel, cfg.train)
-    from ..stages import check_stages  # (stages.py builds on the config package)
-
-    check_stages(cfg, world_size)
-    check_switch_bases(cfg)  # last: it reads the stage table checked above
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:

@@ -62,10 +62,10 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     """Evaluate a run (or export) directory; returns the eval record. For a run directory the record
     is appended to its metrics.jsonl (unless `log=False`). `core`: a CORE bundle directory, or
     "download" (fetched once into the cache; also used when it is already there)."""
-    from ..config import micro_batch_rows
     from ..data.val import val_batches
     from ..data.shards import read_header
     from ..infer.load import load_model
+    from ..plan import RunPlan
     from ..rundir import RunDir
     from ..rundir.weights import locate
     from ..tokenizer.folder import run_tokenizer
@@ -90,7 +90,7 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
         raise EvalError(f"--tokens {want} is less than one row of {seq} tokens; ask for at least {seq}")
     # The training micro-batch fits, but an eval forward also holds fp32 logits for every position
     # (tokens x 50K vocab): cap a batch at EVAL_BATCH_TOKENS unless told otherwise.
-    train_tokens = micro_batch_rows(cfg)[0] * cfg.data.seq_len
+    train_tokens = RunPlan.of(cfg).micro_batch * cfg.data.seq_len
     max_rows = batch_rows or max(1, min(train_tokens, EVAL_BATCH_TOKENS) // seq)
     n_tokens, rows = plan_batches(available, want, seq, max_rows)
     if n_tokens < want:

@@ -18,41 +18,14 @@ from .attention import (AttnContext, CastedLinear, CausalSelfAttention, KVCache,
                         build_context_eagerly, init_from_plan, norm)
 from .embeddings import BigramHashEmbedding, EmbedTying, SmearGate, previous_tokens
 from .fp8_head import E4M3_MAX, fp8_head_cross_entropy, fp8_linear
-from .fp8_linear import fits_fp8, fp8_linear_dynamic, fp8_relu2_mlp
 from .gates import (SkipGates, gate_value_embed, mimetic_fills, rescale_as_affine_softcap, rescale_for_softcap,
                     rescale_logits)
 from .kernels.softcap_ce import softcap_cross_entropy
+from .mlp import MLP
 from .moe import MoE
 from .mtp import multi_token_loss, target_rows
 from .rotary import Rotary
 from .runtime import ModelRuntime
-
-
-class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int, *, fp8_scaling: str = "", fused_act: bool = False):
-        super().__init__()
-        self.fc = CastedLinear(dim, hidden)
-        self.proj = CastedLinear(hidden, dim)
-        # FP8 matmuls where asked for and the shapes allow (_scaled_mm wants multiples of 16)
-        self.fp8_scaling = fp8_scaling if fits_fp8(self.fc.weight, self.proj.weight) else ""
-        # rowwise only: ReLU² and its FP8 casts in one kernel each way
-        self.fused_act = fused_act and self.fp8_scaling == "rowwise"
-
-    def init_plan(self, prefix: str = "") -> list:
-        """(parameter name, fill function) in initialization order: see GPT.init_plan."""
-        bound = (3 ** 0.5) * 0.5 * self.fc.in_features ** -0.5
-        return [(prefix + "fc.weight", lambda t: t.uniform_(-bound, bound)),
-                (prefix + "proj.weight", torch.Tensor.zero_)]
-
-    init_weights = init_from_plan
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.fused_act:
-            return fp8_relu2_mlp(x, self.fc.weight, self.proj.weight)
-        if self.fp8_scaling:
-            h = fp8_linear_dynamic(x, self.fc.weight, self.fp8_scaling)
-            return fp8_linear_dynamic(F.relu(h).square(), self.proj.weight, self.fp8_scaling)
-        return self.proj(F.relu(self.fc(x)).square())
 
 
 class Block(nn.Module):

@@ -88,7 +88,7 @@ class MoE(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, hidden, dim))
         self.w2 = nn.Parameter(torch.empty(experts, dim, hidden))
         if shared:
-            from .gpt import MLP
+            from .mlp import MLP
 
             self.shared = MLP(dim, hidden * shared)
         else:
@@ -188,7 +188,7 @@ def moe_health(model: nn.Module) -> dict[str, list[float]]:
     share = loads / loads.mean(dim=1, keepdim=True).clamp_min(1e-9)
     logit_max = torch.stack([m.logit_max for m in layers])
     from ..parallel.dist import is_distributed
-    from ..parallel.fsdp import full_tensor  # FSDP's parameters are shards: their norms are gathered
+    from ..parallel.dtensor import full_tensor  # FSDP's parameters are shards: their norms are gathered
 
     if is_distributed():
         torch.distributed.all_reduce(logit_max, op=torch.distributed.ReduceOp.MAX)

@@ -108,19 +108,15 @@ def resolve_runtime(cfg: Config, device: str | torch.device, *, world_size: int 
     the windows of training step `step` (default: the last, whose windows the finished model was
     trained with) as forward's default, and the FP8 head's gradient scale for a rank's share of the
     step's tokens."""
-    from ..stages import stage_plan, windows_at
+    from ..plan import RunPlan
 
-    total = cfg.train.steps
-    step = total if step is None else min(step, total)
-    plan = stage_plan(cfg)
+    plan = RunPlan.of(cfg, world_size)
+    step = plan.steps if step is None else min(step, plan.steps)
     # The smallest step of a stage table has the largest logit gradients: the FP8 head's scale fits it.
     rt = runtime_for(cfg.model, device, dtype=cfg.train.dtype, window_block=cfg.schedule.window_block,
-                     windows=windows_at(cfg, step, plan),
-                     grad_tokens=plan.min_batch_tokens() / world_size)
-    if cfg.model.yarn:
-        from .yarn import YarnSchedule
-
-        freq, scale = YarnSchedule.from_config(cfg).state(step)
+                     windows=plan.windows_at(step), grad_tokens=plan.min_batch_tokens() / world_size)
+    if plan.yarn is not None:
+        freq, scale = plan.yarn.state(step)
         rt = rt.replace(yarn=(tuple(freq.tolist()), scale))
     return rt.replace(activation_checkpointing=cfg.parallel.activation_checkpointing)
 

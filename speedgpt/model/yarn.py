@@ -72,13 +72,11 @@ class YarnSchedule:
         return freq.to(device), torch.tensor(scale, dtype=torch.float32, device=device)
 
     @classmethod
-    def from_config(cls, cfg) -> YarnSchedule:
-        """The schedule of a run's config (the long window of its steps: a stage's, or the window
-        schedule's, optim/schedules.attention_windows)."""
-        from ..stages import stage_plan, windows_at
+    def for_windows(cls, model_cfg, long_window: Callable[[int], int], total: int) -> YarnSchedule:
+        """The schedule of a model whose long window at step s is `long_window(s)` over `total`
+        steps (a run's plan gives it: plan.RunPlan.yarn)."""
         from .rotary import Rotary
 
-        m, total = cfg.model, cfg.train.steps
+        m = model_cfg
         base = Rotary(m.head_dim, 1, m.rope_base, m.rope_half_truncate).frequencies()
-        plan = stage_plan(cfg)
-        return cls(base, lambda s: windows_at(cfg, s, plan)[0], total)
+        return cls(base, long_window, total)

@@ -139,7 +139,7 @@ class Optimizers:
                 _, lo, n = self.adam._shard(p)
                 self.pending[p] = g.reshape(-1)[lo:lo + n].to(p.device).clone()
             else:  # a whole tensor, or this rank's DTensor shard of it (fsdp)
-                from ..parallel.fsdp import is_sharded
+                from ..parallel.dtensor import is_sharded
 
                 self.pending[p] = (_sharded_like({"grad": g}, p)["grad"] if is_sharded(p) else g.to(p.device)).clone()
 
@@ -184,14 +184,14 @@ class Optimizers:
 def _gathered(state: dict) -> dict:
     """A parameter's optimizer state with FSDP's DTensor shards gathered whole (a collective on every
     rank, in the same order everywhere), so the checkpoint format is the same for every strategy."""
-    from ..parallel.fsdp import full_tensor
+    from ..parallel.dtensor import full_tensor
 
     return {k: full_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
 def _sharded_like(state: dict, param: torch.Tensor) -> dict:
     """The reverse for a sharded parameter: full state tensors of its shape become its shards."""
-    from ..parallel.fsdp import is_sharded, shard_like
+    from ..parallel.dtensor import is_sharded, shard_like
 
     if not is_sharded(param):
         return state

@@ -19,7 +19,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from ..parallel.fsdp import full_tensor, is_sharded, shard_like
+from ..parallel.dtensor import full_tensor, is_sharded, shard_like
 from .muon import Muon, orthogonalize
 
 

@@ -103,21 +103,3 @@ class FSDPSync:
 
     def comm_wait_ms(self) -> float | None:
         return None
-
-
-def is_sharded(t: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
-
-
-def full_tensor(t):
-    """A DTensor gathered whole (a collective: every rank calls it in the same order); others as they are."""
-    return t.full_tensor() if is_sharded(t) else t
-
-
-def shard_like(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a full tensor, as a DTensor placed like the DTensor `like` (no communication)."""
-    from torch.distributed.tensor import distribute_tensor
-
-    return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import Config, ConfigError, micro_batch_rows
+from ..config import Config, ConfigError
 
 GIB = 2 ** 30
 
@@ -103,7 +103,9 @@ def estimate_memory(cfg: Config, strategy: str, world_size: int, *, dtype_bytes:
         raise ValueError(f"strategy '{strategy}' has no memory model; use ddp or fsdp")
     counts = counts or param_counts(cfg)
     w = world_size
-    micro_batch, _ = micro_batch_rows(cfg, w)
+    from ..plan import RunPlan
+
+    micro_batch = RunPlan.of(cfg, w).micro_batch  # the run's own micro-step
     optimizer = (8 * counts.adam + 4 * counts.muon) / w
     if strategy == "ddp":
         params = 4.0 * counts.total

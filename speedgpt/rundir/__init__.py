@@ -2,6 +2,8 @@
 
     RUN_DIR/
       config.toml        the resolved config (`speedgpt train --config` of it reproduces the run)
+      plan.json          what the run does, derived from the config (speedgpt/plan.py): steps, batch,
+                         stages with their micro-batching, window changes; a record, never read as config
       env.json           code version, packages, hardware, command (rundir/env.py); each resume appended
       .speedgpt-run.lock while a `speedgpt train` runs in it (rundir/lock.py)
       metrics.jsonl      one JSON record per line (rundir/metrics.py)
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 
 CONFIG_FILE = "config.toml"
 ENV_FILE = "env.json"
+PLAN_FILE = "plan.json"
 METRICS_FILE = "metrics.jsonl"
 CHECKPOINTS_DIR = "checkpoints"
 EXPORT_DIR = "export"
@@ -87,6 +90,14 @@ class RunDir:
         from ..config import to_toml
 
         atomic_write(self.config_path, to_toml(cfg))
+
+    @property
+    def plan_path(self) -> Path:
+        return self.root / PLAN_FILE
+
+    def write_plan(self, plan: dict) -> None:
+        """The run's plan (plan.RunPlan.as_dict), beside the config it was derived from."""
+        atomic_write(self.plan_path, json.dumps(plan, indent=1) + "\n")
 
     def read_config(self) -> Config:
         from ..config import load_toml

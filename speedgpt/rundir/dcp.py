@@ -234,7 +234,7 @@ def load_into(path: Path, model: torch.nn.Module, optimizers) -> dict:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from ..parallel.fsdp import is_sharded
+    from ..parallel.dtensor import is_sharded
 
     path = Path(path)
     run_state = verify_on_ranks(path)  # a flipped or truncated shard: an error naming it, not wrong weights

@@ -9,11 +9,11 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from . import (CHECKPOINTS_DIR, COMPARE_DIR, CONFIG_FILE, ENV_FILE, EXPORT_DIR, METRICS_FILE, REPORT_HTML,
-               REPORT_PNG)
+from . import (CHECKPOINTS_DIR, COMPARE_DIR, CONFIG_FILE, ENV_FILE, EXPORT_DIR, METRICS_FILE, PLAN_FILE,
+               REPORT_HTML, REPORT_PNG)
 
 # What `speedgpt train` writes into a run directory (and `report` / `export` / TensorBoard after it).
-RUN_FILES = (CONFIG_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, REPORT_PNG, REPORT_HTML, EXPORT_DIR,
+RUN_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, REPORT_PNG, REPORT_HTML, EXPORT_DIR,
              "tb", "wandb", COMPARE_DIR)
 _MARKS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR)  # any of these: the directory holds a run
 

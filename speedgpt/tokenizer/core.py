@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 SEPARATOR = "<|endoftext|>"
 FORMAT = "speedgpt.tokenizer/1"
+HF_FILE = "tokenizer.json"  # a trained tokenizer's Hugging Face file in its folder (folder.py writes it)
 # GPT-2's identity (`identity_sha256` of its bundled ranks, pattern and separator); a test recomputes it.
 # Kept as a constant so that reading shard headers never needs GPT-2's rank table.
 GPT2_SHA256 = "c11f693789f6a40bae093fd0644ef69be61bd956e163151c7ca2c8b77b80a4f1"
@@ -95,8 +96,6 @@ class Tokenizer:
     @property
     def tokenizer_json(self) -> Path | None:
         """Its Hugging Face `tokenizer.json` (None for GPT-2: its files ship in tiktoken's form)."""
-        from .folder import HF_FILE
-
         return self.folder / HF_FILE if self.folder is not None else None
 
     def describe(self) -> str:

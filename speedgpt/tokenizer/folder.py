@@ -22,9 +22,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .core import FORMAT, SEPARATOR, Tokenizer, gpt2_tokenizer, identity_sha256
+from .core import FORMAT, HF_FILE, SEPARATOR, Tokenizer, gpt2_tokenizer, identity_sha256
 
-HF_FILE = "tokenizer.json"
 RANKS_FILE = "tokenizer.tiktoken"
 META_FILE = "speedgpt_tokenizer.json"
 FILES = (HF_FILE, RANKS_FILE, META_FILE)

@@ -12,7 +12,7 @@ from ..config import Config, ConfigError
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..parallel.dist import DistInfo, barrier
-from ..stages import StagePlan, stage_micro_batch
+from ..plan import RunPlan
 
 
 def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path], list[Path]]:
@@ -33,13 +33,13 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
     return find_shards(out, "train"), find_shards(out, "val")
 
 
-def check_data_capacity(cfg: Config, plan: StagePlan, train_files: list[Path], world_size: int) -> None:
+def check_data_capacity(cfg: Config, plan: RunPlan, train_files: list[Path]) -> None:
     """Fail before training when the training shards cannot fill one step of some stage."""
     from ..data.capacity import check_capacity
 
     for stage in plan.stages:
-        rows, accum = stage_micro_batch(cfg, stage, world_size)
-        check_capacity(train_files, seq_len=stage.seq_len, batch_size=rows, world_size=world_size,
+        rows, accum = plan.stage_batch(stage)
+        check_capacity(train_files, seq_len=stage.seq_len, batch_size=rows, world_size=plan.world_size,
                        grad_accum=accum, lenient=cfg.data.on_bad_shard == "skip")
 
 
@@ -79,7 +79,7 @@ def build_model(cfg: Config, device: torch.device, world_size: int, strategy: st
     return model_from_config(cfg, device, world_size=world_size)
 
 
-def check_row_lengths(cfg: Config, plan: StagePlan, model: GPT) -> None:
+def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT) -> None:
     """FlexAttention's masks come in blocks of schedule.window_block: every row length must be a multiple."""
     rt, d = model.runtime, cfg.data
     block = rt.window_block
@@ -113,8 +113,7 @@ def fallback_notes(cfg: Config, model: GPT, device: torch.device) -> list[str]:
     return notes
 
 
-def describe_run(cfg: Config, model: GPT, plan: StagePlan, strategy: str, device: torch.device, world_size: int,
-                 micro_batch: int, grad_accum: int) -> list[str]:
+def describe_run(cfg: Config, model: GPT, plan: RunPlan, strategy: str, device: torch.device) -> list[str]:
     """The lines setup prints: the model, its active share under experts, and the batch (or the stage table)."""
     rt = model.runtime
     lines = [f"model: {model.num_params() / 1e6:.1f}M parameters ({model.num_params(False) / 1e6:.1f}M "
@@ -122,13 +121,10 @@ def describe_run(cfg: Config, model: GPT, plan: StagePlan, strategy: str, device
              f"{rt.attn_backend}, device {device}, dtype {rt.dtype}, strategy {strategy}"]
     if cfg.model.moe_experts:
         lines.append(f"experts: {model.active_params() / 1e6:.1f}M parameters active per token (MFU counts these)")
-    if plan.from_table:
-        return lines + plan.describe(cfg, world_size)
-    return lines + [f"batch: {cfg.train.batch_tokens} tokens/step = {world_size} rank(s) x {grad_accum} "
-                    f"micro-step(s) x {micro_batch} row(s) x {cfg.data.seq_len} tokens"]
+    return lines + plan.batch_lines()
 
 
-def data_epoch_lines(cfg: Config, plan: StagePlan, corpus_tokens: int) -> list[str]:
+def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int) -> list[str]:
     """What the run will read against the training shards' size, and a warning when that is more than
     one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch)."""
     total, repeat_step = 0, None

@@ -22,17 +22,18 @@ from pathlib import Path
 import torch
 
 from .. import faults
-from ..budget import resolve_budget
-from ..config import Config, micro_batch_rows, validate
+from ..config import Config
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import barrier, init_distributed, mean_over_ranks, teardown
+from ..plan import RunPlan
+from ..planner import plan_run
 from ..rundir import RunDir, default_run_dir
 from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
-from ..stages import Stage, resolve_stage_table, stage_micro_batch, stage_plan
+from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
                     describe_run, fallback_notes, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
@@ -66,16 +67,16 @@ class TrainResult:
 class Trainer:
     def __init__(self, cfg: Config, *, run_dir: Path | None = None, resume: bool | str = False, quiet: bool = False,
                  extend: bool = False):
-        # The shards' tokenizer sets the vocabulary and BOS id; a budget (tokens per parameter, FLOPs,
-        # derived batch, tuned width) becomes numbers once, here; the resolved config is the one saved
-        # in the run dir and printed below.
+        # The shards' tokenizer sets the vocabulary and BOS id; the run's plan (plan.py) is resolved
+        # once, here: a budget (tokens per parameter, FLOPs, derived batch, tuned width) becomes numbers,
+        # the stage table concrete values; the resolved config is the one saved in the run dir, and
+        # the plan is printed below and saved beside it (plan.json).
         cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
-        cfg, budget_lines = resolve_budget(cfg)
         self.dist = init_distributed(cfg.train.device)
-        validate(cfg, self.dist.world_size)
-        self.cfg = cfg = resolve_stage_table(cfg)  # saved with concrete values, like the budget's
+        self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
+        self.cfg = cfg = self.plan.cfg
         self.quiet = quiet or not self.dist.is_main
-        for line in tokenizer_lines + budget_lines:
+        for line in tokenizer_lines + list(self.plan.budget_lines):
             self.log(line)
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
@@ -87,8 +88,7 @@ class Trainer:
         self.stop_request = StopRequest()
         self.device = self.dist.device
         # The run's own micro-batching (validation uses it); a stage table's steps have their own (train_step).
-        self.micro_batch, self.grad_accum = micro_batch_rows(cfg, self.dist.world_size)
-        self.plan = stage_plan(cfg)
+        self.micro_batch, self.grad_accum = self.plan.micro_batch, self.plan.grad_accum
         self.stage: Stage | None = None  # the stage the loop last set up; None: none yet (start, resume, warmup)
         self.stage_batch: tuple[int, int] = (self.micro_batch, self.grad_accum)  # self.stage's (enter_stage)
         # Called as hook(trainer, previous, stage) when training enters another stage (previous None after
@@ -108,12 +108,13 @@ class Trainer:
         # Before anything is allocated: a config that cannot fit fails here.
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
-        check_data_capacity(cfg, self.plan, self.train_files, dist.world_size)
+        check_data_capacity(cfg, self.plan, self.train_files)
         # Only once the data is there: a run refused for its data must not leave a run directory
         # behind, which would refuse the corrected command as "already holds a run". A resume writes
         # them once its checkpoint has loaded (load_latest): a refused resume leaves the run as it was.
         if dist.is_main and not self.resume:
             self.rundir.write_config(cfg)
+            self.rundir.write_plan(self.plan.as_dict())
             keep_in_run(self.tokenizer, self.run_dir)
             self.rundir.write_env(environment_snapshot(self.device))
         barrier()
@@ -133,7 +134,7 @@ class Trainer:
             rate = cfg.model.moe_bias_rate
             self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
         self.forward = compiled_forward(cfg, self.model, self.strategy, self.log)
-        self.inputs = StepInputs(cfg, self.plan, self.device)
+        self.inputs = StepInputs(self.plan, self.device)
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0
@@ -149,8 +150,7 @@ class Trainer:
                                     loader=self.loader, guard=self.guard, grad_sync=self.grad_sync,
                                     device=self.device, peak=self.peak, world_size=dist.world_size,
                                     has_experts=self.has_experts)
-        for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device, dist.world_size,
-                                 self.micro_batch, self.grad_accum):
+        for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device):
             self.log(line)
         for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens):
             self.log(line)
@@ -158,6 +158,7 @@ class Trainer:
             self.load_latest()
             if dist.is_main:
                 self.rundir.write_config(cfg)
+                self.rundir.write_plan(self.plan.as_dict())
                 record_resume(self.rundir, environment_snapshot(self.device), self.step)
         elif cfg.train.on_nonfinite == "rollback":
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
@@ -171,7 +172,7 @@ class Trainer:
         if stage is not self.stage:
             previous, self.stage = self.stage, stage
             # (rows per micro-step, micro-steps) of this stage: fixed within it, so worked out once here
-            self.stage_batch = stage_micro_batch(self.cfg, stage, self.dist.world_size)
+            self.stage_batch = self.plan.stage_batch(stage)
             self.loader.set_grad_accum(self.stage_batch[1])
             for hook in self.stage_hooks:
                 hook(self, previous, stage)
@@ -186,7 +187,7 @@ class Trainer:
         stage = self.enter_stage(step)
         rows, grad_accum = self.stage_batch
         mtp_weights = self.inputs.mtp_weights_at(step)
-        apply_hyperparameters(self.optimizers, self.cfg, self.plan, step, self.rollbacks.lr_scale)
+        apply_hyperparameters(self.optimizers, self.plan, step, self.rollbacks.lr_scale)
         windows, rope = self.inputs.windows_at(step), self.inputs.rope_at(step)
         self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         total = torch.zeros((), device=self.device)

@@ -73,15 +73,14 @@ def _saved_config(run_dir: Path, state: dict) -> dict | None:
 
 def _lr_change(saved: dict | None, cfg: Config, step: int) -> str:
     """", which moves muon lr at step 100 from 0.006 to 0.014" (empty when it does not move)."""
-    from ..stages import stage_plan
-    from .step_schedule import lr_mult_at
+    from ..plan import RunPlan
 
     try:
         before_cfg = config_from_dict(saved)
-        before = before_cfg.optim.muon_lr * lr_mult_at(before_cfg, stage_plan(before_cfg), step)
+        before = before_cfg.optim.muon_lr * RunPlan.of(before_cfg).lr_mult_at(step)
     except (ValueError, TypeError):
         return ""
-    after = cfg.optim.muon_lr * lr_mult_at(cfg, stage_plan(cfg), step)
+    after = cfg.optim.muon_lr * RunPlan.of(cfg).lr_mult_at(step)
     return "" if before == after else f", which moves muon lr at step {step} from {before:.3g} to {after:.3g}"
 
 

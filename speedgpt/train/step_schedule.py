@@ -2,37 +2,27 @@
 attention windows, rotary (YaRN) state and multi-token-prediction weights in the form the forward
 takes.
 
-Everything here is a pure function of the step (and the stage table), so a resumed run recomputes
-it exactly. Under compile the per-step values enter the model as device tensors, each distinct
-value copied once: the compiled graph sees neither new Python values (no recompiles as the
-windows grow) nor a host-to-device copy (no sync) inside the timed steps.
+Everything here is read from the run's plan (plan.py), a pure function of the step, so a resumed
+run recomputes it exactly. Under compile the per-step values enter the model as device tensors,
+each distinct value copied once: the compiled graph sees neither new Python values (no recompiles
+as the windows grow) nor a host-to-device copy (no sync) inside the timed steps.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..config import Config
-from ..optim.schedules import lr_multiplier, muon_momentum, muon_weight_decay
-from ..stages import StagePlan, windows_at
+from ..plan import RunPlan
 
 
-def lr_mult_at(cfg: Config, plan: StagePlan, step: int) -> float:
-    """Step `step`'s multiplier of every base learning rate: the schedule's, times the stage's lr_mul
-    (x 1.0 exactly without a stage table)."""
-    return lr_multiplier(cfg.schedule, step, cfg.train.steps) * plan.stage_at(step).lr_mul
-
-
-def apply_hyperparameters(optimizers, cfg: Config, plan: StagePlan, step: int, lr_scale: float = 1.0) -> None:
+def apply_hyperparameters(optimizers, plan: RunPlan, step: int, lr_scale: float = 1.0) -> None:
     """Set step `step`'s learning rates (the schedule x the stage's lr_mul x `lr_scale`, which numerics
     rollbacks lower), Muon momentum and weight decay on every optimizer's param groups."""
-    mult = lr_mult_at(cfg, plan, step)
+    mult = plan.lr_mult_at(step)
     for opt in optimizers:
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * mult
-    o = cfg.optim
-    momentum = muon_momentum(step, o.muon_momentum_start, o.muon_momentum, o.muon_momentum_warmup_steps)
-    weight_decay = muon_weight_decay(o.muon_weight_decay, o.wd_schedule, mult, step / cfg.train.steps)
+    momentum, weight_decay = plan.muon_momentum_at(step), plan.muon_weight_decay_at(step)
     for group in optimizers.muon.param_groups if optimizers.muon is not None else []:
         group["momentum"] = momentum
         group["weight_decay"] = weight_decay
@@ -43,18 +33,15 @@ def apply_hyperparameters(optimizers, cfg: Config, plan: StagePlan, step: int, l
 
 
 class StepInputs:
-    """The forward's per-step inputs from the schedules: windows, rope and MTP weights of a step."""
+    """The forward's per-step inputs from the plan: windows, rope and MTP weights of a step."""
 
-    def __init__(self, cfg: Config, plan: StagePlan, device: torch.device):
-        self.cfg, self.plan, self.device = cfg, plan, device
+    def __init__(self, plan: RunPlan, device: torch.device):
+        self.plan, self.device = plan, device
+        self.compile = plan.cfg.train.compile
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self._mtp_tensors = self._mtp_weight_tensors()
-        self.yarn = None  # model.yarn: the rotary state of every step (model/yarn.py), as device tensors per state
-        if cfg.model.yarn:
-            from ..model.yarn import YarnSchedule
-
-            self.yarn, self._yarn_tensors = YarnSchedule.from_config(cfg), {}
-
+        self.yarn = plan.yarn  # model.yarn: the rotary state of every step (model/yarn.py), as device tensors per state
+        self._yarn_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     def _mtp_weight_tensors(self) -> list[torch.Tensor | None]:
         """Every step's multi-token-prediction weights as its own device tensor, made once before
         training (None for steps that predict the next token only)."""
@@ -78,8 +65,8 @@ class StepInputs:
         """The attention windows of `step` in the form the forward takes: the schedule's (long, short)
         tokens; under compile a device tensor. Training step k and the validation after k steps both
         use them, so validation scores the model with the windows it is trained at (as record #28)."""
-        windows = windows_at(self.cfg, step, self.plan)
-        if not self.cfg.train.compile:
+        windows = self.plan.windows_at(step)
+        if not self.compile:
             return windows
         # A compiled graph specializes on Python ints: windows enter as device tensors so the growing
         # window schedule does not recompile. Cached, so each distinct value is copied to the device once.

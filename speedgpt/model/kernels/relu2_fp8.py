@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from ..fp8_cast import quantize
-from .softcap_ce import HAVE_TRITON, available, tl, triton
+from .triton_support import HAVE_TRITON, available, tl, triton
 
 ROWS_PER_PROGRAM = 2
 WARPS = 8

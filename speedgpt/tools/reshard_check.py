@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .fault_suite import last_line, run_env, speedgpt_command
+from .processes import last_line, run_env, speedgpt_command
 
 
 class RunFailed(RuntimeError):
@@ -210,7 +210,8 @@ def check_args(args) -> str | None:
         if visible < args.nproc:
             return f"--backend nccl --nproc {args.nproc} needs {args.nproc} GPUs, {visible} visible; run it where " \
                    f"there are {args.nproc}, or lower --nproc"
-    from ..config import ConfigError, resolve, validate
+    from ..config import ConfigError, resolve
+    from ..plan import validate
 
     try:  # a mistyped override, or a batch some world size cannot share, fails here, not after a run
         cfg = resolve(args.preset, None, run_config(args, "cpu")[2:])

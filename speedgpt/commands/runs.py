@@ -1,0 +1,211 @@
+"""The commands that read a finished run or a config: `speedgpt report`, `eval`, `sample`, `export`
+and `config`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def cmd_report(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
+        "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
+        "that differ from A's.")
+    p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
+                   help="run directories written by `speedgpt train`; with several, the first is the baseline A")
+    p.add_argument("--out", type=Path, default=None,
+                   help="output dir for report.png/html (default: the run dir for one run, "
+                        "FIRST_RUN_DIR/compare for several)")
+    p.add_argument("--target-loss", type=float, default=None,
+                   help="report time/tokens to reach this val loss (linear between the evaluations around the "
+                        "crossing, as `speedgpt ab`)")
+    p.add_argument("--title", default=None, help="plot and page title (default: speedgpt report)")
+    p.add_argument("--markdown", action="store_true",
+                   help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md), and write no "
+                        "files; needs 2+ runs")
+    args = p.parse_args(argv)
+    if args.markdown and len(args.run_dirs) < 2:
+        p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
+    from ..report import report_runs
+
+    try:
+        report_runs(args.run_dirs, args.out, target_loss=args.target_loss, title=args.title, markdown=args.markdown)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"speedgpt report: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+EVAL_EPILOG = """\
+examples:
+  speedgpt eval runs/x                             # the run's own val split, as many tokens as it validated on
+  speedgpt eval runs/x --data data/fineweb10B --tokens 1048576
+  speedgpt eval runs/x --hellaswag download --limit 1000
+  speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
+  speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
+  speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
+  speedgpt eval runs/x/export-hf                   # also a Hugging Face one (speedgpt export --format hf)
+lm-evaluation-harness scores a Hugging Face export (pip install -e ".[hf]"; local tasks: docs/format.md):
+  lm_eval --model hf --model_args pretrained=runs/x/export-hf,trust_remote_code=True --tasks hellaswag
+"""
+
+
+def cmd_eval(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt eval", epilog=EVAL_EPILOG,
+                                description="Validation loss, bits per byte and optionally HellaSwag accuracy and CORE of a "
+                                            "trained model; appended to the run's metrics.jsonl as an eval record.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
+    p.add_argument("--data", metavar="GLOB_OR_DIR", help="shards to score (default: the run's own data)")
+    p.add_argument("--split", default="val", choices=["val", "train"], help="which shards of a directory (default val)")
+    p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
+    p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
+    p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
+    p.add_argument("--core", action="store_true", help="also score CORE (DCLM's 22 in-context tasks)")
+    p.add_argument("--core-bundle", metavar="PATH_OR_download", default="download",
+                   help="the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or 'download' "
+                        "(default: fetched once into the cache)")
+    p.add_argument("--core-limit", type=int, help="score only N examples per CORE task (quick, approximate)")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    p.add_argument("--batch-rows", type=int, help="rows per forward (default: fits in about 32K tokens)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
+    args = p.parse_args(argv)
+    for flag, value in (("--tokens", args.tokens), ("--limit", args.limit), ("--batch-rows", args.batch_rows)):
+        if value is not None and value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
+    if args.core_limit is not None and (args.core_limit < 1 or not args.core):
+        p.error("--core-limit N needs --core and N >= 1")
+
+    from ..config import ConfigError
+    from ..eval.run import EvalError, evaluate_run
+    from ..infer.load import LoadError
+
+    try:
+        evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
+                     limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,
+                     log=not args.no_log, core=args.core_bundle if args.core else None, core_limit=args.core_limit)
+    except (LoadError, EvalError, ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
+        print(f"speedgpt eval: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+SAMPLE_EPILOG = """\
+examples:
+  speedgpt sample runs/x --prompt "def fibonacci(n):"            # streams the continuation
+  speedgpt sample runs/x --prompt "import numpy" --prompt "class Tree:" --temperature 0  # one batch
+  speedgpt sample runs/x/export --prompt "" --max-tokens 200 --seed 1                    # unconditional
+Prompts of different lengths run in one batch: the shared prefix is prefilled together, the longer
+prompts' remaining tokens are fed one per step, so each row equals sampling its prompt alone.
+"""
+
+
+def cmd_sample(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt sample", epilog=SAMPLE_EPILOG,
+                                description="Continue prompts with a trained model (KV cache; stops at end-of-text).",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
+    p.add_argument("--prompt", action="append", required=True, metavar="TEXT",
+                   help="prompt text; repeat for several prompts, generated together in one batch")
+    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most (default 128)")
+    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy (default 0.8)")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0: all (default 50)")
+    p.add_argument("--seed", type=int, help="seed for reproducible samples (default: fresh randomness)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (the slow reference)")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
+    args = p.parse_args(argv)
+    if args.max_tokens < 1:
+        p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
+    if args.top_k < 0:
+        p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not args.temperature >= 0:  # also rejects nan
+        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
+
+    from ..config import ConfigError
+    from ..infer.generate import sample_texts
+    from ..infer.load import LoadError, load_model
+    from ..tokenizer.folder import run_tokenizer
+
+    try:
+        model, cfg = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
+        opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
+                    seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
+        if len(args.prompt) == 1:
+            # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
+            pending = [args.prompt[0]]
+
+            def write(piece: str) -> None:
+                print(pending.pop() + piece if pending else piece, end="", flush=True)
+
+            sample_texts(model, args.prompt, stream=write, **opts)
+            print(pending.pop() if pending else "")
+        else:
+            for i, text in enumerate(sample_texts(model, args.prompt, **opts)):
+                print(f"--- sample {i + 1}/{len(args.prompt)} ---\n{text}")
+    except (LoadError, ConfigError, ValueError) as e:
+        print(f"speedgpt sample: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def cmd_export(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt export",
+                                description="Write a run's weights as model.safetensors + config.json, loadable by "
+                                            "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model; "
+                                            "with --format hf, a folder Hugging Face transformers loads "
+                                            "(AutoModelForCausalLM, trust_remote_code=True) and speedgpt reads back.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
+    p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export, RUN_DIR/export-hf with "
+                                                "--format hf): new, empty, or holding an earlier export, whose files "
+                                                "are replaced (other files there are kept)")
+    p.add_argument("--format", default="speedgpt", choices=["speedgpt", "hf"],
+                   help="speedgpt (default) or hf: Hugging Face transformers' layout with modeling code and tokenizer")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"], help="weight dtype (default bf16)")
+    p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
+    args = p.parse_args(argv)
+
+    from ..config import ConfigError
+    from ..export import ExportError, export_model
+    from ..infer.load import LoadError
+
+    try:
+        if args.format == "hf":
+            from ..hf.export import export_hf
+
+            out, notes = export_hf(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint)
+        else:
+            out, notes = export_model(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint), []
+    except (LoadError, ExportError, ConfigError) as e:
+        print(f"speedgpt export: {e}", file=sys.stderr)
+        return 2
+    from ..rundir.export_dir import written_files
+
+    size = sum(f.stat().st_size for f in written_files(out) if f.is_file()) / 2**20
+    print(f"exported {args.run_dir} -> {out} ({size:.1f} MiB, {args.dtype}, {args.format} format)")
+    for note in notes:
+        print(f"note: {note}")
+    return 0
+
+
+def cmd_config(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt config",
+                                description="Print every config key with its resolved value and what it does. "
+                                            "Set any key on `speedgpt train` as --section.key=value.")
+    p.add_argument("--preset", help="start from this preset (default: the built-in defaults)")
+    p.add_argument("--config", help="start from this config.toml (e.g. a run's)")
+    args, overrides = p.parse_known_args(argv)
+
+    from ..config import Config, ConfigError, resolve
+    from ..config_docs import describe_config
+
+    try:
+        cfg = resolve(args.preset, args.config, overrides) if (args.preset or args.config or overrides) else Config()
+    except ConfigError as e:
+        print(f"speedgpt config: config error: {e}", file=sys.stderr)
+        return 2
+    print(describe_config(cfg))
+    return 0

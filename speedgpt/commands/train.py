@@ -1,0 +1,218 @@
+"""`speedgpt train`: its arguments, the run's config from a preset / config.toml / resume, the run
+directory's lock and reuse checks, the training itself, and the sample and report after it."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+TRAIN_EPILOG = """\
+overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.muon_lr=0.03
+           --train.steps=500 --data.train_files=data/mycorpus  (`speedgpt config` lists every key)
+examples:
+  speedgpt train                                   # default: tiny-cpu on CPU, speedrun-124m on a GPU
+  speedgpt train --preset speedrun-124m --train.steps=300
+  speedgpt train --config runs/x/config.toml       # reproduce a run
+  speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
+  speedgpt train --resume runs/x --train.steps=300 --extend   # train a finished run further
+  speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
+  (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
+A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
+one that another `speedgpt train` is using right now (its lock file RUN_DIR/.speedgpt-run.lock).
+"""
+
+
+def cmd_train(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt train", description="Train a GPT model.", epilog=TRAIN_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", help="preset name (default: tiny-cpu without a GPU, speedrun-124m with one)")
+    p.add_argument("--config", help="a config.toml, e.g. one saved in a run directory")
+    p.add_argument("--resume", metavar="RUN_DIR", help="resume RUN_DIR from its latest checkpoint")
+    p.add_argument("--run-dir", help="where to write the run (default runs/<name>-<time>)")
+    p.add_argument("--auto-resume", action="store_true",
+                   help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
+                        "schedulers that re-run the same command; implied for workers torchrun restarted)")
+    p.add_argument("--extend", action="store_true",
+                   help="with --resume/--auto-resume: accept a changed train.steps or schedule (the lr schedule "
+                        "is stretched from the checkpoint on), e.g. to train a finished run further")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
+    p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
+    args, overrides = p.parse_known_args(argv)
+
+    from ..config import preset_names
+
+    if args.list_presets:
+        print("\n".join(preset_names()))
+        return 0
+    if args.auto_resume and not args.run_dir:
+        p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
+    with contextlib.ExitStack() as held:  # the run directory's lock, released whatever happens
+        # Locked before anything looks at the directory (rundir/lock.py): a second command on it is
+        # refused before it reads the run's config or checks whether the directory holds a run.
+        named = args.resume or args.run_dir
+        if named and (not args.resume or Path(args.resume).is_dir()) and not _lock(held, named, args):
+            return 2
+        cfg = _train_config(p, args, overrides)
+        if cfg is None:
+            return 2
+        from ..rundir import default_run_dir
+
+        run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
+        if not named and not _lock(held, run_dir, args):
+            return 2
+        if not _run_dir_usable(args, run_dir):
+            return 2
+        result = _run_training(cfg, run_dir, resume=True if args.resume else "auto" if args.auto_resume else False,
+                               extend=args.extend)
+        if isinstance(result, int):
+            return result
+        if result.model is not None:  # the rank that wrote the run
+            sample_and_report(cfg, result)
+    return 0
+
+
+def _main_rank() -> bool:
+    """Whether this process is the one that decides for the run (rank 0 under torchrun, or alone)."""
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:
+    """Lock `run_dir` for this command (rank 0 only), kept by `held`; False after a one-line error."""
+    if not _main_rank():
+        return True
+    from ..outdir import OutDirError
+    from ..rundir.lock import RunLocked, lock_run_dir
+
+    try:
+        held.enter_context(lock_run_dir(run_dir, flag="--resume" if args.resume else "--run-dir",
+                                        notice=lambda line: print(f"speedgpt train: {line}", file=sys.stderr)))
+    except (RunLocked, OutDirError) as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
+    """The run's config from --preset / --config / --resume and the overrides, on a device that
+    exists here; None (after a one-line error) when it cannot be had."""
+    from ..config import ConfigError, default_preset, resolve
+    from ..device import DeviceError, resolve_device
+
+    # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
+    folded: list[str] = []
+    for item in overrides:
+        if folded and "=" not in folded[-1] and not item.startswith("--"):
+            folded[-1] += "=" + item
+        else:
+            folded.append(item)
+    bad = [o for o in folded if not o.startswith("--") or "." not in o.split("=", 1)[0] or "=" not in o]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
+    config_file = args.config
+    if args.resume:
+        from ..rundir import RunDir
+
+        run = RunDir(args.resume)
+        if not run.is_run() and not config_file:
+            what = "does not exist" if not run.root.exists() else "holds no run (no config.toml)"
+            print(f"speedgpt train: --resume {args.resume} {what}; give the directory of an earlier run "
+                  f"(runs/<name>), or start one with --run-dir", file=sys.stderr)
+            return None
+        config_file = config_file or str(run.config_path)
+    preset = args.preset
+    if not preset and not config_file:
+        preset = default_preset()
+    try:
+        cfg = resolve(preset, config_file, folded)
+        resolve_device(cfg.train.device, option="--train.device")
+    except ConfigError as e:
+        print(f"speedgpt train: config error: {e}", file=sys.stderr)
+        return None
+    except DeviceError as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return None
+    return cfg
+
+
+def _run_dir_usable(args, new_dir: str) -> bool:
+    """A new run never writes into another run's directory (rundir/reuse.py); False after a one-line error.
+    (A file where the directory must go, or one that cannot be written, was refused when it was locked.)"""
+    if args.resume or not _main_rank():  # one rank decides (torchrun)
+        return True
+    from ..rundir import RunDir
+    from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
+
+    # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
+    # train(); one without (killed before its first checkpoint) is started afresh.
+    auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    try:
+        if not (auto and RunDir(new_dir).list_checkpoints()):
+            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
+    except RunDirInUse as e:
+        print(f"speedgpt train: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def _run_training(cfg, run_dir: str | None, resume, extend: bool = False):
+    """train(), its errors as one line and an exit status (an int); the TrainResult otherwise."""
+    from ..config import ConfigError
+    from ..rundir.checkpoint import CheckpointError
+    from ..train.guard import NonFiniteError
+    from ..train.loop import train
+    from ..train.preempt import TrainingStopped
+    from ..train.resume import RunComplete
+
+    try:
+        result = train(cfg, run_dir=run_dir, resume=resume, extend=extend)
+        # The run is complete and saved: a SIGTERM in the last moments of interpreter shutdown must not
+        # turn its exit status into a failure (a scheduler would then retry a finished run).
+        import signal
+
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    except ConfigError as e:
+        print(f"speedgpt train: config error: {e}", file=sys.stderr)
+        return 2
+    except RunComplete as e:  # nothing to train: not an error (a scheduler re-running a finished job)
+        if _main_rank():
+            print(f"speedgpt train: {e}", flush=True)
+        return 0
+    except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, not finished
+        if _main_rank():  # one line per run, not per rank
+            print(f"speedgpt train: {e}", file=sys.stderr)
+        return e.exit_code
+    except NonFiniteError as e:
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt train: error: {e}", file=sys.stderr)
+        return 3
+    except (CheckpointError, FileNotFoundError, ValueError) as e:
+        # Bad data or checkpoints: one line that says what to do. SPEEDGPT_DEBUG=1 shows the traceback.
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt train: error: {e}", file=sys.stderr)
+        return 2
+    return result
+
+
+def sample_and_report(cfg, result) -> None:
+    """What `speedgpt train` adds after training: a sample from the trained model and the run's report."""
+    if cfg.run.sample_tokens:
+        from ..infer.generate import sample_text
+        from ..tokenizer.folder import run_tokenizer
+
+        text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
+                           temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=run_tokenizer(result.run_dir))
+        print("sample:\n" + text, flush=True)
+    if cfg.run.report:
+        try:
+            from ..report import write_report
+
+            paths = write_report([result.run_dir], result.run_dir)
+            print(f"report: {paths.get('png', '')}", flush=True)
+        except Exception as e:  # a plotting failure must not lose a finished run
+            print(f"report: not written ({type(e).__name__}: {e})", flush=True)

@@ -1,0 +1,157 @@
+"""The fault suite's runs and results: the tiny config its faulted runs use (or a real preset on N
+GPUs), the tally of each fault, the small shards it trains on, the losses a run logged, and the
+check that a requested set of runs can run at all (tools/fault_suite.py drives them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+STEPS = 12
+CHECKPOINT_EVERY = 2
+# As small as the trainer allows while keeping GPT-2's vocabulary: a run is a few seconds of
+# compute, and checkpoints every 2 steps make a kill during a save likely.
+CONFIG = [
+    "--model.depth=1", "--model.model_dim=32", "--model.head_dim=16", "--model.value_embeds=0",
+    "--data.seq_len=64", "--train.batch_tokens=256", f"--train.steps={STEPS}", "--train.log_every=4",
+    "--train.val_every=0", "--data.val_tokens=256", "--train.device=cpu", "--run.report=false",
+    "--run.sample_tokens=0", "--schedule.window_start=64", "--schedule.window_end=64",
+    "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5",
+    f"--train.checkpoint_every={CHECKPOINT_EVERY}", "--train.keep_checkpoints=2", "--train.checkpoint_every_min=0",
+]
+FAULTS = ("kill9", "sigterm", "nan", "shard", "save", "worker")
+
+
+@dataclass(frozen=True)
+class Runs:
+    """How the suite's runs are made. The defaults are the tiny CPU config above; the worker fault
+    also runs a real preset on N GPUs (`preset` set: its own config, these steps and checkpoints,
+    a loss logged every step so the final losses compare, then `overrides`)."""
+
+    nproc: int = 2  # processes of a torchrun group (the worker fault)
+    device: str = "cpu"  # "cuda": NCCL between the processes, one GPU each
+    preset: str | None = None  # None: tiny-cpu with CONFIG and the suite's own small shards
+    steps: int = STEPS
+    checkpoint_every: int = CHECKPOINT_EVERY
+    overrides: tuple[str, ...] = ()
+
+    def config(self) -> list[str]:
+        if self.preset is None:
+            fixed = {"--train.steps": str(self.steps), "--train.checkpoint_every": str(self.checkpoint_every),
+                     "--train.device": self.device}
+            own = []
+            for item in CONFIG:
+                key = item.split("=", 1)[0]
+                own.append(f"{key}={fixed[key]}" if key in fixed else item)
+            return ["--preset", "tiny-cpu", *own, *self.overrides]
+        return ["--preset", self.preset, f"--train.steps={self.steps}",
+                f"--train.checkpoint_every={self.checkpoint_every}", "--train.keep_checkpoints=2",
+                "--train.checkpoint_every_min=0", "--train.log_every=1", "--run.report=false",
+                "--run.sample_tokens=0", f"--train.device={self.device}", *self.overrides]
+
+    def describe(self) -> str:
+        backend = "nccl" if self.device == "cuda" else "gloo"
+        return f"{self.nproc} x {backend}, {self.preset or 'tiny-cpu (suite config)'}, {self.steps} steps"
+
+
+
+@dataclass
+class Tally:
+    trials: int = 0
+    survived: int = 0
+    bit_equal: int = 0
+    data_lost: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+
+def make_data(out: Path, shards: int = 8, shard_tokens: int = 600) -> Path:
+    """Small train shards (so runs cross several) and a val shard, from this interpreter's stdlib."""
+    import sysconfig
+
+    from ..data.shards import write_shard
+    from ..data.tokenizer import BOS_ID, get_tokenizer
+
+    enc = get_tokenizer()
+    need = shards * shard_tokens + 1200
+    tokens: list[int] = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        tokens.append(BOS_ID)
+        tokens += enc.encode_ordinary(path.read_text(errors="replace"))
+        if len(tokens) >= need:
+            break
+    arr = np.array(tokens[:need], dtype=np.uint16)
+    for i in range(shards):
+        write_shard(out / f"train_{i:06d}.bin", arr[i * shard_tokens:(i + 1) * shard_tokens])
+    write_shard(out / "val_000000.bin", arr[shards * shard_tokens:])
+    return out
+
+
+
+class ReferenceRunFailed(RuntimeError):
+    """The uninterrupted run a fault is compared with did not finish: nothing can be compared."""
+
+
+
+def final_losses(run_dir: Path, step: int) -> dict[str, float]:
+    """The train and val loss a run logged at `step` (after a resume: the resumed timeline's)."""
+    from ..rundir.metrics import read_metrics
+
+    out = {}
+    try:
+        records = read_metrics(run_dir)
+    except FileNotFoundError:
+        return out
+    for r in records:
+        if r["step"] == step:
+            for key in ("train_loss", "val_loss"):
+                if key in r:
+                    out[key] = r[key]
+    return out
+
+
+
+def flatten_state(obj, prefix=""):
+    """A nested state dict (an optimizer's) as one flat dict of dotted keys."""
+    if isinstance(obj, dict):
+        out = {}
+        for k, v in obj.items():
+            out.update(flatten_state(v, f"{prefix}{k}."))
+        return out
+    if isinstance(obj, (list, tuple)):
+        out = {}
+        for i, v in enumerate(obj):
+            out.update(flatten_state(v, f"{prefix}{i}."))
+        return out
+    return {prefix.rstrip("."): obj}
+
+
+
+def check_runs(runs: Runs, chosen: list[str]) -> str | None:
+    """Why `runs` cannot be run for the faults `chosen` (one line naming the fix), or None."""
+    if runs != Runs() and chosen != ["worker"]:
+        return ("--nproc, --backend, --preset, --steps, --checkpoint-every and config overrides apply to the "
+                    "worker fault only; add --faults worker")
+    if runs.nproc < 2:
+        return f"--nproc {runs.nproc}: the worker fault needs at least 2 processes (rank 1 is the one that dies)"
+    if runs.checkpoint_every < 1 or runs.steps < runs.checkpoint_every + 3:
+        return (f"--steps {runs.steps} --checkpoint-every {runs.checkpoint_every}: a run needs a checkpoint, then "
+                f"a step to fail in, then one more (steps >= checkpoint-every + 3, checkpoint-every >= 1)")
+    if runs.device == "cuda":
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if visible < runs.nproc:
+            return (f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where "
+                    f"there are {runs.nproc}, or lower --nproc")
+    from ..config import ConfigError, resolve
+    from ..plan import validate
+
+    try:  # a mistyped override or a batch the ranks cannot share fails here, not in every run
+        validate(resolve(runs.preset or "tiny-cpu", None, runs.config()[2:]), runs.nproc)
+    except ConfigError as e:
+        return f"config error: {e}"
+    return None
+
