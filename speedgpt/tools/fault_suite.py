@@ -165,8 +165,7 @@ class Suite:
             newest_step = int(newest[-1].name[5:]) if newest else 0
             half = any(p.name.startswith(TMP_PREFIX) for p in (d / "checkpoints").glob("*"))
             rc2, out = self.run(self._args(d, data, extra))
-            # killed after its last checkpoint: the restart reports the run complete (train/resume.py)
-            m = re.search(r"resumed from \S+ at step (\d+)", out) or re.search(r"is complete \(step (\d+) of", out)
+            m = re.search(r"resumed from \S+ at step (\d+)", out)
             resumed = int(m.group(1)) if m else 0
             # A run that reached its last step before the kill (a loaded machine runs slower or faster
             # than the reference run timed): the resume finds it complete, and nothing is lost.
