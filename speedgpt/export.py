@@ -65,6 +65,31 @@ def scalar_param_names(cfg) -> set[str]:
     return {name for name, p in model.named_parameters() if id(p) in ids}
 
 
+def export_source(source: str | Path, out: str | Path | None, *, dtype: str, checkpoint: str | int | None,
+                  default_out: str = "default_export"):
+    """What every export format starts from: (src, cfg, out, tokenizer) of `source`'s latest (or named)
+    checkpoint. `out` defaults to the run directory's `default_out` attribute (RunDir). Refused with
+    ExportError before anything heavy is read: an unknown dtype, `out` being the source itself, an
+    `out` that holds files no export wrote, a run whose tokenizer is missing or does not fit."""
+    from .rundir.weights import load_config, locate
+    from .tokenizer.folder import TokenizerError, run_tokenizer
+
+    if dtype not in DTYPES:
+        raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
+    src = locate(source, checkpoint)
+    cfg = load_config(src)
+    default = getattr(RunDir(src.root), default_out)
+    out = Path(out) if out is not None else default
+    if out.resolve() == src.root.resolve():
+        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default}")
+    check_export_dir(out)  # a foreign folder is refused at once
+    try:
+        tok = run_tokenizer(src.root, cfg)
+    except TokenizerError as e:
+        raise ExportError(str(e)) from None
+    return src, cfg, out, tok
+
+
 def export_model(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
                  checkpoint: str | int | None = None) -> Path:
     """Write `out` (default SOURCE/export) from a run directory's latest (or named) checkpoint.
@@ -76,20 +101,11 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
     from safetensors.torch import save_file
 
     from . import __version__
-    from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_config, load_state,
-                                 locate, strip_wrapper_prefixes)
-    from .tokenizer.folder import RUN_SUBDIR, TokenizerError, copy_folder, run_tokenizer
+    from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_state,
+                                 strip_wrapper_prefixes)
+    from .tokenizer.folder import RUN_SUBDIR, copy_folder
 
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    src = locate(source, checkpoint)
-    cfg = load_config(src)
-    default_out = RunDir(src.root).default_export
-    out = Path(out) if out is not None else default_out
-    if out.resolve() == src.root.resolve():
-        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
-    check_export_dir(out)  # before the checkpoint is read: a foreign folder is refused at once
-
+    src, cfg, out, tok = export_source(source, out, dtype=dtype, checkpoint=checkpoint)
     state = strip_wrapper_prefixes(load_state(src, torch.device("cpu")))
     target = DTYPES[dtype]
     keep_fp32 = scalar_param_names(cfg)
@@ -101,10 +117,6 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
                        "dtype": dtype, "speedgpt_version": __version__,
                        "aliases": aliases}}
 
-    try:
-        tok = run_tokenizer(src.root, cfg)
-    except TokenizerError as e:
-        raise ExportError(str(e)) from None
     with export_files(out, FORMAT) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")

@@ -156,27 +156,13 @@ def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str =
     Written through rundir/export_dir.py like speedgpt's own export: a crash never leaves half a
     folder, a re-export replaces only its own files, a folder no export wrote is refused."""
     from .. import __version__
-    from ..export import DTYPES, ExportError
+    from ..export import DTYPES, ExportError, export_source
     from ..infer.load import load_model
-    from ..rundir import RunDir
-    from ..rundir.export_dir import check_export_dir, export_files
-    from ..rundir.weights import load_config, locate
-    from ..tokenizer.folder import TokenizerError, run_tokenizer
+    from ..rundir.export_dir import export_files
+    from ..tokenizer.folder import TokenizerError
 
-    if dtype not in DTYPES:
-        raise ExportError(f"dtype '{dtype}' is not one of {', '.join(DTYPES)}")
-    src = locate(source, checkpoint)
-    cfg = load_config(src)
-    default_out = RunDir(src.root).default_hf_export
-    out = Path(out) if out is not None else default_out
-    if out.resolve() == src.root.resolve():
-        raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default_out}")
-    check_export_dir(out)  # before the model is built: a foreign folder is refused at once
+    src, cfg, out, tok = export_source(source, out, dtype=dtype, checkpoint=checkpoint, default_out="default_hf_export")
     notes = check_supported(cfg)
-    try:
-        tok = run_tokenizer(src.root, cfg)
-    except TokenizerError as e:
-        raise ExportError(str(e)) from None
     # fp32 masters on the CPU, windows and YaRN state of the checkpoint's step
     model, _ = load_model(source, device="cpu", checkpoint=checkpoint, dtype=torch.float32)
     provenance = {"source": str(src.root), "checkpoint": src.weights.name if src.kind == "run" else None,
