@@ -125,17 +125,18 @@ Dropped at export (training only):
 {dropped}"""
 
 
-def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.dtype, notes: list[str]) -> list[str]:
-    """Write every file of the export into `folder` (`tok`: the run's tokenizer); returns their names."""
+def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.dtype, notes: list[str]) -> None:
+    """Write every file of the export into `folder` (`tok`: the run's tokenizer); the export manifest
+    lists what is there (rundir/export_dir.py)."""
     from safetensors.torch import save_file
 
     from ..export import scalar_param_names
 
     # Scalars (residual, value and skip lambdas, routers) and the experts' balancing bias stay fp32, as in
     # speedgpt's own bf16 export: a few hundred numbers whose precision matters more than their size.
-    keep_fp32 = scalar_param_names(cfg) | {k for k in model.state_dict() if k.endswith("expert_bias")}
-    state = {k: (v.to(dtype) if v.is_floating_point() and k not in keep_fp32 else v)
-             for k, v in model.state_dict().items()}
+    state = model.state_dict()
+    keep_fp32 = scalar_param_names(cfg) | {k for k in state if k.endswith("expert_bias")}
+    state = {k: (v.to(dtype) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}
     tensors = {k: v.detach().contiguous() for k, v in hf_state(state, model.embed_tied).items()}
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
     files = {CONFIG: hf_config(model, cfg, provenance, dtype), GENERATION_CONFIG: generation_config(cfg)}
@@ -145,8 +146,7 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
         (folder / name).write_text((resources.files("speedgpt.hf") / name).read_text(encoding="utf-8"),
                                    encoding="utf-8")
     (folder / README).write_text(readme(provenance, notes))
-    tokenizer = write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len)
-    return [WEIGHTS, *files, *CODE_FILES, README, *tokenizer]
+    write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len)
 
 
 def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",

@@ -6,9 +6,11 @@ Files (`speedgpt export RUN --format hf --out DIR`):
                              provenance (source, step, tokens, dtype)
     model.safetensors        the weights under the modeling file's names
     configuration_speedgpt.py, modeling_speedgpt.py    the code transformers runs (trust_remote_code)
-    generation_config.json   BOS/EOS 50256, the padded vocabulary's ids suppressed
-    tokenizer.json and friends (hf/tokenizer_files.py)
+    generation_config.json   BOS/EOS = the run's model.bos_id (50256 for GPT-2), the padded vocabulary's
+                             ids suppressed
+    tokenizer.json and friends (hf/tokenizer_files.py): the run's tokenizer
     README.md                how to load it
+    .speedgpt-export.json    the files the export wrote (rundir/export_dir.py)
 
 Names: modeling_speedgpt.py mirrors speedgpt's module tree under `model.` (the transformers
 convention: the trunk is `model`, the head `lm_head`), so a speedgpt name maps to `model.<name>`,
