@@ -23,7 +23,13 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_bench(argv: list[str]) -> int:
     from .bench import main as bench_main
 
-    return bench_main(argv)
+    try:
+        return bench_main(argv)
+    except (FileNotFoundError, ValueError) as e:  # a bad config or data (ConfigError is a ValueError): exit 2, as train
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt bench: error: {e}", file=sys.stderr)
+        return 2
 
 
 def cmd_tokenizer(argv: list[str]) -> int:

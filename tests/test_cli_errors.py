@@ -331,3 +331,13 @@ def test_a_reader_that_stops_reading_ends_the_command_quietly(argv):
     proc.stdout.close()
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0 and err == ""
+
+
+def test_bench_refuses_a_bad_config_or_data_with_status_2_as_train_does(tmp_path, capsys):
+    """bench's config and data errors used to reach main()'s catch-all: one line, but exit 1."""
+    (tmp_path / "empty").mkdir()
+    for argv in (["bench", "--config", str(tmp_path / "missing.toml")],
+                 ["bench", "--preset", "tiny-cpu", f"--data.train_files={tmp_path / 'empty'}", "--steps", "1"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("speedgpt bench: error: ") and err.count("\n") == 1, err
