@@ -23,13 +23,7 @@ def cmd_sweep(argv: list[str]) -> int:
 def cmd_bench(argv: list[str]) -> int:
     from .bench import main as bench_main
 
-    try:
-        return bench_main(argv)
-    except (FileNotFoundError, ValueError) as e:  # a bad config or data (ConfigError is a ValueError): exit 2, as train
-        if os.environ.get("SPEEDGPT_DEBUG"):
-            raise
-        print(f"speedgpt bench: error: {e}", file=sys.stderr)
-        return 2
+    return bench_main(argv)
 
 
 def cmd_tokenizer(argv: list[str]) -> int:
@@ -113,8 +107,8 @@ def _main(argv: list[str] | None) -> int:
     if name not in COMMANDS:
         print(f"speedgpt: unknown command '{name}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    # Last resort for what a command does not handle itself: one line and a non-zero status, never a
-    # traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
+    # Last resort for what a command does not handle itself: one line and a non-zero status (2 for bad
+    # input, 1 for anything else), never a traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
     try:
         if name in LOADS_TORCH and not {"-h", "--help"} & set(argv):
             from .interrupt import holding_ctrl_c
@@ -128,6 +122,12 @@ def _main(argv: list[str] | None) -> int:
         return 130
     except BrokenPipeError:
         raise  # main() ends quietly
+    except (FileNotFoundError, ValueError) as e:
+        # Bad input (a ConfigError is a ValueError): status 2, as the commands that catch their own give.
+        if os.environ.get("SPEEDGPT_DEBUG"):
+            raise
+        print(f"speedgpt {name}: error: {_error_line(e)}", file=sys.stderr)
+        return 2
     except Exception as e:
         if os.environ.get("SPEEDGPT_DEBUG"):
             raise
