@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sysconfig
 from pathlib import Path
 
@@ -15,6 +16,19 @@ TINY_OVERRIDES = [
     "--run.sample_tokens=0", "--schedule.window_start=64", "--schedule.window_end=64",
     "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5",
 ]
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (the README's `-n auto`), each worker gets its share of the cores: N workers each
+    running torch's default of one thread per core, and the processes they start, would oversubscribe them."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # CLI subprocesses and spawned ranks inherit it
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from evalkit import make_run
+from extraskit import need, requires_hf, requires_lm_eval
 from hfkit import preset_run, scaled_model, text_rows
 from speedgpt.cli import main
 from speedgpt.config import ModelConfig, preset_names
@@ -35,7 +36,7 @@ def latest(tmp_path_factory):
 
 
 def hf_model(folder):
-    transformers = pytest.importorskip("transformers")
+    transformers = need("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(str(folder), trust_remote_code=True)
 
 
@@ -72,6 +73,7 @@ def test_distinct_architectures_leave_out_only_deeper_or_fp8_twins():
     assert set(preset_names()) - set(distinct_architectures()) == {"d20", "d26", "speedrun-r28"}
 
 
+@requires_hf
 @pytest.mark.parametrize("preset", distinct_architectures())
 def test_logits_equal_speedgpt_with_and_without_cache(tmp_path, preset, request, text_shards):
     from transformers import DynamicCache
@@ -102,6 +104,7 @@ def test_logits_equal_speedgpt_with_and_without_cache(tmp_path, preset, request,
         assert torch.equal(back(multi), ref(multi))
 
 
+@requires_hf
 def test_cache_and_left_padding_equal_the_full_forward(latest):
     """What speedgpt's own cache does not do: documents inside a cached prompt, and padded batches."""
     from transformers import DynamicCache
@@ -129,8 +132,10 @@ def test_cache_and_left_padding_equal_the_full_forward(latest):
                 hf(**kwargs)
 
 
+@requires_hf
 def test_greedy_generate_equals_speedgpt_sample(tmp_path, capsys):
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from speedgpt.infer.generate import encode_prompt, generate_batch
 
     run = preset_run(tmp_path, "speedrun-latest", tied=True)  # tied phase: the lookup reads the head
@@ -177,6 +182,7 @@ def test_eval_reads_the_folder_back(tmp_path):
     assert main(["eval", str(out), "--tokens", "640"]) == 0  # nothing to log into: an export
 
 
+@requires_hf
 def test_bf16_folder_equals_speedgpt_in_bf16(tmp_path, latest):
     from safetensors import safe_open
 
@@ -225,9 +231,9 @@ def test_folder_layout_and_config(latest):
     assert imported == {"__future__", "torch", "transformers", ".configuration_speedgpt"}
 
 
+@requires_hf
 def test_fresh_model_from_a_config_runs():
     """from_config (no export): speedgpt's rotary frequencies from rope_base, and every parameter initialized."""
-    pytest.importorskip("transformers")
     from speedgpt.hf.configuration_speedgpt import SpeedGPTConfig
     from speedgpt.hf.modeling_speedgpt import SpeedGPTForCausalLM, default_frequencies
     from speedgpt.model.rotary import Rotary
@@ -319,10 +325,11 @@ def test_export_without_transformers_says_what_loading_needs(tmp_path, monkeypat
     assert (tmp_path / "hf" / "modeling_speedgpt.py").is_file()
 
 
+@requires_lm_eval
 def test_lm_eval_scores_the_folder_as_speedgpt_does(tmp_path):
     """lm-evaluation-harness's hf backend on a local multiple-choice task (no download): its
     log-likelihoods are speedgpt's own."""
-    lm_eval = pytest.importorskip("lm_eval")
+    import lm_eval
     from lm_eval.tasks import TaskManager
 
     from speedgpt.data.tokenizer import get_tokenizer

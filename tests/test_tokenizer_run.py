@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import TINY_OVERRIDES
+from extraskit import requires_hf
 from speedgpt.cli import main
 from tokkit import corpus_docs, train_small, write_jsonl
 
@@ -78,12 +79,14 @@ def test_sample_and_export_use_the_runs_tokenizer(trained, tmp_path, capsys):
     assert capsys.readouterr().out == text  # the same weights and tokenizer: the same sample
 
 
+@requires_hf
 @pytest.mark.usefixtures("hf_offline")
 def test_hf_export_carries_the_runs_tokenizer_and_bos(trained, tmp_path):
     """--format hf of a run with its own tokenizer: the folder's AutoTokenizer encodes as the run's
     tokenizer does (BOS 511 first), config.json's BOS is the run's (its documents' boundary), and the
     transformers model gives speedgpt's logits on a row holding two documents."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
+
     from speedgpt.hf.export import export_hf
     from speedgpt.infer.load import load_model
 
