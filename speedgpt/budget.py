@@ -34,6 +34,8 @@ ANCHOR_BATCH_TOKENS = 2**19
 # scaling parameter (--target-param-data-ratio); the anchor is that compute-optimal d12 run.
 ANCHOR_TOKENS_PER_PARAM = 12.0
 BATCH_EXPONENT = 0.383
+# Whole steps move a budget by up to half a step; past this share it is said at start.
+ROUNDING_WARN = 0.05
 
 
 def _meta_model(model_cfg: ModelConfig, seq_len: int):
@@ -65,9 +67,42 @@ def ladder_model(model_cfg: ModelConfig, depth: int) -> ModelConfig:
 def optimal_batch_tokens(tokens: float, model_cfg: ModelConfig) -> int:
     """The power-of-two batch for a horizon of `tokens`: 2^19 x (tokens / D_anchor)^0.383, where
     D_anchor is the compute-optimal horizon of this architecture's d12."""
-    anchor_tokens = ANCHOR_TOKENS_PER_PARAM * scaling_params(ladder_model(model_cfg, ANCHOR_DEPTH))
-    predicted = ANCHOR_BATCH_TOKENS * (tokens / anchor_tokens) ** BATCH_EXPONENT
-    return 2 ** round(math.log2(predicted))
+    return _batch_at(tokens, _anchor_tokens(model_cfg))
+
+
+def _anchor_tokens(model_cfg: ModelConfig) -> float:
+    return ANCHOR_TOKENS_PER_PARAM * scaling_params(ladder_model(model_cfg, ANCHOR_DEPTH))
+
+
+def _batch_at(tokens: float, anchor_tokens: float) -> int:
+    return 2 ** round(math.log2(ANCHOR_BATCH_TOKENS * (tokens / anchor_tokens) ** BATCH_EXPONENT))
+
+
+def smallest_horizon(cfg: Config) -> int:
+    """The fewest training tokens that make one whole step: the batch when it is given; with a derived
+    batch, the smallest power of two D whose batch fits in it (the batch grows with D, slower than D,
+    and is a power of two, so no D between powers of two fits before that one)."""
+    if cfg.train.batch_tokens:
+        return cfg.train.batch_tokens
+    anchor = _anchor_tokens(cfg.model)
+    return next(2**j for j in range(64) if _batch_at(2**j, anchor) <= 2**j)
+
+
+class BudgetBelowOneStep(ConfigError):
+    """A horizon (train.tokens_per_param or train.flops_budget) of less than one training step. `key` and
+    `smallest` (the least value of that key that trains one step at this depth) let a caller name its own
+    flag (`speedgpt sweep --flops`)."""
+
+    def __init__(self, message: str, key: str, smallest: float):
+        super().__init__(message)
+        self.key, self.smallest = key, smallest
+
+
+def _up(x: float, digits: int = 3) -> float:
+    """`x` rounded up to `digits` significant digits: a smallest budget printed that way, and given back,
+    is never refused for the digits that printing dropped."""
+    scale = 10 ** (math.floor(math.log10(x)) - digits + 1)
+    return math.ceil(x / scale - 1e-9) * scale
 
 
 def training_flops_per_token(cfg: Config) -> float:
@@ -125,12 +160,20 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
     n_params = scaling_params(cfg.model)
     if t.tokens_per_param or t.flops_budget:
         if t.tokens_per_param:
+            key, value, per_token = "tokens_per_param", t.tokens_per_param, 1 / n_params  # the key's unit per token
             tokens = t.tokens_per_param * n_params
             source = f"{t.tokens_per_param:g} tokens/param x {n_params:,} scaling params"
         else:
-            per_token = training_flops_per_token(cfg)
+            key, value, per_token = "flops_budget", t.flops_budget, training_flops_per_token(cfg)
             tokens = t.flops_budget / per_token
             source = f"{t.flops_budget:.3g} FLOPs / {per_token:,.0f} FLOPs/token"
+        least = smallest_horizon(cfg)
+        if tokens < least * (1 - 1e-9):  # the float product of a budget given back from this message
+            smallest = _up(least * per_token)
+            raise BudgetBelowOneStep(
+                f"train.{key}={value:g} is {tokens:,.4g} training tokens at depth {cfg.model.depth}, less than one "
+                f"step ({least:,} tokens); the smallest train.{key} for this depth is {smallest:.3g} (one step)",
+                key, smallest)
         if t.batch_tokens == 0:
             t.batch_tokens = optimal_batch_tokens(tokens, cfg.model)
             if t.batch_tokens % cfg.data.seq_len:
@@ -143,6 +186,11 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
         t.steps = max(1, round(tokens / t.batch_tokens))
         lines.append(f"budget: {t.steps:,} steps x {t.batch_tokens:,} tokens = {t.steps * t.batch_tokens:,} tokens "
                      f"({source}; {t.steps * t.batch_tokens / n_params:.2f} tokens/param)")
+        change = t.steps * t.batch_tokens / tokens - 1
+        if abs(change) > ROUNDING_WARN:
+            lines.append(f"warning: whole steps change the budget by {change:+.0%}: train.{key}={value:g} asks for "
+                         f"{tokens:,.0f} tokens, {t.steps:,} steps of {t.batch_tokens:,} train "
+                         f"{t.steps * t.batch_tokens:,}")
     if o.tuned_width:
         width = cfg.model.resolved_dim()
         lr_scale, wd_scale = (o.tuned_width / width) ** 0.5, (o.tuned_width / width) ** 2

@@ -292,13 +292,18 @@ def analyze(out: Path, echo=print) -> dict:
     return data
 
 
+_EXAMPLES = {"--depths": "4,6,8", "--flops": "1e15,3e15", "--tokens-per-param": "4,10,20"}
+_FLAGS = {"flops_budget": "--flops", "tokens_per_param": "--tokens-per-param"}
+
+
 def _numbers(text: str, flag: str, cast) -> list:
+    example = f"e.g. {flag} {_EXAMPLES[flag]}"
     try:
         values = [cast(float(v)) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise SweepError(f"{flag} {text!r}: give comma-separated numbers, e.g. {flag} 4,6,8") from None
+        raise SweepError(f"{flag} {text!r}: give comma-separated numbers, {example}") from None
     if not values or any(v <= 0 for v in values):
-        raise SweepError(f"{flag} {text!r}: give positive numbers, e.g. {flag} 4,6,8")
+        raise SweepError(f"{flag} {text!r}: give positive numbers, {example}")
     return values
 
 
@@ -329,8 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error("give --depths and one of --tokens-per-param or --flops (or --analyze)")
         depths = _numbers(args.depths, "--depths", int)
         kind = "tokens_per_param" if args.tokens_per_param else "flops_budget"
-        budgets = _numbers(args.tokens_per_param or args.flops, "--" + ("tokens-per-param" if args.tokens_per_param
-                                                                          else "flops"), float)
+        budgets = _numbers(args.tokens_per_param or args.flops, _FLAGS[kind], float)
         points = grid(depths, budgets, kind)
         preset = args.preset or default_preset()
         plan(points, kind, preset, overrides)  # every run's config resolves before any starts
@@ -355,12 +359,21 @@ def main(argv: list[str] | None = None) -> int:
 
 def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> None:
     """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
-    from .budget import describe
+    from .budget import BudgetBelowOneStep, describe
     from .config import resolve
     from .planner import plan_run
 
     for pt in points:
-        b = describe(plan_run(resolve(preset, None, [*overrides, *run_overrides(pt, kind)])).cfg)
+        try:
+            run_plan = plan_run(resolve(preset, None, [*overrides, *run_overrides(pt, kind)]))
+        except BudgetBelowOneStep as e:  # a point of no step would train one and stand on the frontier as this one
+            flag = _FLAGS[kind]
+            raise SweepError(f"{flag} {pt.budget:g} is less than one training step at depth {pt.depth} ({pt.name}); "
+                             f"the smallest {flag} for depth {pt.depth} is {e.smallest:.3g}") from None
+        b = describe(run_plan.cfg)
         echo(f"sweep: {pt.name}: {b.scaling_params:,} scaling params, batch {b.batch_tokens:,}, {b.steps:,} steps, "
              f"{b.tokens:,} tokens, {b.flops:.3g} FLOPs")
+        for line in run_plan.budget_lines:
+            if line.startswith("warning:"):
+                echo(f"sweep: {pt.name}: {line}")
 

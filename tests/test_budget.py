@@ -152,3 +152,32 @@ def test_ladder_memory_and_expected_time_in_comments_and_docs_are_the_estimates(
     docs = (Path(__file__).resolve().parents[1] / "docs" / "scaling.md").read_text()
     row = next(line for line in docs.splitlines() if line.startswith(f"| {name} |"))
     assert row.endswith(f"| {m1:.1f} / {m8:.1f} GiB | {h1:.2f} h / {h1 / 8:.2f} h |"), row
+
+
+@pytest.mark.parametrize("batch", ["262144", "0"])  # given, and derived from the horizon
+def test_a_budget_below_one_step_is_refused_with_the_smallest_one(batch):
+    from speedgpt.budget import BudgetBelowOneStep, smallest_horizon
+
+    base = apply_overrides(ladder_cfg(4), ["--train.tokens_per_param=0", f"--train.batch_tokens={batch}"])
+    with pytest.raises(BudgetBelowOneStep, match=r"train.flops_budget=1000 is .* less than one step") as e:
+        resolve_budget(apply_overrides(base, ["--train.flops_budget=1e3"]))
+    assert f"smallest train.flops_budget for this depth is {e.value.smallest:.3g} (one step)" in str(e.value)
+    least = smallest_horizon(base)
+    assert least == 262144 if batch != "0" else least < 262144
+    cfg, _ = resolve_budget(apply_overrides(base, [f"--train.flops_budget={e.value.smallest:.3g}"]))  # as printed
+    assert cfg.train.steps == 1 and cfg.train.batch_tokens == least
+    per_token = describe(cfg).flops / describe(cfg).tokens
+    with pytest.raises(BudgetBelowOneStep):  # just short of one step
+        resolve_budget(apply_overrides(base, [f"--train.flops_budget={0.99 * least * per_token}"]))
+    with pytest.raises(BudgetBelowOneStep, match=r"train.tokens_per_param=1e-09 .* smallest train.tokens_per_param"):
+        resolve_budget(apply_overrides(base, ["--train.flops_budget=0", "--train.tokens_per_param=1e-9"]))
+
+
+def test_rounding_to_whole_steps_is_said_when_it_moves_the_budget():
+    base = apply_overrides(ladder_cfg(4), ["--train.tokens_per_param=0", "--train.batch_tokens=262144"])
+    one_step = describe(resolve_budget(apply_overrides(base, ["--train.flops_budget=1e30"]))[0])
+    per_step = one_step.flops / one_step.steps
+    _, lines = resolve_budget(apply_overrides(base, [f"--train.flops_budget={1.4 * per_step}"]))
+    assert any(line.startswith("warning: whole steps change the budget by -29%") for line in lines), lines
+    _, lines = resolve_budget(apply_overrides(base, [f"--train.flops_budget={40.4 * per_step}"]))
+    assert not any(line.startswith("warning") for line in lines)  # 1% off

@@ -127,3 +127,25 @@ def test_atomic_write_failure_leaves_the_old_file(tmp_path):
     with pytest.raises(OSError):
         atomic_write(target, broken)
     assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["f.bin"]
+
+
+@pytest.mark.parametrize("error, says", [(OSError(28, "No space left on device"), "free space on that disk"),
+                                         (OSError(5, "Input/output error"), "fix that")])
+def test_a_failed_save_says_what_to_do_next(error, says, tmp_path, monkeypatch):
+    ckpts = tmp_path / "run" / "checkpoints"
+
+    def failing(path, data):
+        raise error
+
+    monkeypatch.setattr(ckpt_mod, "atomic_write", failing)
+    with pytest.raises(CheckpointSaveError) as e:
+        _save(ckpts, 1)
+    assert str(e.value).endswith(f"no earlier checkpoint exists; {says} (with no checkpoint to resume from, a run "
+                                 f"that stops here starts again with --overwrite)")
+    monkeypatch.undo()
+    _save(ckpts, 1)
+    monkeypatch.setattr(ckpt_mod, "atomic_write", failing)
+    with pytest.raises(CheckpointSaveError) as e:
+        _save(ckpts, 2)
+    assert str(e.value).endswith(f"step_000001 is intact; {says} (a run that stops here continues with "
+                                 f"`speedgpt train --resume {tmp_path / 'run'}`)")

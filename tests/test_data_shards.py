@@ -89,7 +89,8 @@ def test_rejects_token_outside_vocab(tmp_path):
     path = tmp_path / "v.bin"
     write_shard(path, [50256, 5, 50257, 3])
     assert load_shard(path).numel() == 4  # the check is opt-in
-    with pytest.raises(ShardError, match=r"v\.bin has token id 50257 >= vocab_size 50257 \(first at position 2\)"):
+    with pytest.raises(ShardError, match=r"v\.bin has token id 50257 >= vocab_size 50257 "
+                                         r"\(first at position 2, byte 1028\)"):
         load_shard(path, vocab_size=50257)
     load_shard(path, vocab_size=50304)
 
@@ -109,3 +110,16 @@ def test_find_shards(tmp_path):
         find_shards(tmp_path, "test")
     with pytest.raises(FileNotFoundError, match=r"no files match .*nothing\*\.bin"):
         find_shards(str(tmp_path / "nothing*.bin"))
+
+
+def test_check_token_ids_names_the_first_offender_without_loading(tmp_path):
+    path = tmp_path / "val_000000.bin"
+    write_shard(path, [50256, 7, 60000, 50300, 3])
+    shards.check_token_ids(path, 60001)
+    with pytest.raises(ShardError, match=r"val_000000\.bin has token id 60000 >= vocab_size 50257 "
+                                         r"\(first at position 2, byte 1028\)") as e:
+        shards.check_token_ids(path, 50257)
+    assert e.value.offset == 1028
+    write_shard(path, [50256, 7, 50300])  # below the padded embedding (50304), still no GPT-2 token
+    with pytest.raises(ShardError, match=r"token id 50300 >= vocab_size 50257 \(first at position 2"):
+        shards.check_token_ids(path, 50257)

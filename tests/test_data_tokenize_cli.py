@@ -117,3 +117,11 @@ def test_jsonl_without_the_text_field_hints_text_field_and_leaves_no_empty_out(t
     assert main(["data", "tokenize", str(data), "--out", str(mine), "--workers", "1"]) == 2
     assert mine.is_dir()
     assert main(["data", "tokenize", str(data), "--out", str(out), "--workers", "1", "--text-field", "content"]) == 0
+
+
+def test_help_says_a_long_document_gets_a_shard_of_its_own(capsys):
+    """--shard-tokens is a cap on shards of many documents; test_data_tokenize checks the long one's shard."""
+    with pytest.raises(SystemExit) as e:
+        main(["data", "tokenize", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0 and "one longer than that gets a shard of its own" in help_text

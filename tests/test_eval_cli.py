@@ -180,3 +180,17 @@ def test_eval_loss_is_the_loss_of_the_windows_the_config_names(tmp_path):
     full = [model(x, y, reduction="none", windows=(64, 64)) for x, y in val_batches(
         resolve_eval_files(cfg, None, "val"), seq_len=64, batch_size=5, max_tokens=640)]
     assert not math.isclose(rec["val_loss"], torch.cat(full).double().mean().item(), rel_tol=1e-6)
+
+
+def test_eval_names_an_id_past_the_vocabulary(tmp_path, capsys):
+    from speedgpt.data.shards import load_shard, write_shard
+
+    run = make_run(tmp_path, steps=(1,))
+    other = write_corpus(tmp_path / "other", seed=7)
+    tokens = load_shard(other / "val_000000.bin").numpy().copy()
+    tokens[9] = 50300  # inside the padded table (50304): scored silently without the check
+    write_shard(other / "val_000000.bin", tokens)
+    assert main(["eval", str(run), "--data", str(other), "--no-log"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "val_000000.bin has token id 50300 >= vocab_size 50257 (first at position 9" in err
+    assert "Traceback" not in err and len(err.splitlines()) == 1

@@ -114,3 +114,14 @@ def test_a_run_stopped_by_its_time_budget_is_finished(tmp_path, tiny_cfg, capsys
     assert "finished earlier (stopped by its time budget), skipped" in capsys.readouterr().out
     (result,) = collect(out)
     assert (result.ended_by, result.steps) == ("time budget", 1)
+
+
+def test_a_sweep_point_below_one_step_is_refused_before_any_run(tmp_path, capsys):
+    from speedgpt.sweep import main
+
+    assert main(["--out", str(tmp_path / "s"), "--depths", "4", "--flops", "1e3", "--preset", "tiny-cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "--flops 1000 is less than one training step at depth 4 (d4-c1e3)" in err
+    assert "the smallest --flops for depth 4 is" in err and not (tmp_path / "s").exists()
+    assert main(["--out", str(tmp_path / "s"), "--depths", "4", "--flops", "0"]) == 2
+    assert "give positive numbers, e.g. --flops 1e15,3e15" in capsys.readouterr().err

@@ -18,7 +18,9 @@ def cmd_data(argv: list[str]) -> int:
     t.add_argument("--val-fraction", type=float, default=0.01,
                    help="share of documents for the val split, chosen by a hash of each text; at least one "
                         "document goes to val unless 0 (default 0.01)")
-    t.add_argument("--shard-tokens", type=int, default=100_000_000, help="tokens per shard file at most (default 100M)")
+    t.add_argument("--shard-tokens", type=int, default=100_000_000,
+                   help="tokens per shard file at most (default 100M); documents are never split, so one longer "
+                        "than that gets a shard of its own, as long as the document")
     t.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: the CPU count)")
     t.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens (default: all input)")
     t.add_argument("--tokenizer", metavar="DIR", default=None,

@@ -151,7 +151,8 @@ def _run_dir_usable(args, new_dir: str) -> bool:
     auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     try:
         if not (auto and RunDir(new_dir).list_checkpoints()):
-            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto)
+            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto,
+                                notice=lambda line: print(f"speedgpt train: {line}", file=sys.stderr, flush=True))
     except RunDirInUse as e:
         print(f"speedgpt train: {e}", file=sys.stderr)
         return False

@@ -210,16 +210,34 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
         )
     if sys.byteorder == "big":  # the format is little-endian on disk
         buf.byteswap(inplace=True)
-    if vocab_size is not None and n_tokens:
-        top = int(buf.max())
-        if top >= vocab_size:
-            pos = int(np.argmax(buf >= vocab_size))
-            raise ShardError(
-                f"shard {path} has token id {top} >= vocab_size {vocab_size} (first at position {pos}); "
-                "it was tokenized with another vocabulary: re-tokenize, or raise the model's vocab_size",
-                offset=HEADER_BYTES + width * pos,
-            )
+    if vocab_size is not None:
+        _check_ids(buf, path, vocab_size, width)
     return tokens
+
+
+def check_token_ids(path: str | os.PathLike, vocab_size: int) -> None:
+    """ShardError (file, id, position and byte named) when the shard at ``path`` holds an id >=
+    ``vocab_size``: load_shard's check without loading the shard. One max over a memory map; the
+    first offender is looked for only when there is one."""
+    info = read_shard_info(path)
+    if info.n_tokens:
+        ids = np.memmap(path, dtype="<u2" if info.token_bytes == 2 else "<u4", mode="r", offset=HEADER_BYTES,
+                        shape=(info.n_tokens,))
+        _check_ids(ids, Path(path), vocab_size, info.token_bytes)
+
+
+def _check_ids(ids: np.ndarray, path: Path, vocab_size: int, width: int) -> None:
+    if not ids.size:
+        return
+    top = int(ids.max())
+    if top >= vocab_size:
+        pos = int(np.argmax(ids >= vocab_size))
+        byte = HEADER_BYTES + width * pos
+        raise ShardError(
+            f"shard {path} has token id {top} >= vocab_size {vocab_size} (first at position {pos}, byte {byte}); "
+            "it was tokenized with another vocabulary: re-tokenize it, or raise model.vocab_size",
+            offset=byte,
+        )
 
 
 def find_shards(pattern_or_dir: str | os.PathLike, split: str | None = "train") -> list[Path]:

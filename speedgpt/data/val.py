@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from .loader import _check_shape, _resolve
-from .shards import load_shard, read_header
+from .shards import check_token_ids, load_shard, read_header
 from .tokenizer import BOS_ID
 
 
@@ -53,6 +53,18 @@ def val_batches(
         )
     device = torch.device(device)
     return _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device)
+
+
+def check_val_ids(files: list[Path], need: int, vocab_size: int) -> None:
+    """ShardError naming the file, id and position when a shard holding the first `need` tokens of the
+    val stream has an id >= vocab_size (the tokenizer's vocabulary, not the padded embedding, whose
+    extra rows would score such an id silently). Called at start: validation only reads these
+    shards after training steps, so a bad id found there would cost the run."""
+    for f in files:
+        if need <= 0:
+            break
+        check_token_ids(f, vocab_size)
+        need -= read_header(f)
 
 
 def _read_stream(files: list[Path], sizes: list[int], need: int) -> np.ndarray:

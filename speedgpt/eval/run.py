@@ -62,7 +62,7 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     """Evaluate a run (or export) directory; returns the eval record. For a run directory the record
     is appended to its metrics.jsonl (unless `log=False`). `core`: a CORE bundle directory, or
     "download" (fetched once into the cache; also used when it is already there)."""
-    from ..data.val import val_batches
+    from ..data.val import check_val_ids, val_batches
     from ..data.shards import read_header
     from ..infer.load import load_model
     from ..plan import RunPlan
@@ -96,6 +96,7 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     if n_tokens < want:
         print_fn(f"eval: scoring {n_tokens:,} tokens (asked {want:,}; the {split} shards hold {available:,})")
 
+    check_val_ids(files, n_tokens + 1, cfg.model.vocab_size)  # an id past the vocabulary: named, not an IndexError
     t0 = time.perf_counter()
     batches = val_batches(files, seq_len=seq, batch_size=rows, max_tokens=n_tokens, device=dev)
     res = evaluate_loss_and_bpb(model, batches, token_byte_lengths(tok.encoding, cfg.model.padded_vocab()), device=dev)

@@ -46,6 +46,7 @@ HF_EXPORT_DIR = "export-hf"  # `speedgpt export --format hf` (transformers' layo
 REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
 COMPARE_DIR = "compare"  # `speedgpt report` of several runs, in the first (baseline) run's directory
+TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer (speedgpt/tokenizer/folder.py), when it has one
 
 
 class RunDir:

@@ -116,9 +116,22 @@ def save_checkpoint(ckpt_root: Path, step: int, model_state: dict, optim_state: 
         previous = list_checkpoints(ckpt_root)
         kept = f"the previous checkpoint {previous[-1]} is intact" if previous else "no earlier checkpoint exists"
         raise CheckpointSaveError(f"could not write checkpoint step {step} in {ckpt_root} "
-                                  f"({type(e).__name__}: {e}); {kept}") from None
+                                  f"({type(e).__name__}: {e}); {kept}; {_save_fix(e, ckpt_root, previous)}") from None
     prune_checkpoints(ckpt_root, keep, keep_every)
     return final
+
+
+def _save_fix(e: BaseException, ckpt_root: Path, previous: list[Path]) -> str:
+    """What to do after a failed save: free space (a full disk or quota; torch.save says so only in its
+    text), then resume from the intact checkpoint, or start again when there is none."""
+    import errno
+
+    full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(e)
+    first = "free space on that disk" if full else "fix that"
+    run = ckpt_root.parent
+    if previous:
+        return f"{first} (a run that stops here continues with `speedgpt train --resume {run}`)"
+    return f"{first} (with no checkpoint to resume from, a run that stops here starts again with --overwrite)"
 
 
 def verify_files(path: Path, state: dict, names: tuple[str, ...] | None = TENSOR_FILES, fix: str = "") -> None:

@@ -2,20 +2,30 @@
 
 Two runs in one directory would mix: the new config over the old, metrics appended to the old
 ones, the old checkpoint left where `--resume` and `report` would read it under the new config.
+
+A start that failed before its first step (a bad val shard, a crash while building the model) is
+no run: it left only what the start writes, no checkpoint and no metrics record past step 0, so
+nothing in it can be resumed or reported. The same command again clears it and starts, saying so,
+rather than refusing it as "already holds a run".
 """
 
 from __future__ import annotations
 
+import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from . import (CHECKPOINTS_DIR, COMPARE_DIR, CONFIG_FILE, ENV_FILE, EXPORT_DIR, METRICS_FILE, PLAN_FILE,
-               REPORT_HTML, REPORT_PNG)
+               REPORT_HTML, REPORT_PNG, TOKENIZER_DIR)
 
 # What `speedgpt train` writes into a run directory (and `report` / `export` / TensorBoard after it).
-RUN_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, REPORT_PNG, REPORT_HTML, EXPORT_DIR,
-             "tb", "wandb", COMPARE_DIR)
+RUN_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, TOKENIZER_DIR, REPORT_PNG, REPORT_HTML,
+             EXPORT_DIR, "tb", "wandb", COMPARE_DIR)
 _MARKS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR)  # any of these: the directory holds a run
+# What a start writes before its first step (train/loop.py setup, the metrics loggers): a directory
+# with any other of RUN_FILES (a report, an export) holds a run, whatever its metrics say.
+_START_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, TOKENIZER_DIR, "tb", "wandb")
 
 
 class RunDirInUse(ValueError):
@@ -26,12 +36,37 @@ def holds_run(run_dir: str | Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in _MARKS)
 
 
-def prepare_new_run_dir(run_dir: str | Path, *, overwrite: bool) -> None:
-    """Raise RunDirInUse if ``run_dir`` holds a run; with ``overwrite``, delete that run's files first."""
+def took_no_step(run_dir: str | Path) -> bool:
+    """Whether ``run_dir`` holds only a failed start: none of RUN_FILES but a start's, an empty (or no)
+    checkpoints folder, and metrics (if any) that all parse and have no record past step 0."""
+    run_dir = Path(run_dir)
+    if any((run_dir / name).exists() for name in RUN_FILES if name not in _START_FILES):
+        return False
+    ckpts = run_dir / CHECKPOINTS_DIR
+    if ckpts.exists() and (not ckpts.is_dir() or any(ckpts.iterdir())):  # even a half-written one: a step
+        return False
+    metrics = run_dir / METRICS_FILE
+    if not metrics.exists():
+        return True
+    try:
+        records = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):  # unreadable: not known to be stepless, so kept
+        return False
+    return all(isinstance(r, dict) and isinstance(r.get("step", 0), (int, float)) and r.get("step", 0) <= 0
+               for r in records)
+
+
+def prepare_new_run_dir(run_dir: str | Path, *, overwrite: bool, notice: Callable[[str], None] | None = None) -> None:
+    """Raise RunDirInUse if ``run_dir`` holds a run; with ``overwrite``, delete that run's files first.
+    A failed start (took_no_step) is cleared without ``overwrite``, after a line to ``notice``."""
     run_dir = Path(run_dir)
     if not holds_run(run_dir):
         return
-    if not overwrite:
+    if not overwrite and took_no_step(run_dir):
+        if notice is not None:
+            notice(f"notice: {run_dir} holds a start that recorded no training step (no checkpoint, no metrics "
+                   f"past step 0); its files are replaced by this run's")
+    elif not overwrite:
         raise RunDirInUse(f"{run_dir} already holds a run; continue it with `speedgpt train --resume {run_dir}`, "
                           f"pick a fresh --run-dir, or pass --overwrite to replace it")
     for name in RUN_FILES:

@@ -22,12 +22,13 @@ import json
 import shutil
 from pathlib import Path
 
+from ..rundir import TOKENIZER_DIR
 from .core import FORMAT, HF_FILE, SEPARATOR, Tokenizer, gpt2_tokenizer, identity_sha256
 
 RANKS_FILE = "tokenizer.tiktoken"
 META_FILE = "speedgpt_tokenizer.json"
 FILES = (HF_FILE, RANKS_FILE, META_FILE)
-RUN_SUBDIR = "tokenizer"  # inside a run, an export or a tokenized data directory
+RUN_SUBDIR = TOKENIZER_DIR  # inside a run, an export or a tokenized data directory
 
 
 class TokenizerError(ValueError):

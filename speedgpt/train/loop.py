@@ -109,6 +109,7 @@ class Trainer:
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
         check_data_capacity(cfg, self.plan, self.train_files)
+        self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log, vocab_size=cfg.model.vocab_size)
         # Only once the data is there: a run refused for its data must not leave a run directory
         # behind, which would refuse the corrected command as "already holds a run". A resume writes
         # them once its checkpoint has loaded (load_latest): a refused resume leaves the run as it was.
@@ -118,7 +119,6 @@ class Trainer:
             keep_in_run(self.tokenizer, self.run_dir)
             self.rundir.write_env(environment_snapshot(self.device))
         barrier()
-        self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log)
         self.loader = train_loader(cfg, self.train_files, dist, self.micro_batch, self.grad_accum)
         self.control = RunControl(cfg.train, dist, self.stop_request)
         self.model: GPT = build_model(cfg, self.device, dist.world_size, self.strategy)

@@ -31,13 +31,17 @@ def usable_val_tokens(d: DataConfig, val_files: list[Path], log) -> int:
 
 class Validator:
     """Scores a model on this rank's share of the validation rows; the mean over all rows is the same
-    whatever the world size. Made in setup, so a validation set too small for one row fails before the
-    model is built."""
+    whatever the world size. Made in setup, so a validation set too small for one row, or one holding an
+    id >= `vocab_size` (model.vocab_size: the tokenizer's), fails before the run directory is written."""
 
-    def __init__(self, d: DataConfig, val_files: list[Path], micro_batch: int, dist: DistInfo, log):
+    def __init__(self, d: DataConfig, val_files: list[Path], micro_batch: int, dist: DistInfo, log, *,
+                 vocab_size: int):
+        from ..data.val import check_val_ids
+
         self.val_files, self.micro_batch, self.dist = val_files, micro_batch, dist
         self.seq_len = d.val_seq_len or d.seq_len
         self.tokens = usable_val_tokens(d, val_files, log)
+        check_val_ids(val_files, self.tokens + 1, vocab_size)  # the ids the model's table must hold
 
     @torch.no_grad()
     def loss(self, model, forward, windows, rope) -> float:

@@ -1,0 +1,75 @@
+"""Bad input never costs a run (issue 36): it is refused before the first training step, in one line
+that names the file, key or value and the fix, and leaves nothing that blocks the corrected command."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from speedgpt.cli import main
+from speedgpt.data.shards import load_shard, write_shard
+from speedgpt.rundir import RunDir
+from speedgpt.rundir.reuse import RunDirInUse, prepare_new_run_dir, took_no_step
+from test_cli_errors import expect_one_line_error, train_argv
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("bad_id", [60000, 50300])  # past the padded embedding (50304), and inside it
+def test_a_val_shard_id_past_the_vocabulary_is_refused_at_start(bad_id, text_shards, tmp_path, capsys):
+    tokens = load_shard(text_shards / "val_000000.bin").numpy().copy()
+    tokens[100] = bad_id
+    bad = tmp_path / "val" / "val_000000.bin"
+    bad.parent.mkdir()
+    write_shard(bad, tokens)
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, f"--data.val_files={bad}"), capsys)
+    assert f"{bad} has token id {bad_id} >= vocab_size 50257 (first at position 100" in line, line
+    assert "re-tokenize" in line
+    assert not (run / "config.toml").exists() and not (run / "metrics.jsonl").exists()  # no step, no run
+
+
+def test_a_start_that_failed_before_its_first_step_does_not_block_the_retry(text_shards, tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "val_000000.bin").write_bytes((text_shards / "val_000000.bin").read_bytes())
+    good = load_shard(text_shards / "train_000000.bin").numpy().copy()
+    bad = good.copy()
+    bad[5] = 60000  # found when the first batch loads the shard: after the start wrote the run dir
+    write_shard(data / "train_000000.bin", bad)
+    run = tmp_path / "run"
+    argv = train_argv(data, run)
+    line = expect_one_line_error(argv, capsys)
+    assert "has token id 60000" in line and (run / "config.toml").exists()
+    (run / "notes.txt").write_text("mine")  # a file the run did not write
+    write_shard(data / "train_000000.bin", good)  # the data fixed, the same command again
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert f"notice: {run} holds a start that recorded no training step" in err and "already holds" not in err
+    assert any(r.get("step", 0) > 0 for r in RunDir(run).read_metrics()) and (run / "notes.txt").read_text() == "mine"
+
+
+def write_start(run, metrics=(), **files):
+    run.mkdir()
+    (run / "config.toml").write_text("")
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metrics))
+    for name, text in files.items():
+        (run / name.replace("_", ".")).write_text(text)
+    return run
+
+
+@pytest.mark.parametrize("metrics, files, stepless", [
+    ([{"step": 0, "event": "stages"}, {"step": 0, "val_loss": 10.8}], {}, True),
+    ([{"step": 0, "val_loss": 10.8}, {"step": 4, "train_loss": 7.1}], {}, False),  # a logged step
+    ([{"step": 0}], {"report_png": "x"}, False),  # a report: written after training
+    ([], {"metrics_jsonl": '{"step": 0}\n{"step": 4, "tra'}, False),  # torn: not known to be stepless
+])
+def test_which_run_dirs_took_no_step(metrics, files, stepless, tmp_path):
+    run = write_start(tmp_path / "run", metrics, **files)
+    assert took_no_step(run) is stepless
+    if stepless:
+        (run / "checkpoints" / "step_000000").mkdir(parents=True)  # on_nonfinite=rollback's step-0 checkpoint
+        assert not took_no_step(run)
+        with pytest.raises(RunDirInUse, match="already holds a run"):
+            prepare_new_run_dir(run, overwrite=False)
