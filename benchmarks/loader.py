@@ -96,17 +96,24 @@ def benchmark_mix(*, mix_docs: list[int], steps: int = 20, echo=print) -> dict:
                 planner = MixRows(streams, k, seed=0)
                 state = planner.initial_state()
                 planner.plan(state, 8 * n_rows, T + 1, cap)  # warm: shard loaded
-                times = []
-                for _ in range(steps):
+                times, last_step, gaps = [], {}, []  # gaps: steps from a document's piece to its next one
+                for step in range(steps):
                     t0 = time.perf_counter()
-                    _, after = planner.plan(state, n_rows, T + 1, cap)
+                    rows, after = planner.plan(state, n_rows, T + 1, cap)
                     times.append(time.perf_counter() - t0)
                     state = after
+                    for e, start, end, bos in (p for row in rows for p in row):
+                        doc = (e, int(stream.next_bos(end)) if end < stream.total else end)  # its end: an id
+                        if doc in last_step and bos:
+                            gaps.append(step - last_step[doc])
+                        last_step[doc] = step
                 ms = float(np.median(times)) * 1e3
-                docs = state.row_docs / state.rows
-                results[f"mix{k}_{step_tokens}_{T}_{cap}"] = {"ms_per_step": ms, "docs_per_row": docs}
+                docs, gap = state.row_docs / state.rows, float(np.median(gaps)) if gaps else 0.0
+                results[f"mix{k}_{step_tokens}_{T}_{cap}"] = {"ms_per_step": ms, "docs_per_row": docs,
+                                                              "next_piece_steps": gap}
                 echo(f"mix K={k}: step {step_tokens:,} tokens, rows {T}, max_doc_len {cap}: plan {ms:.2f} ms/step "
-                     f"({step_tokens / ms * 1e3 / 1e6:.0f}M tokens/s), {docs:.1f} distinct documents/row")
+                     f"({step_tokens / ms * 1e3 / 1e6:.0f}M tokens/s), {docs:.1f} distinct documents/row, "
+                     f"a document's next piece {gap:.0f} steps later (median)")
             rows, epoch, pos, docs = GreedyRows(streams, "split"), 0, 0, []
             t0 = time.perf_counter()
             for _ in range(steps * n_rows):

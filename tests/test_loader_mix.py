@@ -214,3 +214,16 @@ def test_data_max_doc_len_caps_the_stages_that_set_none(tiny_cfg):
     table = apply_overrides(tiny_cfg, ["--data.max_doc_len=48", "--train.stages=[{share=0.5, max_doc_len=16}, "
                                        "{share=0.5}]"])
     assert [s.max_doc_len for s in stage_plan(table).stages] == [16, 48]
+
+
+def test_bos_from_is_many_next_bos(long_docs):
+    files, _ = long_docs
+    streams = EpochStreams(ShardCache(files, BOS), seed=0)
+    for epoch in (0, 1):  # shards in order; documents shuffled (a segment per document)
+        stream = streams.stream(epoch)
+        for g in (0, 1, 17, stream.total // 2, stream.total - 3):
+            expect, at = [], g
+            while (at := stream.next_bos(at)) < stream.total and len(expect) < 9:
+                expect.append(at)
+                at += 1
+            assert stream.bos_from(g, 9).tolist() == expect

@@ -40,7 +40,8 @@ class DataConfig:
     # each row with the next pieces (at most max_doc_len tokens) of mix_docs open documents taken in a
     # seeded random order, so a row holds many documents and none is skipped (data/mix.py; greedy packing).
     long_docs: str = "split"
-    mix_docs: int = 256  # long_docs=mix: documents open at once (a document's next piece comes about a round later)
+    # long_docs=mix: documents open at once; a document's next piece comes a round (mix_docs pieces) later
+    mix_docs: int = 1024
     # Longest document piece in a row where no stage table row sets max_doc_len (a run without a table too);
     # 0: no cap. greedy packing only.
     max_doc_len: int = 0

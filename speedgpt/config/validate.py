@@ -80,7 +80,7 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
         raise ConfigError(f"data.long_docs=mix works with data.packing=greedy only, not {d.packing}; "
                           f"add --data.packing=greedy")
     if d.mix_docs < 1:
-        raise ConfigError(f"data.mix_docs={d.mix_docs} must be at least 1 (documents open at once), e.g. 256")
+        raise ConfigError(f"data.mix_docs={d.mix_docs} must be at least 1 (documents open at once), e.g. 1024")
     if d.max_doc_len < 0 or (d.max_doc_len and d.packing != "greedy"):
         raise ConfigError(f"data.max_doc_len={d.max_doc_len} must be >= 0 and works with data.packing=greedy "
                           f"only; leave it at 0 or use --data.packing=greedy")

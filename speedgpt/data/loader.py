@@ -3,8 +3,8 @@
 How rows are made (docs/data.md has the full story and measured numbers):
 
 * Each epoch's shards are one token stream (data/stream.py): epoch 0 in the given order, like
-  the speedrun; later epochs shuffle documents by ``(seed, epoch)`` (whole shards with
-  ``packing="record28"``, whose shard changes follow the layout).
+  the speedrun (or shuffled too, ``shuffle_first_epoch``); later epochs shuffle documents by
+  ``(seed, epoch)`` (whole shards with ``packing="record28"``, whose shard changes follow the layout).
 * A row is ``seq_len + 1`` tokens, planned as pieces of the stream by one of three planners:
   greedy rows of documents back to back (data/greedy.py; ``long_docs="split"``, the default,
   skips no token: a document longer than a stage's ``max_doc_len``, or cut by the row's end,
@@ -95,6 +95,7 @@ class TokenLoader:
         continued_bos: bool = True,
         epoch_shuffle: str | None = None,
         mix_docs: int = DEFAULT_MIX_DOCS,
+        shuffle_first_epoch: bool = False,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -121,7 +122,7 @@ class TokenLoader:
         self._shards = ShardCache(self.files, bos_id, lenient=on_bad_shard == "skip", vocab_size=vocab_size)
         # Record #28's shard changes follow the shard layout, so its later epochs permute whole shards.
         epoch_shuffle = epoch_shuffle or ("shards" if packing == "record28" else "docs")
-        self._streams = EpochStreams(self._shards, seed, epoch_shuffle)
+        self._streams = EpochStreams(self._shards, seed, epoch_shuffle, shuffle_first=shuffle_first_epoch)
         self.packing, self.long_docs, self.continued_bos = packing, long_docs, continued_bos
         self._greedy = GreedyRows(self._streams, long_docs, continued_bos) if long_docs != "mix" else None
         self._mix = MixRows(self._streams, mix_docs, seed) if long_docs == "mix" else None
@@ -326,6 +327,7 @@ class TokenLoader:
             "long_docs": self.long_docs,
             "continued_bos": self.continued_bos,
             "shuffle": self._streams.shuffle,
+            "shuffle_first_epoch": self._streams.shuffle_first,
             "row_tokens": st.row_tokens,
             "cropped": st.cropped,
             "skipped_shards": dict(self.skipped_shards),
@@ -354,11 +356,13 @@ class TokenLoader:
             raise ValueError(f"loader state was saved with data.packing={packing!r}, this loader packs "
                              f"{self.packing!r}; resume with --data.packing={packing}")
         # States from before long_docs existed come from rows that cropped.
-        for key, old in (("long_docs", "crop"), ("continued_bos", True)):
-            if state.get(key, old) != getattr(self, key):
+        mine = {"long_docs": self.long_docs, "continued_bos": self.continued_bos,
+                "shuffle_first_epoch": self._streams.shuffle_first}
+        for key, old in (("long_docs", "crop"), ("continued_bos", True), ("shuffle_first_epoch", False)):
+            if state.get(key, old) != mine[key]:
                 value = str(state.get(key, old)).lower()
                 raise ValueError(f"loader state was saved with data.{key}={value}, this loader has "
-                                 f"{str(getattr(self, key)).lower()}; resume with --data.{key}={value}")
+                                 f"{str(mine[key]).lower()}; resume with --data.{key}={value}")
         if self._mix is not None and len(state["mix"]["open"]) != self._mix.mix_docs:
             saved = len(state["mix"]["open"])
             raise ValueError(f"loader state was saved with data.mix_docs={saved}, this loader has "

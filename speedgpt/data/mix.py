@@ -31,7 +31,7 @@ import numpy as np
 
 from .stream import EpochStreams
 
-DEFAULT_MIX_DOCS = 256
+DEFAULT_MIX_DOCS = 1024
 _ROUND_TAG = 0x6D6978  # keeps the rounds' random streams apart from the epochs' shuffles of the same seed
 
 
@@ -71,6 +71,10 @@ class MixRows:
         if mix_docs < 1:
             raise ValueError(f"mix_docs={mix_docs} must be at least 1")
         self.streams, self.mix_docs, self.seed = streams, mix_docs, seed
+        # The next document starts of one epoch's stream, fetched many at a time (opening a document is then
+        # a list lookup, not two binary searches): (epoch, positions, index of the next one). Derived from
+        # the position alone, so it is no part of the state.
+        self._starts: tuple[int, list[int], int] = (-1, [], 0)
 
     def initial_state(self) -> MixState:
         return MixState(0, 0, (None,) * self.mix_docs)
@@ -89,8 +93,25 @@ class MixRows:
                 return None, epoch, pos, opened
             epoch, pos, opened = epoch + 1, 0, 0
             stream = self.streams.stream(epoch)
-        end = stream.next_bos(pos + 1)
-        return (epoch, pos, end, not stream.is_bos(pos)), epoch, end, opened + 1
+        end = self._next_start(stream, epoch, pos)
+        # A document opens where the one before it ended, at a BOS, except at the stream's start (a shard
+        # may begin with a headless fragment: its first piece gets a BOS put in front).
+        return (epoch, pos, end, pos == 0 and not stream.is_bos(0)), epoch, end, opened + 1
+
+    def _next_start(self, stream, epoch: int, pos: int) -> int:
+        """stream.next_bos(pos + 1), from the cached run of document starts."""
+        cached_epoch, starts, i = self._starts
+        if cached_epoch != epoch or (i and starts[i - 1] > pos):  # another epoch, or behind the cached run
+            starts, i = [], 0
+        while i < len(starts) and starts[i] <= pos:
+            i += 1
+        if i == len(starts):
+            starts, i = stream.bos_from(pos + 1, 512).tolist(), 0
+            if not starts:  # no document starts after pos: this one ends with the stream
+                self._starts = (-1, [], 0)
+                return stream.total
+        self._starts = (epoch, starts, i + 1)
+        return starts[i]
 
     def plan(self, state: MixState, n_rows: int, row_len: int, max_doc: int = 0) -> tuple[list[list[tuple]], MixState]:
         """`n_rows` rows of `row_len` tokens, each a list of pieces (epoch, start, end, bos) to copy in
@@ -123,12 +144,18 @@ class MixRows:
                         continue
                 idle = 0
                 e, start, end, cont = doc
-                take = min(end - start + cont, row_len - filled, max(cap, 1 + cont))
-                n = take - cont  # 0 when only a continuation's BOS fits: it closes the row
+                # tokens of the document: its rest, within the row's room and the cap, both counting the BOS put
+                # in front of a continuation (a cap of 1 still moves on by one token); 0 when only that BOS fits
+                n = end - start
+                room = row_len - filled - cont
+                if room < n:
+                    n = room
+                if cap - cont < n:
+                    n = cap - cont if cap > cont else 1
                 pieces.append((e, start, start + n, cont))
                 if n:
                     ids.add((e, end))
-                filled += take
+                filled += n + cont
                 docs[slot] = (e, start + n, end, True) if start + n < end else None
             rows.append(pieces)
             row_docs += len(ids)

@@ -51,7 +51,7 @@ def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micr
                        world_size=dist_info.world_size, device=dist_info.device, seed=cfg.train.seed,
                        packing=d.packing, grad_accum=grad_accum, on_bad_shard=d.on_bad_shard,
                        vocab_size=cfg.model.vocab_size, bos_id=cfg.model.bos_id, long_docs=d.long_docs,
-                       continued_bos=d.continued_bos, mix_docs=d.mix_docs)
+                       continued_bos=d.continued_bos, mix_docs=d.mix_docs, shuffle_first_epoch=d.shuffle_first_epoch)
 
 
 def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):
@@ -149,6 +149,12 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_ro
         lines.append(f"data: rows mix pieces of {cfg.data.mix_docs} open documents (long_docs=mix); distinct "
                      f"documents per row in a micro-batch planned at the start with each stage's shape: "
                      + " / ".join(f"{docs:.1f}" for docs in docs_per_row))
+    for stage in plan.stages:  # pieces shorter than the window: the model never trains on a full window of one document
+        window = max(plan.windows_at(step)[0] for step in range(stage.start, stage.end))
+        if stage.max_doc_len and stage.max_doc_len < window:
+            lines.append(f"warning: stage {stage.index} cuts documents into pieces of <= {stage.max_doc_len} tokens, "
+                         f"shorter than its long attention window of {window}: validation on long documents may "
+                         f"rise as windows grow; raise its max_doc_len to >= {window} (0: no cap)")
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
                      f"repeated documents; use more data (or fewer steps) for a run that sees each token once")
