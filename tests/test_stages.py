@@ -196,5 +196,5 @@ def test_a_stage_whose_pieces_are_shorter_than_its_window_is_warned_about():
                                   " {share=0.5, max_doc_len=1024}]"])
     warned = [line for line in data_epoch_lines(short, plan_run(short, 4), 10**9) if "attention window" in line]
     assert warned == ["warning: stage 1 cuts documents into pieces of <= 1024 tokens, shorter than its long attention "
-                      "window of 1792: validation on long documents may rise as windows grow; raise its max_doc_len "
-                      "to >= 1792 (0: no cap)"]
+                      "window of 1792: validation on long documents may rise as windows grow; raise "
+                      "train.stages[1].max_doc_len to >= 1792 (0: no cap)"]

@@ -152,9 +152,11 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_ro
     for stage in plan.stages:  # pieces shorter than the window: the model never trains on a full window of one document
         window = max(plan.windows_at(step)[0] for step in range(stage.start, stage.end))
         if stage.max_doc_len and stage.max_doc_len < window:
-            lines.append(f"warning: stage {stage.index} cuts documents into pieces of <= {stage.max_doc_len} tokens, "
-                         f"shorter than its long attention window of {window}: validation on long documents may "
-                         f"rise as windows grow; raise its max_doc_len to >= {window} (0: no cap)")
+            who, key = ((f"stage {stage.index}", f"train.stages[{stage.index}].max_doc_len") if plan.from_table
+                        else ("the run", "data.max_doc_len"))
+            lines.append(f"warning: {who} cuts documents into pieces of <= {stage.max_doc_len} tokens, shorter than "
+                         f"its long attention window of {window}: validation on long documents may rise as windows "
+                         f"grow; raise {key} to >= {window} (0: no cap)")
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
                      f"repeated documents; use more data (or fewer steps) for a run that sees each token once")
