@@ -30,11 +30,12 @@ def mix_loader(files, **kw):
     return loader
 
 
-def test_every_token_of_an_epoch_goes_into_one_row_once(long_docs):
+@pytest.mark.parametrize("mix_docs", [16, 100])  # 100 slots for 60 documents: an epoch drains before the next
+def test_every_token_of_an_epoch_goes_into_one_row_once(long_docs, mix_docs):
     files, _ = long_docs
     streams = EpochStreams(ShardCache(files, BOS), seed=0)
     total = streams.stream(0).total
-    planner = MixRows(streams, mix_docs=16, seed=3)
+    planner = MixRows(streams, mix_docs=mix_docs, seed=3)
     state, shapes = planner.initial_state(), [(3, 256, 32), (1, 512, 0), (5, 64, 17)]
     cover = np.zeros((4, total), np.int64)  # how often each token of epochs 0-3 went into a row
     i = 0
@@ -42,6 +43,9 @@ def test_every_token_of_an_epoch_goes_into_one_row_once(long_docs):
         n_rows, row_len, cap = shapes[i % 3]
         rows, state = planner.plan(state, n_rows, row_len, cap)
         i += 1
+        # a corpus with fewer documents than slots drains an epoch before it opens the next: never two copies
+        # of a document open at once
+        assert mix_docs < 60 or len({d[0] for d in state.docs if d is not None}) <= 1
         for row in rows:
             assert sum(end - start + bos for _, start, end, bos in row) == row_len  # full rows, no padding
             for epoch, start, end, bos in row:

@@ -126,6 +126,7 @@ class MixRows:
         cap = max_doc if max_doc > 0 else row_len
         rows, row_docs = [], 0
         idle = 0  # turns in a row that found no document (only a waiting epoch change causes them)
+        blocked = False  # the next epoch waits: no slot can open a document until an open one is used up
         for _ in range(n_rows):
             pieces, filled, ids = [], 0, set()
             while filled < row_len:
@@ -136,9 +137,10 @@ class MixRows:
                 turn += 1
                 doc = docs[slot]
                 if doc is None:
-                    doc, epoch, pos, opened = self._open(epoch, pos, opened, docs)
+                    if not blocked:
+                        doc, epoch, pos, opened = self._open(epoch, pos, opened, docs)
                     if doc is None:
-                        idle += 1
+                        blocked, idle = True, idle + 1
                         if idle > 2 * self.mix_docs:
                             raise RuntimeError("mix planner made no progress (a bug): no open document")
                         continue
@@ -156,7 +158,10 @@ class MixRows:
                 if n:
                     ids.add((e, end))
                 filled += n + cont
-                docs[slot] = (e, start + n, end, True) if start + n < end else None
+                if start + n < end:
+                    docs[slot] = (e, start + n, end, True)
+                else:
+                    docs[slot], blocked = None, False
             rows.append(pieces)
             row_docs += len(ids)
         return rows, MixState(epoch, pos, tuple(docs), opened, rnd, turn, state.row_tokens + n_rows * row_len, 0,
