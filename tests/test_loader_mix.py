@@ -177,22 +177,36 @@ def test_resume_and_combinations_refused(long_docs):
         assert mix_loader(files).preview_docs_per_row(2, 1023, 128) >= 8
 
 
-def test_a_run_says_documents_per_row_at_start_and_in_its_metrics(tiny_cfg, tmp_path, capsys):
+def test_a_run_says_documents_per_row_at_start_and_in_its_metrics(tiny_cfg, text_shards):
+    from types import SimpleNamespace
+
     from speedgpt.config import apply_overrides
-    from speedgpt.train.loop import Trainer
+    from speedgpt.planner import plan_run
+    from speedgpt.train.build import data_epoch_lines, mix_preview
+    from speedgpt.train.progress import ProgressLog
 
     cfg = apply_overrides(tiny_cfg, ["--data.long_docs=mix", "--data.mix_docs=32", "--data.max_doc_len=16"])
-    trainer = Trainer(cfg, run_dir=tmp_path / "run")
-    trainer.setup()
-    assert "data: rows mix pieces of 32 open documents (long_docs=mix); distinct documents per row" in \
-        capsys.readouterr().out
-    for step in (1, 2):  # what the loop does between two logging steps, without the model's work
-        trainer.loader.next_batch(8, 64, 16)
-        trainer.progress.log_train(step, 512 * step, 0.1 * step, [torch.tensor(3.0)] * step, 64)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    logged = [r["docs_per_row"] for r in records if "docs_per_row" in r]
-    assert len(logged) == 2 and all(4 <= d <= 5 for d in logged)  # rows of 65 tokens, pieces of <= 16
-    assert " docs/row" in capsys.readouterr().out
+    loader = mix_loader(sorted(text_shards.glob("train_*.bin")), seq_len=64, batch_size=8, mix_docs=32)
+    lines = data_epoch_lines(cfg, plan_run(cfg), loader.corpus_tokens, mix_preview(plan_run(cfg), loader))
+    start = [line for line in lines if "long_docs=mix" in line]
+    assert len(start) == 1 and start[0].startswith("data: rows mix pieces of 32 open documents (long_docs=mix); "
+                                                   "distinct documents per row in a micro-batch planned at the start")
+    assert 4 <= float(start[0].rsplit(" ", 1)[1]) <= 5  # rows of 65 tokens: 4-5 pieces of <= 16
+    # What the loop hands the progress log between two logging steps (the model's and optimizers' parts faked)
+    records, printed = [], []
+    progress = ProgressLog(cfg.train, SimpleNamespace(log=records.append), printed.append, model=None,
+                           optimizers=SimpleNamespace(muon=SimpleNamespace(param_groups=[{"lr": 0.1}])),
+                           loader=loader, guard=SimpleNamespace(mode="abort"),
+                           grad_sync=SimpleNamespace(comm_wait_ms=lambda: None), device=torch.device("cpu"),
+                           peak=None, world_size=1, has_experts=False)
+    for step in (1, 2, 3):
+        loader.next_batch(8, 64, 16 if step < 3 else 64)
+        if step != 2:
+            progress.log_train(step, 512 * step, 0.1 * step, [torch.tensor(3.0)] * step, 64)
+    # rows of 65 tokens hold 4-5 pieces of <= 16, 1-2 of <= 64
+    assert records[0]["docs_per_row"] >= 4 and records[1]["docs_per_row"] < records[0]["docs_per_row"]
+    assert records[1]["docs_per_row"] == (loader.row_docs[1] - 8 * records[0]["docs_per_row"]) / 16
+    assert " docs/row" in printed[0]
 
 
 @pytest.mark.parametrize("overrides,message", [
