@@ -90,7 +90,10 @@ DESCRIPTIONS: dict[str, str] = {
     "data.on_bad_shard": "a shard found corrupt or truncated mid-run: stop (error naming file and byte) | skip it "
                          "(counted as bad_shards; greedy packing only)",
     "data.packing": "how documents fill rows: greedy (stream order) | bestfit (largest that fits) | record28 (record #28's rows and shard changes)",
-    "data.long_docs": "tokens a row cannot take whole (a document past a stage's max_doc_len, or cut by the row's end): split (further pieces behind a BOS) | crop (skipped, as the records do)",
+    "data.long_docs": "tokens a row cannot take whole (a document past a stage's max_doc_len, or cut by the row's end): split (further pieces behind a BOS) | crop (skipped, as the records do) | mix (rows of the next pieces of mix_docs open documents in a seeded random order; greedy packing)",
+    "data.mix_docs": "long_docs=mix: documents open at once; a row holds pieces of up to this many",
+    "data.max_doc_len": "longest document piece in a row where the stage table sets none (0: no cap; greedy packing)",
+    "data.shuffle_first_epoch": "the first epoch reads documents in a seeded shuffled order too; false: in shard order (the records')",
     "data.continued_bos": "greedy + split: a piece continuing a document starts with a BOS (its own document for the masks); false: none",
     # optim
     "optim.muon_lr": "Muon learning rate for the hidden matrices",
@@ -174,8 +177,9 @@ DESCRIPTIONS: dict[str, str] = {
                                  "holds at most train.micro_batch_size x data.seq_len tokens (all rows when 0)",
     "train.stages.seq_len": "tokens per training row in the stage, which also bounds how much of one document a row "
                             "holds; 0: data.seq_len",
-    "train.stages.max_doc_len": "cut every document to at most this many tokens in the stage's rows, its tail "
-                                "skipped (the records' max_doc_len; greedy packing); 0: no cap",
+    "train.stages.max_doc_len": "longest document piece in the stage's rows: the rest goes on as further pieces "
+                                "(split, mix) or is skipped (crop: the records' max_doc_len); greedy packing; "
+                                "0: data.max_doc_len",
     "train.stages.window_long": "long attention window (tokens, a multiple of schedule.window_block) for the whole "
                                 "stage; 0: the window schedule's",
     "train.stages.window_short": "short attention window (tokens); 0: schedule.short_window_frac of window_long",

@@ -92,7 +92,8 @@ def stage_plan(cfg: Config) -> StagePlan:
     """Resolve train.stages into step ranges and concrete values (raises ConfigError on a bad table)."""
     t, d = cfg.train, cfg.data
     if not t.stages:
-        return StagePlan((Stage(0, 0, t.steps, t.batch_tokens, d.seq_len, 0, None, (1.0,), (1.0,), 1.0),), False)
+        return StagePlan((Stage(0, 0, t.steps, t.batch_tokens, d.seq_len, d.max_doc_len, None, (1.0,), (1.0,), 1.0),),
+                         False)
     total_share = sum(s.share for s in t.stages)
     if any(s.share <= 0 for s in t.stages) or abs(total_share - 1.0) > SHARE_TOLERANCE:
         raise ConfigError(f"train.stages: every stage needs a share > 0 and the shares must add up to 1 "
@@ -106,8 +107,9 @@ def stage_plan(cfg: Config) -> StagePlan:
                               f"raise its share or train.steps")
         weights = tuple(s.mtp_weights) or (1.0,)
         weights_end = tuple(s.mtp_weights_end) or weights
-        stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len, s.max_doc_len,
-                            _stage_windows(cfg, i), weights, weights_end, s.lr_mul, row=s))
+        stages.append(Stage(i, start, end, s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len,
+                            s.max_doc_len or d.max_doc_len, _stage_windows(cfg, i), weights, weights_end, s.lr_mul,
+                            row=s))
         start = end
     return StagePlan(tuple(stages), True)
 
@@ -121,7 +123,7 @@ def resolve_stage_table(cfg: Config, plan: StagePlan | None = None) -> Config:
     plan = plan or stage_plan(cfg)
     cfg = copy.deepcopy(cfg)
     for row, stage in zip(cfg.train.stages, plan.stages):
-        row.batch_tokens, row.seq_len = stage.batch_tokens, stage.seq_len
+        row.batch_tokens, row.seq_len, row.max_doc_len = stage.batch_tokens, stage.seq_len, stage.max_doc_len
         if stage.windows:
             row.window_long, row.window_short = stage.windows
         row.mtp_weights, row.mtp_weights_end = list(stage.mtp_weights), list(stage.mtp_weights_end)

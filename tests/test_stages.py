@@ -184,3 +184,17 @@ def test_no_stage_recompiles_after_the_warmup(staged_cfg, tmp_path, monkeypatch)
         assert counters["stats"]["unique_graphs"] == tr.graphs_after_warmup
     finally:
         torch._dynamo.reset()
+
+
+def test_a_stage_whose_pieces_are_shorter_than_its_window_is_warned_about():
+    from speedgpt.planner import plan_run
+    from speedgpt.train.build import data_epoch_lines
+
+    cfg = apply_overrides(load_preset("speedrun-latest"), ["--train.steps=300", "--train.device=cpu"])
+    assert not [line for line in data_epoch_lines(cfg, plan_run(cfg, 4), 10**9) if "attention window" in line]
+    short = apply_overrides(cfg, ["--train.stages=[{share=0.5, batch_tokens=131072, seq_len=16384, max_doc_len=896},"
+                                  " {share=0.5, max_doc_len=1024}]"])
+    warned = [line for line in data_epoch_lines(short, plan_run(short, 4), 10**9) if "attention window" in line]
+    assert warned == ["warning: stage 1 cuts documents into pieces of <= 1024 tokens, shorter than its long attention "
+                      "window of 1792: validation on long documents may rise as windows grow; raise "
+                      "train.stages[1].max_doc_len to >= 1792 (0: no cap)"]

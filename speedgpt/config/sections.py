@@ -36,11 +36,21 @@ class DataConfig:
     # The tokens a row cannot take whole (the tail of a document longer than a stage's max_doc_len, or cut
     # by the row's end): "split" puts them in further pieces, each starting with a BOS (no token skipped);
     # "crop" skips them, as the speedrun records' loaders do (fine for short web documents, costly for
-    # code, books and papers: 77 % of a Python-source corpus under speedrun-latest's stages).
+    # code, books and papers: 77 % of a Python-source corpus under speedrun-latest's stages); "mix" fills
+    # each row with the next pieces (at most max_doc_len tokens) of mix_docs open documents taken in a
+    # seeded random order, so a row holds many documents and none is skipped (data/mix.py; greedy packing).
     long_docs: str = "split"
+    # long_docs=mix: documents open at once; a document's next piece comes a round (mix_docs pieces) later
+    mix_docs: int = 1024
+    # Longest document piece in a row where no stage table row sets max_doc_len (a run without a table too);
+    # 0: no cap. greedy packing only.
+    max_doc_len: int = 0
     # greedy + split: a piece that continues a document starts with a BOS, so the attention masks see it as a
     # document of its own; false: it attends back to the document's piece before it where both share a row.
     continued_bos: bool = True
+    # The first epoch reads documents shuffled by the seed (as later epochs do) instead of in shard order;
+    # false keeps the records' order (a corpus tokenized in its sources' order meets them one by one).
+    shuffle_first_epoch: bool = False
     # A shard found corrupt or truncated during training: "stop" the run (error naming file and
     # offset) or "skip" it (logged, counted in metrics as bad_shards; exact resume still holds).
     on_bad_shard: str = "stop"
@@ -90,8 +100,8 @@ class StageConfig:
     batch_tokens: int = 0  # global tokens per optimizer step in this stage; 0: train.batch_tokens
     seq_len: int = 0  # tokens per training row in this stage; 0: data.seq_len
     # Longest document piece in a row (greedy packing): a document longer than this goes on as further pieces
-    # (data.long_docs="split") or loses its tail ("crop", the records' max_doc_len / train_max_seq_len); 0: no cap.
-    # and its tail skipped, as the later records' max_doc_len / train_max_seq_len; 0: no cap.
+    # (data.long_docs="split" or "mix") or loses its tail ("crop", the records' max_doc_len / train_max_seq_len);
+    # 0: data.max_doc_len.
     max_doc_len: int = 0
     window_long: int = 0  # long attention window in tokens for the whole stage; 0: the schedule's windows
     window_short: int = 0  # short window in tokens; 0: schedule.short_window_frac of window_long

@@ -74,15 +74,24 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off / picks the default)")
     if d.packing not in ("greedy", "bestfit", "record28"):
         raise ConfigError(f"data.packing='{d.packing}' must be greedy, bestfit or record28")
-    if d.long_docs not in ("split", "crop"):
-        raise ConfigError(f"data.long_docs='{d.long_docs}' must be split or crop")
+    if d.long_docs not in ("split", "crop", "mix"):
+        raise ConfigError(f"data.long_docs='{d.long_docs}' must be split, crop or mix")
+    if d.long_docs == "mix" and d.packing != "greedy":
+        raise ConfigError(f"data.long_docs=mix works with data.packing=greedy only, not {d.packing}; "
+                          f"add --data.packing=greedy")
+    if d.mix_docs < 1:
+        raise ConfigError(f"data.mix_docs={d.mix_docs} must be at least 1 (documents open at once), e.g. 1024")
+    if d.max_doc_len < 0 or (d.max_doc_len and d.packing != "greedy"):
+        raise ConfigError(f"data.max_doc_len={d.max_doc_len} must be >= 0 and works with data.packing=greedy "
+                          f"only; leave it at 0 or use --data.packing=greedy")
     if not d.continued_bos and (d.packing != "greedy" or d.long_docs != "split"):
         raise ConfigError("data.continued_bos=false works with data.packing=greedy and data.long_docs=split only "
                           "(best-fit rows put other documents before a continuing piece); set it back to true")
     if d.on_bad_shard not in ("stop", "skip"):
         raise ConfigError(f"data.on_bad_shard='{d.on_bad_shard}' must be stop or skip")
-    if d.on_bad_shard == "skip" and d.packing != "greedy":
-        raise ConfigError("data.on_bad_shard=skip works with data.packing=greedy only; use one or the other")
+    if d.on_bad_shard == "skip" and (d.packing != "greedy" or d.long_docs == "mix"):
+        raise ConfigError("data.on_bad_shard=skip works with data.packing=greedy and data.long_docs split or crop "
+                          "only; use one or the other")
     if t.on_nonfinite not in ("abort", "skip", "rollback"):
         raise ConfigError(f"train.on_nonfinite='{t.on_nonfinite}' must be one of abort, skip, rollback")
     if not 0.0 < t.rollback_lr_factor <= 1.0:

@@ -3,18 +3,19 @@
 How rows are made (docs/data.md has the full story and measured numbers):
 
 * Each epoch's shards are one token stream (data/stream.py): epoch 0 in the given order, like
-  the speedrun; later epochs shuffle documents by ``(seed, epoch)`` (whole shards with
-  ``packing="record28"``, whose shard changes follow the layout).
+  the speedrun (or shuffled too, ``shuffle_first_epoch``); later epochs shuffle documents by
+  ``(seed, epoch)`` (whole shards with ``packing="record28"``, whose shard changes follow the layout).
 * A row is ``seq_len + 1`` tokens, planned as pieces of the stream by one of three planners:
   greedy rows of documents back to back (data/greedy.py; ``long_docs="split"``, the default,
   skips no token: a document longer than a stage's ``max_doc_len``, or cut by the row's end,
-  goes on as further pieces; ``"crop"`` is the records' rows, which skip those tails), best-fit
-  rows (data/bestfit.py) or record #28's rows (data/record28.py).
+  goes on as further pieces; ``"crop"`` is the records' rows, which skip those tails; ``"mix"``
+  fills each row with the next pieces of many open documents in a seeded random order: data/mix.py),
+  best-fit rows (data/bestfit.py) or record #28's rows (data/record28.py).
 * Every optimizer micro-batch takes ``world_size * batch_size`` consecutive rows of that
   sequence; rank ``r`` gets rows ``[r*B, (r+1)*B)``. All ranks plan the same rows (cheap: a few
   binary searches per row) and copy only their own.
 
-The whole position in the data is one ``(epoch, position)`` pair (plus best-fit's buffer),
+The whole position in the data is one ``(epoch, position)`` pair (plus best-fit's or mix's buffer),
 identical on all ranks, so ``state_dict()`` is tiny and resume is exact, even with a different
 batch size, sequence length or world size after the resume. Every planner counts the tokens it
 put into rows and the tokens it skipped (``cropped_share``), and the state keeps the counts.
@@ -34,7 +35,8 @@ import numpy as np
 import torch
 
 from .bestfit import DEFAULT_BUFFER_DOCS, BestFitPacker, BestFitState
-from .greedy import LONG_DOCS, GreedyRows
+from .greedy import GreedyRows
+from .mix import DEFAULT_MIX_DOCS, MixRows, MixState
 from .record28 import Record28Rows
 from .shards import ShardError, find_shards
 from .stream import BadShardHit, EpochStreams, ShardCache, position_without
@@ -42,6 +44,7 @@ from .tokenizer import BOS_ID
 
 _STATE_FORMAT = "speedgpt.TokenLoader/1"
 PACKINGS = ("greedy", "bestfit", "record28")
+LONG_DOCS = ("split", "crop", "mix")
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,8 @@ class TokenLoader:
         long_docs: str = "split",
         continued_bos: bool = True,
         epoch_shuffle: str | None = None,
+        mix_docs: int = DEFAULT_MIX_DOCS,
+        shuffle_first_epoch: bool = False,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank={rank} must be in [0, world_size={world_size})")
@@ -98,8 +103,10 @@ class TokenLoader:
             raise ValueError(f"packing={packing!r} must be one of {', '.join(PACKINGS)}")
         if long_docs not in LONG_DOCS:
             raise ValueError(f"long_docs={long_docs!r} must be one of {', '.join(LONG_DOCS)}")
-        if not continued_bos and packing != "greedy":  # best-fit rows put pieces of other documents side by side
-            raise ValueError(f"continued_bos=False works with packing='greedy' only, not {packing!r}")
+        if not continued_bos and (packing != "greedy" or long_docs == "mix"):  # other documents' pieces sit between
+            raise ValueError("continued_bos=False works with packing='greedy' and long_docs split or crop only")
+        if long_docs == "mix" and packing != "greedy":
+            raise ValueError(f"long_docs='mix' works with packing='greedy' only, not {packing!r}")
         _check_shape(batch_size, seq_len)
         self.files = _resolve(files, "train")
         self.seq_len, self.batch_size = seq_len, batch_size
@@ -109,15 +116,16 @@ class TokenLoader:
         self.seed = seed
         if on_bad_shard not in ("stop", "skip"):
             raise ValueError(f"on_bad_shard={on_bad_shard!r} must be 'stop' or 'skip'")
-        if on_bad_shard == "skip" and packing == "bestfit":  # its buffered documents would need remapping too
-            raise ValueError("on_bad_shard='skip' works with packing='greedy' only")
+        if on_bad_shard == "skip" and (packing == "bestfit" or long_docs == "mix"):  # buffered documents would need
+            raise ValueError("on_bad_shard='skip' works with packing='greedy' and long_docs split or crop only")
         self.on_bad_shard = on_bad_shard
         self._shards = ShardCache(self.files, bos_id, lenient=on_bad_shard == "skip", vocab_size=vocab_size)
         # Record #28's shard changes follow the shard layout, so its later epochs permute whole shards.
         epoch_shuffle = epoch_shuffle or ("shards" if packing == "record28" else "docs")
-        self._streams = EpochStreams(self._shards, seed, epoch_shuffle)
+        self._streams = EpochStreams(self._shards, seed, epoch_shuffle, shuffle_first=shuffle_first_epoch)
         self.packing, self.long_docs, self.continued_bos = packing, long_docs, continued_bos
-        self._greedy = GreedyRows(self._streams, long_docs, continued_bos)
+        self._greedy = GreedyRows(self._streams, long_docs, continued_bos) if long_docs != "mix" else None
+        self._mix = MixRows(self._streams, mix_docs, seed) if long_docs == "mix" else None
         self._record28 = Record28Rows(self._streams)
         self._bestfit = BestFitPacker(self._streams, buffer_docs, split=long_docs == "split") \
             if packing == "bestfit" else None
@@ -140,6 +148,8 @@ class TokenLoader:
         self.skipped_shards: dict[str, int] = {}
 
     def _initial_state(self):
+        if self._mix:
+            return self._mix.initial_state()
         return BestFitState(0, 0, ()) if self._bestfit else _GreedyState(0, 0)
 
     @property
@@ -159,6 +169,22 @@ class TokenLoader:
         st = self._state
         return st.cropped / (st.cropped + st.row_tokens) if st.row_tokens else 0.0
 
+    @property
+    def row_docs(self) -> tuple[int, int] | None:
+        """(rows handed out, distinct documents those rows held, summed over rows) with long_docs="mix"
+        (every rank's rows: the same on all ranks); None otherwise."""
+        st = self._state
+        return (st.rows, st.row_docs) if isinstance(st, MixState) else None
+
+    def preview_docs_per_row(self, batch_size: int, seq_len: int, max_doc_len: int = 0) -> float | None:
+        """Mean distinct documents per row of the next batch of this shape, planned without handing it out
+        (the run's start line); None unless long_docs="mix"."""
+        if self._mix is None:
+            return None
+        with self._lock:
+            _, after = self._mix.plan(self._state, self.world_size * batch_size, seq_len + 1, max_doc_len)
+        return (after.row_docs - self._state.row_docs) / (after.rows - self._state.rows)
+
     def _default_epoch_notice(self, epoch: int) -> None:
         if self.rank == 0:
             warnings.warn(
@@ -171,6 +197,8 @@ class TokenLoader:
         """(rows, each a list of pieces (epoch, start, end, continued), and the state after them)."""
         if self._bestfit is not None:
             return self._bestfit.plan(state, n_rows, row_len)
+        if self._mix is not None:
+            return self._mix.plan(state, n_rows, row_len, max_doc)
         epoch, pos, cropped = state.epoch, state.pos, state.cropped
         rows = []
         for _ in range(n_rows):
@@ -299,12 +327,15 @@ class TokenLoader:
             "long_docs": self.long_docs,
             "continued_bos": self.continued_bos,
             "shuffle": self._streams.shuffle,
+            "shuffle_first_epoch": self._streams.shuffle_first,
             "row_tokens": st.row_tokens,
             "cropped": st.cropped,
             "skipped_shards": dict(self.skipped_shards),
         }
         if isinstance(st, BestFitState):
             out["buffer"] = st.to_dict()["buffer"]
+        if isinstance(st, MixState):
+            out["mix"] = {"mix_docs": self._mix.mix_docs, **st.to_dict()}
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -325,11 +356,17 @@ class TokenLoader:
             raise ValueError(f"loader state was saved with data.packing={packing!r}, this loader packs "
                              f"{self.packing!r}; resume with --data.packing={packing}")
         # States from before long_docs existed come from rows that cropped.
-        for key, old in (("long_docs", "crop"), ("continued_bos", True)):
-            if state.get(key, old) != getattr(self, key):
+        mine = {"long_docs": self.long_docs, "continued_bos": self.continued_bos,
+                "shuffle_first_epoch": self._streams.shuffle_first}
+        for key, old in (("long_docs", "crop"), ("continued_bos", True), ("shuffle_first_epoch", False)):
+            if state.get(key, old) != mine[key]:
                 value = str(state.get(key, old)).lower()
                 raise ValueError(f"loader state was saved with data.{key}={value}, this loader has "
-                                 f"{str(getattr(self, key)).lower()}; resume with --data.{key}={value}")
+                                 f"{str(mine[key]).lower()}; resume with --data.{key}={value}")
+        if self._mix is not None and len(state["mix"]["open"]) != self._mix.mix_docs:
+            saved = len(state["mix"]["open"])
+            raise ValueError(f"loader state was saved with data.mix_docs={saved}, this loader has "
+                             f"{self._mix.mix_docs}; resume with --data.mix_docs={saved}")
         if self._pending is not None:
             self._pending[1].cancel()
             self._pending = None
@@ -337,6 +374,8 @@ class TokenLoader:
         counts = dict(row_tokens=int(state.get("row_tokens", 0)), cropped=int(state.get("cropped", 0)))
         if packing == "bestfit":
             self._state = BestFitState.from_dict({**state, **counts})
+        elif self._mix is not None:
+            self._state = MixState.from_dict(state)
         else:
             self._state = _GreedyState(int(state["epoch"]), int(state["position"]), **counts)
         self.skipped_shards = dict(state.get("skipped_shards", {}))

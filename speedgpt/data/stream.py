@@ -1,7 +1,8 @@
 """Token shards seen as one stream per epoch: what the row planners read.
 
 An epoch's stream is a sequence of *segments*, each a span of one shard. Epoch 0 is the shards in
-the given order (the speedrun reads its shards in order). A later epoch shuffles, so that repeated
+the given order (the speedrun reads its shards in order), or shuffled as a later epoch is with
+``shuffle_first``. A later epoch shuffles, so that repeated
 data is not met in the same sequence: by default its *documents* are shuffled (``shuffle="docs"``),
 within groups of shards that fit ``SHUFFLE_GROUP_TOKENS`` (one group for any corpus below that size,
 so a 175M-token corpus is shuffled as a whole); ``shuffle="shards"`` permutes whole shards only
@@ -140,6 +141,19 @@ class EpochStream:
             k += 1
         return self.total
 
+    def bos_from(self, g: int, n: int) -> np.ndarray:
+        """Up to `n` BOS positions >= g in order (fewer at the stream's end): many next_bos at once."""
+        out, found, k = [], 0, self._locate(g)
+        while k < len(self.seg_shard) and found < n:
+            _, bos = self._shard(k)
+            a, size = int(self.seg_lo[k]), int(self.starts[k + 1] - self.starts[k])
+            j = int(np.searchsorted(bos, a + max(g - self.starts[k], 0), side="left"))
+            stop = min(int(np.searchsorted(bos, a + size, side="left")), j + n - found)
+            out.append(bos[j:stop] - a + self.starts[k])
+            found += stop - j
+            k += 1
+        return np.concatenate(out) if out else np.zeros(0, np.int64)
+
     def copy(self, start: int, end: int, out: np.ndarray) -> None:
         """out[:] = stream[start:end] (may span segments)."""
         k = self._locate(start)
@@ -169,10 +183,11 @@ class EpochStreams:
     """Each epoch's stream, built on demand (the last two are kept), minus the bad shards left out."""
 
     def __init__(self, shards: ShardCache, seed: int, shuffle: str = "docs",
-                 group_tokens: int = SHUFFLE_GROUP_TOKENS):
+                 group_tokens: int = SHUFFLE_GROUP_TOKENS, shuffle_first: bool = False):
         if shuffle not in SHUFFLES:
             raise ValueError(f"shuffle={shuffle!r} must be one of {', '.join(SHUFFLES)}")
         self.shards, self.seed, self.shuffle, self.group_tokens = shards, seed, shuffle, group_tokens
+        self.shuffle_first = shuffle_first  # epoch 0 is shuffled too (data.shuffle_first_epoch)
         self._streams: OrderedDict[int, EpochStream] = OrderedDict()
         self.excluded: dict[int, int] = {}  # bad shard index -> first epoch whose stream leaves it out
 
@@ -196,12 +211,13 @@ class EpochStreams:
         # Order and groups come from all shards, and a shard's documents get their own random sort keys,
         # so leaving a bad shard out only takes its spans out of the stream: the rest keeps its order,
         # which is what TokenLoader's position remapping (and a resumed run's layout) relies on.
-        order = np.arange(n) if epoch == 0 else np.random.default_rng([self.seed, epoch]).permutation(n)
+        in_order = epoch == 0 and not self.shuffle_first
+        order = np.arange(n) if in_order else np.random.default_rng([self.seed, epoch]).permutation(n)
         groups = [[i for i in g if self.excluded.get(i, epoch + 1) > epoch] for g in self._groups(order)]
         if not any(groups):
             raise ShardError(f"every training shard is bad ({len(self.excluded)} skipped); re-create the data")
         sizes = self.shards.sizes
-        if epoch == 0 or self.shuffle == "shards":
+        if in_order or self.shuffle == "shards":
             whole = np.array([i for g in groups for i in g], dtype=np.int64)
             return EpochStream(self.shards, whole, np.zeros(len(whole), np.int64), sizes[whole], epoch)
         ids, los, his = [], [], []

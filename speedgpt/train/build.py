@@ -51,7 +51,7 @@ def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micr
                        world_size=dist_info.world_size, device=dist_info.device, seed=cfg.train.seed,
                        packing=d.packing, grad_accum=grad_accum, on_bad_shard=d.on_bad_shard,
                        vocab_size=cfg.model.vocab_size, bos_id=cfg.model.bos_id, long_docs=d.long_docs,
-                       continued_bos=d.continued_bos)
+                       continued_bos=d.continued_bos, mix_docs=d.mix_docs, shuffle_first_epoch=d.shuffle_first_epoch)
 
 
 def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):
@@ -124,9 +124,17 @@ def describe_run(cfg: Config, model: GPT, plan: RunPlan, strategy: str, device: 
     return lines + plan.batch_lines()
 
 
-def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int) -> list[str]:
+def mix_preview(plan: RunPlan, loader) -> list[float]:
+    """long_docs=mix: the mean distinct documents per row of a micro-batch of each stage's shape, planned
+    from the loader's position without handing it out; [] otherwise."""
+    return [docs for s in plan.stages
+            if (docs := loader.preview_docs_per_row(plan.stage_batch(s)[0], s.seq_len, s.max_doc_len)) is not None]
+
+
+def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_row: list[float] = ()) -> list[str]:
     """What the run will read against the training shards' size, and a warning when that is more than
-    one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch)."""
+    one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch);
+    with long_docs=mix, `docs_per_row` of each stage (`mix_preview`)."""
     total, repeat_step = 0, None
     for stage in plan.stages:
         for step in range(stage.start, stage.end):
@@ -137,6 +145,18 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int) -> list[str
     lines = [f"data: {total:,} tokens in {cfg.train.steps} steps, from training shards of {corpus_tokens:,} "
              f"tokens: {total / corpus_tokens:.2f} epochs" + (" or more (document tails are skipped: "
                                                                 "cropped_share in the log)" if skips else "")]
+    if cfg.data.long_docs == "mix":
+        lines.append(f"data: rows mix pieces of {cfg.data.mix_docs} open documents (long_docs=mix); distinct "
+                     f"documents per row in a micro-batch planned at the start with each stage's shape: "
+                     + " / ".join(f"{docs:.1f}" for docs in docs_per_row))
+    for stage in plan.stages:  # pieces shorter than the window: the model never trains on a full window of one document
+        window = max(plan.windows_at(step)[0] for step in range(stage.start, stage.end))
+        if stage.max_doc_len and stage.max_doc_len < window:
+            who, key = ((f"stage {stage.index}", f"train.stages[{stage.index}].max_doc_len") if plan.from_table
+                        else ("the run", "data.max_doc_len"))
+            lines.append(f"warning: {who} cuts documents into pieces of <= {stage.max_doc_len} tokens, shorter than "
+                         f"its long attention window of {window}: validation on long documents may rise as windows "
+                         f"grow; raise {key} to >= {window} (0: no cap)")
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
                      f"repeated documents; use more data (or fewer steps) for a run that sees each token once")

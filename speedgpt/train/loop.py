@@ -35,7 +35,7 @@ from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
-                    describe_run, fallback_notes, resolve_data_files, train_loader)
+                    describe_run, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward
 from .control import RunControl
@@ -152,7 +152,7 @@ class Trainer:
                                     has_experts=self.has_experts)
         for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device):
             self.log(line)
-        for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens):
+        for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens, mix_preview(self.plan, self.loader)):
             self.log(line)
         if self.resume:
             self.load_latest()

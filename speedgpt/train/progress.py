@@ -48,6 +48,7 @@ class ProgressLog:
     def since(self, step: int, tokens: int, train_time: float) -> None:
         """The next logging step reports the steps after this point (the start, a logging step, a rollback)."""
         self.last_step, self.last_tokens, self.last_time = step, tokens, train_time
+        self.last_row_docs = self.loader.row_docs or (0, 0)
 
     def flops_per_token(self, seq_len: int) -> float:
         """The model's training FLOPs per token at a row length (cached: a stage table has a few)."""
@@ -60,6 +61,7 @@ class ProgressLog:
         n = max(1, step - self.last_step)
         step_s = (train_time - self.last_time) / n
         tokens_per_step = (tokens - self.last_tokens) / n  # a stage boundary can lie in between
+        rows_before, docs_before = self.last_row_docs
         self.since(step, tokens, train_time)
         # The mean over the steps since the last log (over the global batch): a smoother curve
         # than one step's loss, for the same single host sync.
@@ -81,6 +83,11 @@ class ProgressLog:
         if skipped:
             record["skipped_steps"] = skipped
             extra += f" | {skipped} step(s) skipped (non-finite)"
+        if self.loader.row_docs is not None:  # long_docs=mix: distinct documents per row since the last log
+            rows, docs = self.last_row_docs[0] - rows_before, self.last_row_docs[1] - docs_before
+            if rows:
+                record["docs_per_row"] = round(docs / rows, 2)
+                extra += f" | {record['docs_per_row']:.1f} docs/row"
         if self.loader.skipped_shards:
             record["bad_shards"] = len(self.loader.skipped_shards)
             extra += f" | {record['bad_shards']} bad shard(s) skipped"
