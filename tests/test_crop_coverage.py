@@ -12,12 +12,14 @@ import pytest
 from conftest import TINY_OVERRIDES
 from speedgpt.config import apply_overrides, load_preset
 from speedgpt.data.coverage import read_coverage
+from speedgpt.data.greedy import GreedyRows
 from speedgpt.data.loader import TokenLoader
 from speedgpt.data.shards import write_shard
+from speedgpt.data.stream import EpochStreams, ShardCache
 from speedgpt.planner import plan_run
 from speedgpt.train.build import check_data_capacity, data_epoch_lines
 from test_cli_errors import expect_one_line_error
-from test_data_loader import BOS, make_corpus
+from test_data_loader import BOS, make_corpus, random_lens
 
 HUGE = [3000, 2500, 4000, 3500, 3000, 2800, 3200]  # seven long documents
 
@@ -34,11 +36,27 @@ def crop_cfg(data, cap):
         f"--data.train_files={data}", "--data.long_docs=crop", f"--train.stages=[{{share=1.0, max_doc_len={cap}}}]"])
 
 
-def test_coverage_counts_what_a_cap_keeps(huge_docs):
+def test_coverage_counts_what_a_cap_keeps(huge_docs, tmp_path):
     _, files = huge_docs
     cov = read_coverage(files, BOS)
     assert cov.total == sum(HUGE) + 5 and cov.lengths.tolist() == HUGE
-    assert cov.kept(16) == 7 * 16 and cov.kept(3000) == sum(min(n, 3000) for n in HUGE) and cov.kept(0) == cov.total
+    # a row of 65: 4 documents cut to 16 and 1 token of a fifth; the next row starts at the sixth
+    assert cov.kept(16, 65) == 65 + 2 * 16 and cov.kept(0, 65) == cov.total
+    assert cov.kept(5000, 7000) == 7000 + 7000 + 3200  # rows end inside the third and the sixth document
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    files, _ = make_corpus(mixed, random_lens(250, seed=5), [100, 150], lead_in=3)
+    for cap, row_len in [(16, 65), (40, 65), (64, 65), (100, 256)]:
+        assert read_coverage(files, BOS).kept(cap, row_len) == first_epoch_row_tokens(files, cap, row_len)
+
+
+def first_epoch_row_tokens(files, cap, row_len):
+    """The tokens of epoch 0 that the loader's crop rows hold, counted piece by piece."""
+    rows, epoch, pos, kept = GreedyRows(EpochStreams(ShardCache(files, BOS), seed=0), "crop"), 0, 0, 0
+    while epoch == 0:
+        pieces, epoch, pos, _ = rows.row(epoch, pos, row_len, cap)
+        kept += sum(end - start for e, start, end, _ in pieces if e == 0)
+    return kept
 
 
 def test_start_line_counts_passes_over_what_crop_keeps_and_warns(huge_docs):
@@ -46,10 +64,10 @@ def test_start_line_counts_passes_over_what_crop_keeps_and_warns(huge_docs):
     plan = plan_run(crop_cfg(data, 16), 1)
     coverage = check_data_capacity(plan.cfg, plan, files)
     lines = data_epoch_lines(plan.cfg, plan, sum(HUGE) + 5, coverage)
-    passes = 12 * 512 / (7 * 16)  # 12 steps of 512 tokens, 112 tokens kept a pass
-    assert f"keeps at most 112 of them a pass: {passes:.2f} passes or more" in lines[0], lines
+    passes = 12 * 512 / 97  # 12 steps of 512 tokens, 97 tokens kept a pass
+    assert f"keeps about 97 of them a pass: {passes:.2f} passes" in lines[0], lines
     assert "0.27 epochs" not in lines[0]  # the shards' size: what the line said before
-    loud = [line for line in lines if "cuts 99.5% of the training tokens" in line]
+    loud = [line for line in lines if "cuts 99.6% of the training tokens" in line]
     assert len(loud) == 1 and "7 of its 7 documents" in loud[0] and "--data.long_docs=split" in loud[0]
     assert any("from about step 0 on" in line for line in lines)
     split = plan_run(apply_overrides(crop_cfg(data, 16), ["--data.long_docs=split"]), 1)
@@ -63,7 +81,7 @@ def test_too_few_documents_for_a_row_is_one_line_before_training(huge_docs, tmp_
         f"--data.train_files={data}", "--data.long_docs=crop", "--train.stages=[{share=1.0, max_doc_len=8}]"]
     line = expect_one_line_error(argv, capsys)
     assert "train.stages[0].max_doc_len=8" in line and "too few documents for a row" in line, line
-    assert "at most 56 tokens" in line and "seq_len+1=65" in line and "--data.long_docs=split" in line
+    assert "at most 56 tokens a pass" in line and "seq_len+1=65" in line and "--data.long_docs=split" in line
     assert not (run / "config.toml").exists()  # refused before the run was written
 
 
@@ -82,7 +100,7 @@ def test_new_epoch_notice_says_what_was_cropped(huge_docs):
     _, files = huge_docs
     loader = TokenLoader(files, seq_len=64, batch_size=2, prefetch=False, long_docs="crop")
     with pytest.warns(UserWarning, match="starting epoch 2") as caught:
-        for _ in range(3):  # 130 tokens a batch, 112 kept a pass
+        for _ in range(3):  # 130 tokens a batch, 97 kept a pass
             loader.next_batch(max_doc_len=16)
     notice = str(caught[0].message)
     assert "were used once more" not in notice and "were cropped, never trained on" in notice, notice

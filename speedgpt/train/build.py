@@ -51,11 +51,12 @@ def check_data_capacity(cfg: Config, plan: RunPlan, train_files: list[Path]):
 
     coverage = read_coverage(train_files, cfg.model.bos_id, lenient=lenient)
     for stage in capped:
-        kept, row = coverage.kept(stage.max_doc_len), stage.seq_len + 1
+        row = stage.seq_len + 1
+        kept = coverage.kept(stage.max_doc_len, row)
         if kept < row:
             raise ConfigError(
                 f"train.stages[{stage.index}].max_doc_len={stage.max_doc_len} with data.long_docs=crop keeps at "
-                f"most {kept:,} tokens of the training data ({coverage.documents:,} documents cut to "
+                f"most {kept:,} tokens a pass of the training data ({coverage.documents:,} documents cut to "
                 f"{stage.max_doc_len} tokens each), fewer than one row of seq_len+1={row}: too few documents for "
                 f"a row; use --data.long_docs=split (keeps every token), more documents or a smaller seq_len")
     return coverage
@@ -150,7 +151,7 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, coverage=No
     total, passes, repeat_step = 0, 0.0, None
     for stage in plan.stages:
         # A pass of this stage's rows reads the tokens its cap keeps (all of them when nothing is cut).
-        per_pass = coverage.kept(stage.max_doc_len) if coverage is not None else corpus_tokens
+        per_pass = coverage.kept(stage.max_doc_len, stage.seq_len + 1) if coverage is not None else corpus_tokens
         for step in range(stage.start, stage.end):
             total += stage.batch_tokens
             passes += stage.batch_tokens / per_pass
@@ -166,13 +167,13 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, coverage=No
         cap_list = sorted({s.max_doc_len for s in plan.stages if s.max_doc_len})
         caps, cut = "/".join(map(str, cap_list)), int((coverage.lengths > cap_list[0]).sum())
         per_pass = total / passes  # the tokens a pass keeps, over the run's stages
-        lines[0] += (f"; data.long_docs=crop cuts documents to {caps} tokens and keeps at most {per_pass:,.0f} of "
-                     f"them a pass: {passes:.2f} passes or more")
+        lines[0] += (f"; data.long_docs=crop cuts documents to {caps} tokens and keeps about {per_pass:,.0f} of "
+                     f"them a pass: {passes:.2f} passes")
         if per_pass < corpus_tokens / 2:
             lines.append(f"warning: data.long_docs=crop cuts {1 - per_pass / corpus_tokens:.1%} of the training "
                          f"tokens ({cut:,} of its {coverage.documents:,} documents are longer than max_doc_len "
-                         f"{caps}; their tails are skipped): the run reads at most {per_pass:,.0f} distinct tokens, "
-                         f"{passes:.2f} times or more; use "
+                         f"{caps}; their tails are skipped): the run reads about {per_pass:,.0f} distinct tokens, "
+                         f"{passes:.2f} times; use "
                          f"--data.long_docs=split to train on all of them")
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
