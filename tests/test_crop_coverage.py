@@ -81,7 +81,7 @@ def test_too_few_documents_for_a_row_is_one_line_before_training(huge_docs, tmp_
         f"--data.train_files={data}", "--data.long_docs=crop", "--train.stages=[{share=1.0, max_doc_len=8}]"]
     line = expect_one_line_error(argv, capsys)
     assert "train.stages[0].max_doc_len=8" in line and "too few documents for a row" in line, line
-    assert "at most 56 tokens a pass" in line and "seq_len+1=65" in line and "--data.long_docs=split" in line
+    assert "keeps 56 tokens a pass" in line and "seq_len+1=65" in line and "--data.long_docs=split" in line
     assert not (run / "config.toml").exists()  # refused before the run was written
 
 

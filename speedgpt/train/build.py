@@ -55,8 +55,8 @@ def check_data_capacity(cfg: Config, plan: RunPlan, train_files: list[Path]):
         kept = coverage.kept(stage.max_doc_len, row)
         if kept < row:
             raise ConfigError(
-                f"train.stages[{stage.index}].max_doc_len={stage.max_doc_len} with data.long_docs=crop keeps at "
-                f"most {kept:,} tokens a pass of the training data ({coverage.documents:,} documents cut to "
+                f"train.stages[{stage.index}].max_doc_len={stage.max_doc_len} with data.long_docs=crop keeps "
+                f"{kept:,} tokens a pass of the training data ({coverage.documents:,} documents cut to "
                 f"{stage.max_doc_len} tokens each), fewer than one row of seq_len+1={row}: too few documents for "
                 f"a row; use --data.long_docs=split (keeps every token), more documents or a smaller seq_len")
     return coverage
@@ -158,7 +158,8 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, coverage=No
             if repeat_step is None and passes > 1:
                 repeat_step = step
     skips = cfg.data.long_docs == "crop" or cfg.data.packing == "record28"
-    # Rows of whole documents cut only by the row's end: at most one tail a row, so "or more".
+    # Without a cap, crop (and record28) skip only the tail the row's end cuts, which the data's lengths
+    # alone do not tell: "or more".
     more = " or more (document tails are skipped: cropped_share in the log)" if skips else ""
     lines = [f"data: {total:,} tokens in {cfg.train.steps} steps, from training shards of {corpus_tokens:,} tokens"]
     if coverage is None:
@@ -173,8 +174,7 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, coverage=No
             lines.append(f"warning: data.long_docs=crop cuts {1 - per_pass / corpus_tokens:.1%} of the training "
                          f"tokens ({cut:,} of its {coverage.documents:,} documents are longer than max_doc_len "
                          f"{caps}; their tails are skipped): the run reads about {per_pass:,.0f} distinct tokens, "
-                         f"{passes:.2f} times; use "
-                         f"--data.long_docs=split to train on all of them")
+                         f"{passes:.2f} times; use --data.long_docs=split to train on all of them")
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
                      f"repeated documents; use more data (or fewer steps) for a run that sees each token once")
