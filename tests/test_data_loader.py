@@ -177,7 +177,7 @@ def test_epoch_rollover_notice_and_reshuffle(tmp_path):
         for _ in range(per_epoch):
             loader.next_batch()
     assert loader.epoch == 0
-    with pytest.warns(UserWarning, match=r"TokenLoader: starting epoch 2: all [\d,]+ tokens in 4 shards"):
+    with pytest.warns(UserWarning, match=r"TokenLoader: starting epoch 2: reading the [\d,]+ tokens in 4 shards again"):
         for _ in range(2):
             loader.next_batch()
     assert loader.epoch == 1

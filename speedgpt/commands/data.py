@@ -25,6 +25,9 @@ def cmd_data(argv: list[str]) -> int:
     t.add_argument("--max-tokens", type=int, default=None, help="stop after this many tokens (default: all input)")
     t.add_argument("--tokenizer", metavar="DIR", default=None,
                    help="a folder from `speedgpt tokenizer train` (copied next to the shards; default: GPT-2)")
+    t.add_argument("--keep-duplicates", action="store_true",
+                   help="keep every copy of a document (default: exact copies of a kept text are dropped, counted "
+                        "in the manifest's duplicates)")
     lp = sub.add_parser("local-python", help="the Python sources of this interpreter (the default corpus)")
     lp.add_argument("--out", required=True, help="output directory for shards and manifest.json")
     lp.add_argument("--max-tokens", type=int, default=0, help="stop after this many tokens; 0: every file (default)")
@@ -67,7 +70,7 @@ def _data_command(args) -> int:
             tok = load_tokenizer(args.tokenizer)
             m = tokenize_files(args.inputs, args.out, text_field=args.text_field, val_fraction=args.val_fraction,
                                shard_tokens=args.shard_tokens, workers=args.workers, max_tokens=args.max_tokens,
-                               tokenizer=tok)
+                               tokenizer=tok, dedupe=not args.keep_duplicates)
         elif args.what == "local-python":
             from ..data.tokenize import ensure_local_python_corpus
 

@@ -79,8 +79,12 @@ class GreedyRows:
             if start >= stream.total:  # the epoch is used up: the next pass begins
                 epoch, pos, wraps = epoch + 1, 0, wraps + 1
                 if wraps > 2:
-                    raise ValueError(f"the data ({stream.total:,} tokens) cannot fill a row of {row_len} tokens from "
-                                     f"documents cut to {max_doc} tokens (does it hold BOS tokens?); use more data")
+                    if stream.next_bos(0) >= stream.total:
+                        raise ValueError(f"the data ({stream.total:,} tokens) holds no BOS token, so no document "
+                                         f"starts a row; tokenize it with speedgpt data tokenize")
+                    raise ValueError(f"the data ({stream.total:,} tokens) has too few documents for a row of "
+                                     f"{row_len} tokens when each is cut to {max_doc} tokens; use "
+                                     f"long_docs='split' (keeps every token) or more documents")
                 continue
             doc_end = stream.next_bos(start + 1)
             end = min(doc_end, start + max_doc, start + row_len - filled)

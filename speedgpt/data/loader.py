@@ -187,9 +187,12 @@ class TokenLoader:
 
     def _default_epoch_notice(self, epoch: int) -> None:
         if self.rank == 0:
+            # Not "every token was used": crop rows skip tails, so say what share of the reading was trained on.
+            cropped = (f"; {self.cropped_share:.1%} of the tokens read so far were cropped, never trained on "
+                       f"(data.long_docs={self.long_docs}, packing={self.packing})" if self._state.cropped else "")
             warnings.warn(
-                f"TokenLoader: starting epoch {epoch + 1}: all {self._shards.total:,} tokens in "
-                f"{len(self._shards.files)} shards were used once more (data repeats from here on)",
+                f"TokenLoader: starting epoch {epoch + 1}: reading the {self._shards.total:,} tokens in "
+                f"{len(self._shards.files)} shards again (data repeats from here on){cropped}",
                 stacklevel=3,
             )
 

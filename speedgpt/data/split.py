@@ -57,8 +57,8 @@ class Splitter:
                  val_docs: int | None, ensure_val: bool, stamp: TokenizerStamp | None = None):
         self.train = ShardWriter(out_dir, "train", shard_tokens, stamp)
         self.val = ShardWriter(out_dir, "val", shard_tokens, stamp)
-        self.per_source = [{"documents": 0, "tokens": 0, "train_documents": 0, "val_documents": 0}
-                           for _ in range(n_sources)]
+        self.per_source = [{"documents": 0, "tokens": 0, "train_documents": 0, "val_documents": 0,
+                            "duplicate_documents": 0, "duplicate_tokens": 0} for _ in range(n_sources)]
         self.threshold = int(val_fraction * 2**64)
         self.val_docs = val_docs
         self.ensure_val = ensure_val
@@ -90,6 +90,11 @@ class Splitter:
             self.held = (doc_hash, s, doc)
         else:
             _add(self.train, stats, "train", doc)
+
+    def duplicate(self, s: int, tokens: int) -> None:
+        """Count a document of source `s` dropped as a copy of one already placed (it goes nowhere)."""
+        self.per_source[s]["duplicate_documents"] += 1
+        self.per_source[s]["duplicate_tokens"] += tokens
 
     def finish(self) -> bool:
         """Place the waiting documents and flush the shards; False when train got no document

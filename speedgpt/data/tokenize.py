@@ -2,9 +2,9 @@
 
 Documents are read in order in this process, tokenized in chunks by a pool of worker
 processes (tokenize_pool.py), and written back in input order, so the shards are byte-identical whatever
-the worker count. The train/val split is decided per document by a stable hash of its
-text (blake2b): the same document lands in the same split on every run and every
-machine, and exact duplicates can never straddle the split.
+the worker count. A document whose text equals one already kept is dropped and counted (dedupe.py).
+The train/val split is decided per document by a stable hash of its text (blake2b): the same
+document lands in the same split on every run and every machine.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 from ..atomic import atomic_write
 from .corpus import (MISSING_FIELD, JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths,
                      python_source_files)
+from .dedupe import SeenHashes
 from .split import Splitter
 from .tokenize_pool import TokenizeError, WorkerDied, doc_hash, document_chunks, ordered_results
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE
@@ -103,12 +104,15 @@ def tokenize_corpus(
     progress: bool = True,
     ensure_val: bool = False,
     tokenizer: Tokenizer | None = None,
+    dedupe: bool = True,
 ) -> dict:
     """Tokenize ``sources`` into ``out_dir/{train,val}_NNNNNN.bin`` and ``out_dir/manifest.json``.
 
     Split: a document goes to val when its text hash falls below ``val_fraction`` of the
     hash range; or, with ``val_docs=N``, the N documents with the smallest hashes are val.
     ``max_tokens`` stops after the document that reaches that many tokens (train + val).
+    ``dedupe``: a document whose text equals an earlier kept one is dropped (counted in the manifest's
+    "duplicates"; documents and tokens count what was kept); False keeps every copy.
     ``ensure_val`` (with ``val_fraction > 0``): when no document's hash falls below the fraction
     (small inputs), the document with the smallest hash goes to val, so there is always a val split.
     Raises TokenizeError when no document was read (naming why the inputs were skipped).
@@ -145,11 +149,14 @@ def tokenize_corpus(
         "max_tokens": max_tokens,
         "tokenizer": "gpt2" if tokenizer is None else {"name": tokenizer.name, "sha256": tokenizer.sha256},
         "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
+        "dedupe": "exact" if dedupe else "none",
     }
     split = Splitter(out_dir, shard_tokens, len(sources), val_fraction, val_docs,
                       ensure_val and val_docs is None and val_fraction > 0, stamp)
     total_tokens = 0
     n_docs = 0
+    seen = SeenHashes() if dedupe else None
+    duplicates = {"documents": 0, "tokens": 0}
     stopped_early = False
     start = time.perf_counter()
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
@@ -157,8 +164,15 @@ def tokenize_corpus(
         with ordered_results(document_chunks(sources), workers, tokenizer) as results:
             for (source_idx, keys), (tokens, lengths, hashes) in results:
                 offsets = np.concatenate([[0], np.cumsum(lengths)])
+                # The text's own hash decides (not the split key: two files may share a piece).
+                new = seen.first_seen(hashes) if seen is not None else np.ones(len(hashes), dtype=bool)
                 for j, s in enumerate(source_idx):
                     doc = tokens[offsets[j] : offsets[j + 1]]
+                    if not new[j]:
+                        split.duplicate(s, len(doc))
+                        duplicates["documents"] += 1
+                        duplicates["tokens"] += len(doc)
+                        continue
                     # The text's hash, or its source's split key (every piece of one file alike)
                     split.add(s, doc, hashes[j] if keys[j] is None else doc_hash(keys[j]), n_docs)
                     n_docs += 1
@@ -174,7 +188,7 @@ def tokenize_corpus(
         raise
     finally:
         bar.close()
-    problem = _nothing_usable(sources, n_docs, split.ensure_val)
+    problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
     if problem:
         _clear_outputs(out_dir, keep)  # no partial build left behind to be mistaken for data
         raise TokenizeError(problem)
@@ -197,6 +211,7 @@ def tokenize_corpus(
         ],
         "documents": n_docs,
         "tokens": total_tokens,
+        "duplicates": duplicates,  # exact copies of a kept document's text, dropped (not in the counts above)
         "stopped_early": stopped_early,
         "train": train.summary(),
         "val": val.summary(),
@@ -211,8 +226,8 @@ def tokenize_corpus(
     return manifest
 
 
-def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool) -> str | None:
-    """Why a build with ``n_docs`` documents is useless, or None when it is fine."""
+def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplicates: int = 0) -> str | None:
+    """Why a build with ``n_docs`` documents (after dropping ``duplicates``) is useless, or None when it is fine."""
     if n_docs >= 2 or (n_docs == 1 and not ensure_val):
         return None
     skipped = _skip_summary(sources)
@@ -220,7 +235,8 @@ def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool) -> str
         hint = ("; name the field that holds the text with --text-field"
                 if any(r.startswith(MISSING_FIELD) for s in sources for r in s.skipped.counts) else "")
         return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "") + hint
-    return ("only 1 document read: a val split needs at least 2; add inputs or pass --val-fraction 0 "
+    copies = f" (and {duplicates:,} exact copies of it, dropped)" if duplicates else ""
+    return (f"only 1 distinct document read{copies}: a val split needs at least 2; add inputs or pass --val-fraction 0 "
             "(then give training its own val shards with --data.val_files)")
 
 
@@ -258,6 +274,10 @@ def summary_text(manifest: dict, out_dir: str | os.PathLike) -> str:
             skipped[reason] = (n + info["count"], ex + info["examples"])
     for reason, (n, ex) in sorted(skipped.items()):
         lines.append(f"  skipped {n:,} {'item' if n == 1 else 'items'}: {reason} (e.g. {ex[0]})")
+    dup = manifest.get("duplicates", {})
+    if dup.get("documents"):
+        lines.append(f"  dropped {dup['documents']:,} duplicate document{'s' * (dup['documents'] != 1)} "
+                     f"({dup['tokens']:,} tokens): exact copies of a kept one")
     if manifest.get("note"):
         lines.append(f"  note: {manifest['note']}")
     return "\n".join(lines)
@@ -321,6 +341,7 @@ def tokenize_files(
     max_tokens: int | None = None,
     progress: bool = True,
     tokenizer: Tokenizer | None = None,
+    dedupe: bool = True,
 ) -> dict:
     """``speedgpt data tokenize``: tokenize text/JSONL/Parquet files or globs into ``out_dir``.
 
@@ -338,6 +359,7 @@ def tokenize_files(
         progress=progress,
         ensure_val=True,
         tokenizer=tokenizer,
+        dedupe=dedupe,
     )
 
 
@@ -389,6 +411,7 @@ def ensure_local_python_corpus(
             "max_tokens": max_tokens,
             "tokenizer": "gpt2",
             "format_version": 1,
+            "dedupe": "exact",  # builds from before duplicates were dropped are rebuilt
         }
         manifest = read_manifest(out_dir)
         if manifest is not None and manifest["params"] == wanted and _outputs_present(out_dir, manifest):

@@ -33,14 +33,33 @@ def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path
     return find_shards(out, "train"), find_shards(out, "val")
 
 
-def check_data_capacity(cfg: Config, plan: RunPlan, train_files: list[Path]) -> None:
-    """Fail before training when the training shards cannot fill one step of some stage."""
+def check_data_capacity(cfg: Config, plan: RunPlan, train_files: list[Path]):
+    """Fail before training when the training shards cannot fill one step of some stage, or (crop with
+    document caps) one row without repeating documents. Returns the crop's Coverage (data/coverage.py)
+    for the start line, None when nothing is cropped to a cap."""
     from ..data.capacity import check_capacity
 
+    lenient = cfg.data.on_bad_shard == "skip"
     for stage in plan.stages:
         rows, accum = plan.stage_batch(stage)
         check_capacity(train_files, seq_len=stage.seq_len, batch_size=rows, world_size=plan.world_size,
-                       grad_accum=accum, lenient=cfg.data.on_bad_shard == "skip")
+                       grad_accum=accum, lenient=lenient)
+    capped = [s for s in plan.stages if s.max_doc_len]
+    if cfg.data.long_docs != "crop" or cfg.data.packing != "greedy" or not capped:
+        return None
+    from ..data.coverage import read_coverage
+
+    coverage = read_coverage(train_files, cfg.model.bos_id, lenient=lenient)
+    for stage in capped:
+        row = stage.seq_len + 1
+        kept = coverage.kept(stage.max_doc_len, row)
+        if kept < row:
+            raise ConfigError(
+                f"train.stages[{stage.index}].max_doc_len={stage.max_doc_len} with data.long_docs=crop keeps "
+                f"{kept:,} tokens a pass of the training data ({coverage.documents:,} documents cut to "
+                f"{stage.max_doc_len} tokens each), fewer than one row of seq_len+1={row}: too few documents for "
+                f"a row; use --data.long_docs=mix or split (both keep every token), more documents or a smaller seq_len")
+    return coverage
 
 
 def train_loader(cfg: Config, train_files: list[Path], dist_info: DistInfo, micro_batch: int, grad_accum: int):
@@ -131,20 +150,40 @@ def mix_preview(plan: RunPlan, loader) -> list[float]:
             if (docs := loader.preview_docs_per_row(plan.stage_batch(s)[0], s.seq_len, s.max_doc_len)) is not None]
 
 
-def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_row: list[float] = ()) -> list[str]:
+def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_row: list[float] = (),
+                     coverage=None) -> list[str]:
     """What the run will read against the training shards' size, and a warning when that is more than
-    one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch);
-    with long_docs=mix, `docs_per_row` of each stage (`mix_preview`)."""
-    total, repeat_step = 0, None
+    one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch).
+    With long_docs=mix, `docs_per_row` of each stage (`mix_preview`). `coverage` (crop with document caps:
+    check_data_capacity's): epochs count passes over the tokens the crop keeps, not over the shards, and a
+    loud warning says when the crop cuts more than half."""
+    total, passes, repeat_step = 0, 0.0, None
     for stage in plan.stages:
+        # A pass of this stage's rows reads the tokens its cap keeps (all of them when nothing is cut).
+        per_pass = coverage.kept(stage.max_doc_len, stage.seq_len + 1) if coverage is not None else corpus_tokens
         for step in range(stage.start, stage.end):
             total += stage.batch_tokens
-            if repeat_step is None and total > corpus_tokens:
+            passes += stage.batch_tokens / per_pass
+            if repeat_step is None and passes > 1:
                 repeat_step = step
     skips = cfg.data.long_docs == "crop" or cfg.data.packing == "record28"
-    lines = [f"data: {total:,} tokens in {cfg.train.steps} steps, from training shards of {corpus_tokens:,} "
-             f"tokens: {total / corpus_tokens:.2f} epochs" + (" or more (document tails are skipped: "
-                                                                "cropped_share in the log)" if skips else "")]
+    # Without a cap, crop (and record28) skip only the tail the row's end cuts, which the data's lengths
+    # alone do not tell: "or more".
+    more = " or more (document tails are skipped: cropped_share in the log)" if skips else ""
+    lines = [f"data: {total:,} tokens in {cfg.train.steps} steps, from training shards of {corpus_tokens:,} tokens"]
+    if coverage is None:
+        lines[0] += f": {total / corpus_tokens:.2f} epochs{more}"
+    else:
+        cap_list = sorted({s.max_doc_len for s in plan.stages if s.max_doc_len})
+        caps, cut = "/".join(map(str, cap_list)), int((coverage.lengths > cap_list[0]).sum())
+        per_pass = total / passes  # the tokens a pass keeps, over the run's stages
+        lines[0] += (f"; data.long_docs=crop cuts documents to {caps} tokens and keeps about {per_pass:,.0f} of "
+                     f"them a pass: {passes:.2f} passes")
+        if per_pass < corpus_tokens / 2:
+            lines.append(f"warning: data.long_docs=crop cuts {1 - per_pass / corpus_tokens:.1%} of the training "
+                         f"tokens ({cut:,} of its {coverage.documents:,} documents are longer than max_doc_len "
+                         f"{caps}; their tails are skipped): the run reads about {per_pass:,.0f} distinct tokens, "
+                         f"{passes:.2f} times; use --data.long_docs=mix (or split) to train on all of them")
     if cfg.data.long_docs == "mix":
         lines.append(f"data: rows mix pieces of {cfg.data.mix_docs} open documents (long_docs=mix); distinct "
                      f"documents per row in a micro-batch planned at the start with each stage's shape: "

@@ -108,7 +108,7 @@ class Trainer:
         # Before anything is allocated: a config that cannot fit fails here.
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
-        check_data_capacity(cfg, self.plan, self.train_files)
+        self.crop_coverage = check_data_capacity(cfg, self.plan, self.train_files)
         self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log, vocab_size=cfg.model.vocab_size)
         # Only once the data is there: a run refused for its data must not leave a run directory
         # behind, which would refuse the corrected command as "already holds a run". A resume writes
@@ -152,7 +152,8 @@ class Trainer:
                                     has_experts=self.has_experts)
         for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device):
             self.log(line)
-        for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens, mix_preview(self.plan, self.loader)):
+        for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens, mix_preview(self.plan, self.loader),
+                                     self.crop_coverage):
             self.log(line)
         if self.resume:
             self.load_latest()
