@@ -63,7 +63,7 @@ def test_start_line_counts_passes_over_what_crop_keeps_and_warns(huge_docs):
     data, files = huge_docs
     plan = plan_run(crop_cfg(data, 16), 1)
     coverage = check_data_capacity(plan.cfg, plan, files)
-    lines = data_epoch_lines(plan.cfg, plan, sum(HUGE) + 5, coverage)
+    lines = data_epoch_lines(plan.cfg, plan, sum(HUGE) + 5, coverage=coverage)
     passes = 12 * 512 / 97  # 12 steps of 512 tokens, 97 tokens kept a pass
     assert f"keeps about 97 of them a pass: {passes:.2f} passes" in lines[0], lines
     assert "0.27 epochs" not in lines[0]  # the shards' size: what the line said before

@@ -153,7 +153,7 @@ class Trainer:
         for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device):
             self.log(line)
         for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens, mix_preview(self.plan, self.loader),
-                                     self.crop_coverage):
+                                     coverage=self.crop_coverage):
             self.log(line)
         if self.resume:
             self.load_latest()
