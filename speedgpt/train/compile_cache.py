@@ -102,11 +102,11 @@ class CompileCache:
         return self.folder / f"artifacts-{self.digest}.json"
 
     def activate(self) -> str:
-        """Point Inductor's and Triton's on-disk caches into the folder (before the first compile; a
-        variable the user set is kept); returns a line for the log."""
+        """Point Inductor's and Triton's on-disk caches into the folder (before the first compile); returns
+        a line for the log. Set, not defaulted: Inductor sets both itself at its first compile, so a second
+        run in one process (bench --ab) would otherwise keep the first's. train.compile_cache=off leaves them."""
         for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
-            if not os.environ.get(var):
-                os.environ[var] = str(self.folder / sub)
+            os.environ[var] = str(self.folder / sub)
         return f"compile cache: {self.folder} (config {self.digest})"
 
     def load(self) -> str:
