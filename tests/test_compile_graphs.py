@@ -33,7 +33,7 @@ def scaled_preset(name: str, shards) -> object:
     m = cfg.model
     ov = ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16", "--model.window_pattern=LSSL",
           "--model.attn_backend=sdpa", "--train.device=cpu", "--train.compile=true", "--train.compile_backend=eager",
-          "--train.warmup_steps=1", "--data.seq_len=48", "--data.val_seq_len=256", "--data.val_tokens=512",
+          "--data.seq_len=48", "--data.val_seq_len=256", "--data.val_tokens=512",
           "--train.batch_tokens=96", "--schedule.window_block=16", "--schedule.window_start=16",
           "--schedule.window_end=224", "--run.report=false", "--run.sample_tokens=0", f"--data.train_files={shards}"]
     ov += ["--model.attn_free_layers=[2]"] if m.attn_free_layers else []
