@@ -13,12 +13,13 @@ from speedgpt.config import apply_overrides, load_preset
 from speedgpt.train.compile_watch import CompileWatch, recompile_reason
 from speedgpt.train.loop import Trainer
 
-# (span, graphs, recompile reasons) per preset, at this commit. speedrun-latest: stage 1 predicts 2 tokens
-# (MTP weights are a shape), stage 2 has rows of another shape (1 x 48K, stages 0-1 2 x 16K) and unties
-# the embedding (a Python flag the graph guards on); validation runs without grad (a global-state guard).
+# (span, graphs, recompile reasons) per preset, at this commit. speedrun-latest: stage 1 reuses stage 0's
+# graph (its 2 MTP weights padded to 3: step_schedule.py), stage 2 has rows of another shape (1 x 48K,
+# stages 0-1 2 x 16K) and unties the embedding (a Python flag the graph guards on); validation runs without
+# grad (a global-state guard).
 PINNED = {
     "speedrun-latest": [("stage 0", 1, []),
-                        ("stage 1", 1, ["tensor 'mtp_weights' size mismatch at index 0. expected 3, actual 2"]),
+                        ("stage 1", 0, []),
                         ("stage 2", 2, ["tensor 'inputs_BT' size mismatch at index 0. expected 2, actual 1",
                                         "self.embed_tied == True"]),
                         ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])],
@@ -86,3 +87,24 @@ def test_recompile_reason_is_the_function_and_its_newest_failed_guard():
                "    - 0/1: self.embed_tied == True                      # return F.embedding(  # gpt.py:222\n"
                "    - 0/0: tensor 'x' size mismatch at index 0. expected 2, actual 1")
     assert recompile_reason(message) == "forward: self.embed_tied == True"
+
+
+def test_mtp_stages_share_one_weight_count_and_score_the_same_loss():
+    """speedrun-latest's stages of 3 and 2 MTP weights enter the model as 3 each (one graph): stage 1's
+    third weight is 0, which leaves the loss as its 2 weights give it."""
+    from speedgpt.model.mtp import multi_token_loss
+    from speedgpt.plan import RunPlan
+    from speedgpt.train.step_schedule import StepInputs
+
+    plan = RunPlan.of(load_preset("speedrun-latest"))
+    inputs = StepInputs(plan, torch.device("cpu"))
+    s0, s1, s2 = plan.stages
+    assert [len(plan.mtp_weights_at(s.start)) for s in plan.stages] == [3, 2, 1]
+    assert inputs.mtp_weights_at(s0.start).tolist() == [1.0, 0.5, 0.25]
+    assert inputs.mtp_weights_at(s1.start).tolist() == [1.0, 0.5, 0.0]
+    assert inputs.mtp_weights_at(s2.start) is None
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(2, 16, 32, generator=g), torch.randint(0, 32, (2, 16), generator=g)
+    padded = multi_token_loss(logits, targets, inputs.mtp_weights_at(s1.start + 3))
+    own = multi_token_loss(logits, targets, torch.tensor(plan.mtp_weights_at(s1.start + 3)))
+    assert padded.item() == pytest.approx(own.item(), rel=1e-6)
