@@ -5,6 +5,7 @@ No compile here: an artifact recorded through torch's own recorder stands in for
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -89,16 +90,16 @@ def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch
     from speedgpt.parallel.dist import DistInfo
     from speedgpt.train.compile import open_compile_cache
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    # set here so that monkeypatch puts back what the process had after the test (activate() sets both)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
     dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
     lines: list[str] = []
     on = apply_overrides(Config(), ["--train.compile=true", f"--train.compile_cache={tmp_path / 'c'}"])
     cache = open_compile_cache(on, dist, lines.append)
     assert cache.folder.parent == tmp_path / "c"
-    import os
-
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache.folder / "inductor")
+    assert os.environ["TRITON_CACHE_DIR"] == str(cache.folder / "triton")
     assert any("nothing saved" in line for line in lines)
     for extra in (["--train.compile_backend=eager"], ["--train.compile=false"], ["--train.compile_cache=off"]):
         assert open_compile_cache(apply_overrides(on, extra), dist, lines.append) is None
