@@ -108,6 +108,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if profile and cuda:
         overlap = profile_steps(trainer, schedule_steps[-2:], profile, statistics.mean(step_times[-2:]) * 1e3)
     trainer.metrics.close()
+    trainer.compile_watch.close()
     tok_s = tokens_per_step / mean_s
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
@@ -119,6 +120,9 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "model_tflops_per_s": tok_s * flops / 1e12,
         "setup_s": setup_s,
         "compile_warmup_s": warm_s,
+        # what the warmup compiled (train/compile_watch.py): graphs, recompiles, seconds inside the compilers
+        **({f"compile_{k}": trainer.compile_watch.record()[k] for k in ("graphs", "recompiles", "compile_s")}
+           if trainer.compile_watch.enabled else {}),
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
         "strategy": trainer.strategy,
@@ -318,7 +322,8 @@ def format_stages(name: str, r: dict) -> list[str]:
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
             "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s", "strategy", "loader_ms_per_step", "comm_wait_ms_per_step",
-            "comm_exposed_frac", "compile_warmup_s", "setup_s", "attn_backend", "fp8_head"]
+            "comm_exposed_frac", "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s",
+            "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
         vals = []

@@ -164,6 +164,10 @@ DESCRIPTIONS: dict[str, str] = {
     "train.dtype": "auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32",
     "train.compile": "torch.compile the model",
     "train.compile_scope": "what train.compile compiles under ddp: model (one graph) | block (each block: reductions start inside the backward); fsdp: always block",
+    "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
+                             "fast start, slow steps; graph counting)",
+    "train.compile_cache": "folder that keeps compiled code for the next run (same GPU and versions); empty: "
+                           "$XDG_CACHE_HOME/speedgpt/compile; off: none",
     "train.coordinate_descent_tuning": "Inductor tunes its kernels' launch configs: slower compile, faster steps",
     "train.persistent_reductions_upto": "keep reduction rows up to this many elements in registers; 0: Inductor's choice",
     "train.warmup_steps": "compile/kernel warmup steps on real data, then an exact state reset",

@@ -160,14 +160,13 @@ def test_resume_across_a_stage_boundary_is_bit_equal(full_run):
         assert tr.hook_calls[0] == (None, 0 if resume_at < 6 else 1)
 
 
-def test_no_stage_recompiles_after_the_warmup(staged_cfg, tmp_path, monkeypatch):
+def test_no_stage_recompiles_after_the_warmup(staged_cfg, tmp_path):
     """Compiled (dynamo with the eager backend, so the test needs no C++ compiler): the warmup compiles
     every stage's graphs; the timed run adds none, though MTP weights and windows change values."""
     from torch._dynamo.utils import counters
 
-    compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda model, **kw: compile_(model, backend="eager", **kw))
-    cfg = apply_overrides(staged_cfg, ["--train.compile=true", "--train.warmup_steps=1"])
+    cfg = apply_overrides(staged_cfg, ["--train.compile=true", "--train.compile_backend=eager",
+                                       "--train.warmup_steps=1"])
 
     class Probe(Trainer):
         def warmup_then_reset(self):

@@ -146,6 +146,12 @@ class TrainConfig:
     # backward) or "block" (each transformer block on its own: a block's gradient reduction starts while
     # the backward computes the blocks below it). fsdp always compiles per block.
     compile_scope: str = "model"
+    # Who compiles the captured graphs: "inductor" (fused kernels: the speed), or "aot_eager" / "eager"
+    # (no code generated: fast to start, slow to run; the graph-count tests count graphs with them).
+    compile_backend: str = "inductor"
+    # Where compiled code is kept for the next run (train/compile_cache.py): a folder; "" the user's cache
+    # ($XDG_CACHE_HOME/speedgpt/compile, ~/.cache when unset); "off": torch's own temporary caches only.
+    compile_cache: str = ""
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.
     coordinate_descent_tuning: bool = False

@@ -43,6 +43,8 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
     if t.compile_scope not in ("model", "block"):
         raise ConfigError(f"train.compile_scope='{t.compile_scope}' must be model or block")
+    if t.compile_backend not in ("inductor", "aot_eager", "eager"):
+        raise ConfigError(f"train.compile_backend='{t.compile_backend}' must be inductor, aot_eager or eager")
     if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
         raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
     if par.strategy not in ("ddp", "fsdp", "auto"):

@@ -7,7 +7,8 @@ record, a target past the end of the row (t + k >= T for offset k) is left out (
 the denominator stays B*T), and document boundaries inside a row are not treated specially: near a
 document's end the later offsets score the next document's first tokens, as the next-token loss
 scores its BOS. The weights enter as a tensor, so a schedule that changes their values does not
-recompile; their number is a shape (one compiled graph per count, warmed up per stage).
+recompile; their number is a shape (one compiled graph per count: the trainer pads every stage's
+weights with zeros to the run's largest count, train/step_schedule.py).
 
 `multi_token_loss` is the reference (and the CPU path): plain torch over the fp32 logits. With a fused
 loss (model.fused_ce, model.fused_mtp) the model passes `target_rows` and the weights to the fused

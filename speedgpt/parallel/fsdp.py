@@ -52,7 +52,8 @@ def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, comp
     kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype))
     for block in model.blocks:
         if compile_blocks:
-            block.compile(dynamic=False)  # per block: each block's reduce-scatter starts inside the backward
+            # per block: each block's reduce-scatter starts inside the backward
+            block.compile(dynamic=False, backend=cfg.train.compile_backend)
         fully_shard(block, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
     for emb in model.embeddings():
         fully_shard(emb, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)

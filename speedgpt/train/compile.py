@@ -1,5 +1,6 @@
-"""How a run's model is compiled (train.compile, train.compile_scope): this run's Inductor settings,
-then the whole model under one torch.compile, or each transformer block on its own."""
+"""How a run's model is compiled (train.compile, train.compile_scope, train.compile_backend): the compile
+cache opened, this run's Inductor settings, then the whole model under one torch.compile, or each
+transformer block on its own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,20 @@ def compile_blocks(model: GPT, **compile_kwargs) -> None:
         block.compile(dynamic=False, **compile_kwargs)
 
 
+def open_compile_cache(cfg: Config, dist, log):
+    """train.compile_cache for this run (compile_cache.py), its folders in place and its artifacts loaded;
+    None when nothing is compiled to code (train.compile off, or a backend without caches) or it is off."""
+    if not cfg.train.compile or cfg.train.compile_backend != "inductor":
+        return None
+    from .compile_cache import CompileCache
+
+    cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), dist.world_size, dist.device)
+    if cache is not None:
+        log(cache.activate())
+        log(cache.load())
+    return cache
+
+
 def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
     """The model under torch.compile (with this run's Inductor settings), or the model itself."""
     if cfg.train.compile:
@@ -29,7 +44,8 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
             log(note)
     if not cfg.train.compile or strategy == "fsdp":  # fsdp: compiled block by block (build_fsdp_model)
         return model
+    backend = cfg.train.compile_backend
     if cfg.train.compile_scope == "block":  # reductions then start inside the backward
-        compile_blocks(model)
+        compile_blocks(model, backend=backend)
         return model
-    return torch.compile(model, dynamic=False)
+    return torch.compile(model, dynamic=False, backend=backend)

@@ -37,7 +37,8 @@ from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
                     describe_run, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
-from .compile import compiled_forward
+from .compile import compiled_forward, open_compile_cache
+from .compile_watch import AFTER_WARMUP, CompileWatch
 from .control import RunControl
 from .guard import NumericsGuard
 from .hardware import peak_flops
@@ -133,6 +134,9 @@ class Trainer:
 
             rate = cfg.model.moe_bias_rate
             self.optimizers.adam.register_step_post_hook(lambda *_: balance_experts(self.model, rate))
+        # Before the first compile: the cache's folders in place and its saved artifacts loaded
+        self.compile_cache = open_compile_cache(cfg, dist, self.log)
+        self.compile_watch = CompileWatch(enabled=cfg.train.compile)
         self.forward = compiled_forward(cfg, self.model, self.strategy, self.log)
         self.inputs = StepInputs(self.plan, self.device)
         self.step = 0
@@ -234,11 +238,13 @@ class Trainer:
         state: the measured run starts cold in its numbers but warm in its kernels."""
         if self.cfg.train.warmup_steps <= 0:
             return 0.0
-        t0 = time.perf_counter()
+        t0, watch = time.perf_counter(), self.compile_watch
         with restored_afterwards(self.model, self.optimizers, self.loader), faults.suspended():
             for step in warmup_steps(self.cfg, self.plan):
-                self.train_step(step)
-            self.evaluate()
+                with watch.span(f"stage {self.plan.stage_at(step).index}" if self.plan.from_table else "training"):
+                    self.train_step(step)
+            with watch.span("validation"):
+                self.evaluate()
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.has_experts:  # nor what its forwards counted for the MoE metrics
@@ -246,7 +252,15 @@ class Trainer:
 
             reset_health(self.model)
         self.sync_device()
-        return time.perf_counter() - t0
+        warm_s = time.perf_counter() - t0
+        for line in watch.lines():
+            self.log(line)
+        if watch.enabled:
+            self.metrics.log({"event": "compile", "step": self.step, "tokens": self.tokens, "time_s": 0.0,
+                              **watch.record()})
+        if self.compile_cache is not None and self.dist.is_main:  # what a later run loads (compile_cache.py)
+            self.log(self.compile_cache.save() or "compile cache: torch recorded nothing to save")
+        return warm_s
 
     # ------------------------------------------------------------------------------------------
     def state(self) -> dict:
@@ -299,7 +313,8 @@ class Trainer:
         stop = False
         while self.step < t.steps and not stop:
             self.stop_request.step = self.step
-            loss = self.train_step(self.step)
+            with self.compile_watch.span(AFTER_WARMUP):  # a graph compiled here is one the warmup missed
+                loss = self.train_step(self.step)
             self.tokens += self.stage.batch_tokens
             self.step += 1
             self.stop_request.step = self.step  # a signal from here on arrives before the next step
@@ -356,6 +371,13 @@ class Trainer:
         return result
 
     def finish(self, result: TrainResult) -> None:
+        late = self.compile_watch.spans_compiled(AFTER_WARMUP)
+        if late:  # a finding: the warmup did not compile every graph the run needed
+            for line in self.compile_watch.lines():
+                self.log(line)
+            self.metrics.log({"event": "compile", "step": self.step, "tokens": self.tokens, "time_s": self.train_time,
+                              **self.compile_watch.record()})
+        self.compile_watch.close()
         self.checkpoints.finish()
         self.metrics.close()
         if self.strategy == "fsdp":  # sampling runs on rank 0 alone: it gets an unsharded copy

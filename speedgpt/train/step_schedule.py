@@ -44,15 +44,21 @@ class StepInputs:
         self._yarn_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     def _mtp_weight_tensors(self) -> list[torch.Tensor | None]:
         """Every step's multi-token-prediction weights as its own device tensor, made once before
-        training (None for steps that predict the next token only)."""
+        training (None for steps that predict the next token only). Every MTP stage's weights have the
+        length of the run's longest (zeros after its own): the count is a shape, so stages of 3 and of 2
+        weights would compile a graph each. A zero weight's term is an exact 0 in the loss and its gradient
+        (the reference loss sums its terms in another order: equal to float rounding), and the fused loss
+        costs the same for 2 or 3 targets (docs/benchmarks.md, "fused MTP")."""
         if not self.plan.has_mtp:
             return []
+        width = max(stage.predicts for stage in self.plan.stages)
         out: list[torch.Tensor | None] = []
         for stage in self.plan.stages:
             if stage.predicts == 1:
                 out += [None] * stage.steps
                 continue
-            table = torch.tensor([stage.mtp_weights_at(step) for step in range(stage.start, stage.end)],
+            pad = (0.0,) * (width - stage.predicts)
+            table = torch.tensor([stage.mtp_weights_at(step) + pad for step in range(stage.start, stage.end)],
                                  dtype=torch.float32, device=self.device)
             out += [row.clone() for row in table]  # separate tensors: a compiled graph sees the same layout each step
         return out

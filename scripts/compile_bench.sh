@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Issue 33's GPU figures in one call (docs/benchmarks.md "Compile time"): per preset, on a GPU of its own and
+# all presets at once, three `speedgpt bench` processes one after another:
+#   cold  - an empty compile cache (compile + warmup s, graphs, recompiles, step time),
+#   warm  - a fresh machine's start: a NEW cache folder holding only the artifact files the cold run saved
+#           (train.compile_cache: load_cache_artifacts fills the empty Inductor/Triton caches),
+#   block - cold again with train.compile_scope=block (identical blocks share compiled code).
+# Then one table. Usage, from the repository root on a machine with >= 2 GPUs (4 for the block column):
+#   DATA=/path/to/fineweb10B scripts/compile_bench.sh [OUT_DIR]
+# DATA: the training shards (data.train_files); empty: the local Python corpus, built into OUT_DIR first (~15 s).
+# STEPS (default 10): timed steps per bench. PRESETS (default "speedrun-latest speedrun-124m").
+set -u
+OUT=${1:-${OUT:-compile-bench}}
+STEPS=${STEPS:-10}
+PRESETS=${PRESETS:-"speedrun-latest speedrun-124m"}
+PY=${PY:-python}
+mkdir -p "$OUT"
+if [ -z "${DATA:-}" ]; then  # built once here: parallel benches must not build one corpus folder together
+    DATA="$OUT/pyc"
+    [ -d "$DATA" ] || $PY -m speedgpt data local-python --out "$DATA" --workers 16 > "$OUT/data.txt" 2>&1 \
+        || { echo "building the local corpus failed: see $OUT/data.txt"; exit 1; }
+fi
+data=("--data.train_files=$DATA")
+ngpu=$(nvidia-smi -L | wc -l)
+
+one() {  # preset, gpu, label, cache folder, extra overrides...
+    local preset=$1 gpu=$2 label=$3 cache=$4; shift 4
+    CUDA_VISIBLE_DEVICES=$gpu $PY -m speedgpt bench --preset "$preset" --steps "$STEPS" "${data[@]}" \
+        "--train.compile_cache=$cache" "$@" > "$OUT/$preset.$label.txt" 2>&1 \
+        || echo "$preset $label: exit $? (see $OUT/$preset.$label.txt)"
+}
+
+i=0
+for preset in $PRESETS; do
+    (
+        one "$preset" "$i" cold "$OUT/cache-$preset-cold"
+        # a fresh machine: only the portable artifact files travel, into an otherwise empty cache folder
+        for f in "$OUT/cache-$preset-cold"/*/artifacts-*; do
+            [ -e "$f" ] || continue
+            d="$OUT/cache-$preset-warm/$(basename "$(dirname "$f")")"
+            mkdir -p "$d" && cp "$f" "$d/"
+        done
+        # per stage where the preset has a table: stage 1's step time with its MTP weights padded to 3
+        stages=(); [ "$preset" = speedrun-latest ] && stages=(--per-stage)
+        one "$preset" "$i" warm "$OUT/cache-$preset-warm" "${stages[@]}"
+    ) &
+    i=$((i + 1))
+done
+if [ "$ngpu" -ge 4 ]; then  # compile_scope=block, cold, on the GPUs left
+    g=2
+    for preset in $PRESETS; do
+        [ "$g" -lt "$ngpu" ] && one "$preset" "$g" block "$OUT/cache-$preset-block" --train.compile_scope=block &
+        g=$((g + 1))
+    done
+fi
+wait
+
+field() { awk -v k="$1" '$1 == k {print $2}' "$2" 2>/dev/null; }
+printf '%-16s %-6s %12s %7s %10s %12s %10s\n' preset run compile+warm graphs recompiles step_ms tok/s
+for preset in $PRESETS; do
+    for label in cold warm block; do
+        f="$OUT/$preset.$label.txt"
+        [ -f "$f" ] || continue
+        printf '%-16s %-6s %12s %7s %10s %12s %10s\n' "$preset" "$label" "$(field compile_warmup_s "$f")" \
+            "$(field compile_graphs "$f")" "$(field compile_recompiles "$f")" "$(field step_ms_mean "$f")" \
+            "$(field tok_per_s "$f")"
+    done
+done
+grep -h "^preset " "$OUT"/*.cold.txt 2>/dev/null | head -1  # the commit
+grep -h -A8 "per stage" "$OUT"/*.warm.txt 2>/dev/null  # speedrun-latest's stages (warm run)

@@ -1,0 +1,155 @@
+"""The compile cache that travels (train.compile_cache): what torch.compile made for a config, kept in
+a folder so that the next run of it, on this machine or on another with the same GPU and versions,
+starts warm.
+
+Two layers, both under one folder per (torch, Triton, Python, device) key:
+- Inductor's and Triton's own on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR point there):
+  a second run on the same machine finds its kernels without any help;
+- torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`, one file per config
+  digest, written by rank 0 after the compile warmup), which `load_cache_artifacts` writes back
+  into those caches on a fresh machine before the first compile.
+A file made by other versions or another device (copied in by hand, say) or one that does not read
+back is ignored with one line: a cache can make a start faster, never fail a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..atomic import atomic_write
+
+FORMAT = "speedgpt.compile_cache/1"
+# Keys of a config that change nothing torch.compile builds: a run of the same config under another
+# name, seed, data or length reuses the first one's artifacts.
+NOT_COMPILED = {"run": None, "data": ("train_files", "val_files", "cache_dir"), "train": ("seed", "compile_cache")}
+
+
+def default_root() -> Path:
+    """$XDG_CACHE_HOME/speedgpt/compile (~/.cache when unset): read when a run starts, never at import."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "speedgpt" / "compile"
+
+
+def versions(device: torch.device) -> dict[str, str]:
+    """What a compiled artifact depends on besides the config: torch, Triton, Python and the device."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        device_name = f"{torch.cuda.get_device_name(device)} sm{major}{minor}"
+    else:
+        device_name = f"{device.type} {platform.machine()}"
+    return {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
+            "device": device_name}
+
+
+def folder_name(v: dict[str, str]) -> str:
+    """A file-system-safe folder name for a versions dict (torch-2.13.0_triton-3.5_py-3.11.9_NVIDIA-H100...)."""
+    raw = f"torch-{v['torch']}_triton-{v['triton']}_py-{v['python']}_{v['device']}"
+    return re.sub(r"[^A-Za-z0-9._+-]+", "-", raw)
+
+
+def config_digest(cfg_dict: dict, world_size: int) -> str:
+    """16 hex digits naming a config's artifacts: the resolved config without the keys that change nothing
+    torch.compile builds (NOT_COMPILED), and the world size (each rank compiles its share's shapes)."""
+    kept = {}
+    for section, values in cfg_dict.items():
+        dropped = NOT_COMPILED.get(section, ())
+        if dropped is None:
+            continue
+        kept[section] = ({k: v for k, v in values.items() if k not in dropped} if isinstance(values, dict)
+                         else values)
+    blob = json.dumps({"config": kept, "world_size": world_size}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class CompileCache:
+    """One config's place in the cache: `folder` (the versions' folder) and `digest` (the config's file)."""
+
+    folder: Path
+    digest: str
+    versions: dict[str, str]
+
+    @classmethod
+    def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device) -> CompileCache | None:
+        """The cache of train.compile_cache = `setting` ("" the default folder, "off" none, else a folder)."""
+        if setting == "off":
+            return None
+        v = versions(device)
+        root = Path(setting).expanduser() if setting else default_root()
+        return cls(root / folder_name(v), config_digest(cfg_dict, world_size), v)
+
+    @property
+    def artifacts(self) -> Path:
+        return self.folder / f"artifacts-{self.digest}.bin"
+
+    @property
+    def meta(self) -> Path:
+        return self.folder / f"artifacts-{self.digest}.json"
+
+    def activate(self) -> str:
+        """Point Inductor's and Triton's on-disk caches into the folder (before the first compile); returns
+        a line for the log. Set, not defaulted: Inductor sets both itself at its first compile, so a second
+        run in one process (bench --ab) would otherwise keep the first's. train.compile_cache=off leaves them."""
+        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+            os.environ[var] = str(self.folder / sub)
+        return f"compile cache: {self.folder} (config {self.digest})"
+
+    def load(self) -> str:
+        """Write this config's saved artifacts back into the local caches; returns a line for the log:
+        what was loaded, that there was nothing yet, or why a file was ignored."""
+        if not self.artifacts.exists():
+            return "compile cache: nothing saved for this config yet (cold compile; saved after the warmup)"
+        try:
+            meta = json.loads(self.meta.read_text())
+        except (OSError, ValueError):
+            return f"compile cache: ignoring {self.artifacts.name}: its {self.meta.name} is missing or unreadable"
+        if meta.get("format") != FORMAT or meta.get("versions") != self.versions:
+            made = meta.get("versions", {})
+            return (f"compile cache: ignoring {self.artifacts.name}: made with {_describe(made)}, "
+                    f"this is {_describe(self.versions)} (cold compile; saved again after the warmup)")
+        try:
+            info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
+        except Exception as e:  # noqa: BLE001: a broken cache must not fail the run it was meant to speed up
+            return f"compile cache: ignoring {self.artifacts.name}: it does not load ({type(e).__name__}: {e})"
+        if info is None:
+            return f"compile cache: ignoring {self.artifacts.name}: it does not read back (corrupt or truncated)"
+        return f"compile cache: loaded {_count(info)} artifact(s) from {self.artifacts}"
+
+    def save(self) -> str | None:
+        """Save what this process compiled (and loaded) as this config's artifacts; returns a line for the
+        log, None when torch recorded nothing (a backend without caches, such as eager)."""
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None:
+            return None
+        data, info = saved
+        # The bytes first, then the metadata that vouches for them: a crash between the two leaves
+        # a file that load() ignores rather than one it trusts.
+        atomic_write(self.artifacts, data)
+        atomic_write(self.meta, json.dumps({"format": FORMAT, "versions": self.versions, "bytes": len(data),
+                                            "argv": sys.argv[1:]}, indent=1))
+        return f"compile cache: saved {_count(info)} artifact(s), {len(data) / 2**20:.1f} MiB, to {self.artifacts}"
+
+
+def _describe(v: dict) -> str:
+    return (f"torch {v.get('torch', '?')}, triton {v.get('triton', '?')}, python {v.get('python', '?')} "
+            f"on {v.get('device', '?')}")
+
+
+def _count(info) -> int:
+    """Artifacts in a torch CacheInfo (a list of keys per kind)."""
+    return sum(len(keys) for keys in info.artifacts.values())

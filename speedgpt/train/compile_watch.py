@@ -1,0 +1,147 @@
+"""What torch.compile did, span by span of a run (each stage's warmup steps, validation, training):
+graphs compiled, recompiles and why, seconds spent compiling. The start log prints it and the
+metrics keep it (event "compile"), so a change that adds a graph shows up in the first minute.
+
+Counts come from torch._dynamo's counters (frames, unique graphs) and compile-time metrics; the
+reason of each recompile from dynamo's "recompiles" log, which is switched on for the run (unless
+TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
+# compilation_time_metrics' entries that are whole compiles: a frame's (dynamo + the backend's forward)
+# and the backward that AOTAutograd compiles at its first call.
+COMPILE_TIME_KEYS = ("_compile.compile_inner", "backward._backward_impl")
+AFTER_WARMUP = "after the warmup"  # the span of the measured steps: anything compiled there cost training time
+
+
+@dataclass
+class Span:
+    """One labelled part of the run: what dynamo compiled while it ran."""
+
+    label: str
+    graphs: int = 0
+    frames: int = 0
+    compile_s: float = 0.0
+    wall_s: float = 0.0
+    recompiles: list[str] = field(default_factory=list)  # one reason per recompile
+
+    def as_record(self) -> dict:
+        return {"label": self.label, "graphs": self.graphs, "frames": self.frames, "recompiles": len(self.recompiles),
+                "reasons": self.recompiles, "compile_s": round(self.compile_s, 3), "wall_s": round(self.wall_s, 3)}
+
+
+class _Reasons(logging.Handler):
+    """Keeps the first guard failure of each "Recompiling function ..." message: why it recompiled."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.reasons: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.reasons.append(recompile_reason(record.getMessage()))
+
+
+def recompile_reason(message: str) -> str:
+    """'forward: tensor 'inputs_BT' size mismatch at index 0. expected 2, actual 1' from dynamo's message
+    (its function, then the newest cache entry's first failed guard, without the source comment)."""
+    func = re.search(r"Recompiling function (\S+)", message)
+    guard = re.search(r"^\s*- \d+/\d+: (.*)$", message, re.M)
+    what = guard.group(1).split("  #")[0].strip() if guard else message.splitlines()[0]
+    return f"{func.group(1) if func else '?'}: {what}"
+
+
+class CompileWatch:
+    """Spans of the run (`with watch.span("stage 0"): ...`); `lines()` and `record()` say what each compiled."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.spans: list[Span] = []
+        self._handler: _Reasons | None = None
+        if enabled:
+            self._listen()
+
+    def _listen(self) -> None:
+        import torch._logging
+
+        logger = logging.getLogger(RECOMPILES_LOGGER)
+        if not os.environ.get("TORCH_LOGS"):
+            torch._logging.set_logs(recompiles=True)
+            logger.propagate = False  # ours to summarize, not torch's to print (TORCH_LOGS=recompiles prints them)
+        self._handler = _Reasons()
+        logger.addHandler(self._handler)
+
+    def close(self) -> None:
+        if self._handler is not None:
+            logging.getLogger(RECOMPILES_LOGGER).removeHandler(self._handler)
+            self._handler = None
+
+    @staticmethod
+    def _counts() -> tuple[int, int, float]:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        seconds = sum(sum(compilation_time_metrics.get(k, ())) for k in COMPILE_TIME_KEYS)
+        return counters["stats"]["unique_graphs"], counters["frames"]["total"], seconds
+
+    @contextmanager
+    def span(self, label: str):
+        """Count what compiles inside the block under `label` (spans of the same label add up)."""
+        if not self.enabled:
+            yield
+            return
+        graphs, frames, seconds = self._counts()
+        n_reasons, t0 = len(self._handler.reasons), time.perf_counter()
+        try:
+            yield
+        finally:
+            g, f, s = self._counts()
+            span = next((x for x in self.spans if x.label == label), None)
+            if span is None:
+                span = Span(label)
+                self.spans.append(span)
+            span.graphs += g - graphs
+            span.frames += f - frames
+            span.compile_s += s - seconds
+            span.wall_s += time.perf_counter() - t0
+            span.recompiles += self._handler.reasons[n_reasons:]
+
+    def spans_compiled(self, label: str) -> bool:
+        """Whether the span `label` compiled any frame."""
+        return any(s.label == label and s.frames for s in self.spans)
+
+    def total(self) -> Span:
+        out = Span("total")
+        for s in self.spans:
+            out.graphs, out.frames = out.graphs + s.graphs, out.frames + s.frames
+            out.compile_s, out.wall_s = out.compile_s + s.compile_s, out.wall_s + s.wall_s
+            out.recompiles += s.recompiles
+        return out
+
+    def lines(self) -> list[str]:
+        """The start log's summary: one line in all, one per span that compiled, one per distinct reason."""
+        if not self.enabled:
+            return []
+        t = self.total()
+        lines = [f"compile: {t.graphs} graph(s) from {t.frames} frame(s), {len(t.recompiles)} recompile(s), "
+                 f"{t.compile_s:.1f}s compiling"]
+        for s in self.spans:
+            if s.frames:
+                lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
+                             f"{s.compile_s:.1f}s compiling, {s.wall_s:.1f}s in all")
+        for reason in dict.fromkeys(t.recompiles):
+            lines.append(f"  recompiled ({t.recompiles.count(reason)}x): {reason}")
+        return lines
+
+    def record(self) -> dict:
+        """The metrics record (event "compile")."""
+        t = self.total()
+        return {"graphs": t.graphs, "frames": t.frames, "recompiles": len(t.recompiles),
+                "compile_s": round(t.compile_s, 3), "spans": [s.as_record() for s in self.spans]}

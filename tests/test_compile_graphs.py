@@ -1,0 +1,110 @@
+"""What torch.compile builds for each GPU preset, pinned (train/compile_watch.py): the preset's architecture and
+stage table scaled down, compiled by dynamo with the eager backend (it captures and guards the same graphs as
+Inductor, without generating code), through the trainer's real compile warmup. A change that adds a graph or
+a recompile fails here, with the recompile's reason in the message; a change that removes one updates the pin.
+Attention runs on SDPA here (flex has no CPU backward), so flex's own guards are the GPU bench's to count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from speedgpt.config import apply_overrides, load_preset
+from speedgpt.train.compile_watch import CompileWatch, recompile_reason
+from speedgpt.train.loop import Trainer
+
+# (span, graphs, recompile reasons) per preset, at this commit. speedrun-latest: stage 1 reuses stage 0's
+# graph (its 2 MTP weights padded to 3: step_schedule.py), stage 2 has rows of another shape (1 x 48K,
+# stages 0-1 2 x 16K) and unties the embedding (a Python flag the graph guards on); validation runs without
+# grad (a global-state guard).
+PINNED = {
+    "speedrun-latest": [("stage 0", 1, []),
+                        ("stage 1", 0, []),
+                        ("stage 2", 2, ["tensor 'inputs_BT' size mismatch at index 0. expected 2, actual 1",
+                                        "self.embed_tied == True"]),
+                        ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])],
+    "speedrun-124m": [("training", 1, []), ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])],
+}
+
+
+def scaled_preset(name: str, shards) -> object:
+    """`name` at depth 4 and width 64, its rows, batches and windows / 1024 (documents / 64), its layer
+    lists on 4 layers, the same steps (so stage starts and the untie step keep their places)."""
+    cfg = load_preset(name)
+    m = cfg.model
+    ov = ["--model.depth=4", "--model.model_dim=64", "--model.head_dim=16", "--model.window_pattern=LSSL",
+          "--model.attn_backend=sdpa", "--train.device=cpu", "--train.compile=true", "--train.compile_backend=eager",
+          "--data.seq_len=48", "--data.val_seq_len=256", "--data.val_tokens=512",
+          "--train.batch_tokens=96", "--schedule.window_block=16", "--schedule.window_start=16",
+          "--schedule.window_end=224", "--run.report=false", "--run.sample_tokens=0", f"--data.train_files={shards}"]
+    ov += ["--model.attn_free_layers=[2]"] if m.attn_free_layers else []
+    ov += ["--model.value_embeds=1"] if m.value_embeds else []
+    ov += ["--model.value_embed_layers=[0, 3]"] if m.value_embed_layers else []
+    ov += ["--model.paired_head_layers=[1]"] if m.paired_head_layers else []
+    ov += ["--model.backout_layer=2"] if m.backout_layer >= 0 else []
+    cfg = apply_overrides(cfg, ov)
+    for s in cfg.train.stages:
+        s.batch_tokens, s.seq_len, s.max_doc_len = s.batch_tokens // 2048, s.seq_len // 1024, s.max_doc_len // 64
+    return cfg
+
+
+@pytest.mark.parametrize("preset", sorted(PINNED))
+def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_thread):
+    torch._dynamo.reset()
+    try:
+        tr = Trainer(scaled_preset(preset, text_shards), run_dir=tmp_path / "run", quiet=True)
+        tr.setup()
+        tr.warmup_then_reset()
+        tr.compile_watch.close()
+        got = [(s.label, s.graphs, [r.split(": ", 1)[1] for r in s.recompiles]) for s in tr.compile_watch.spans]
+        assert got == PINNED[preset], "\n".join(tr.compile_watch.lines())
+    finally:
+        torch._dynamo.reset()
+
+
+def test_watch_counts_graphs_and_says_why_it_recompiled():
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    try:
+        f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+        with watch.span("first"):
+            f(torch.ones(3))
+        with watch.span("second"):
+            f(torch.ones(3))  # the same shape: no new graph
+            f(torch.ones(4))
+        first, second = watch.spans
+        assert (first.graphs, first.recompiles) == (1, [])
+        assert second.graphs == 1 and len(second.recompiles) == 1
+        assert "size mismatch at index 0. expected 3, actual 4" in second.recompiles[0]
+        assert watch.record()["graphs"] == 2 and watch.lines()[0].startswith("compile: 2 graph(s)")
+    finally:
+        watch.close()
+        torch._dynamo.reset()
+
+
+def test_recompile_reason_is_the_function_and_its_newest_failed_guard():
+    message = ("Recompiling function forward in /x/gpt.py:254\n    triggered by the following guard failure(s):\n"
+               "    - 0/1: self.embed_tied == True                      # return F.embedding(  # gpt.py:222\n"
+               "    - 0/0: tensor 'x' size mismatch at index 0. expected 2, actual 1")
+    assert recompile_reason(message) == "forward: self.embed_tied == True"
+
+
+def test_mtp_stages_share_one_weight_count_and_score_the_same_loss():
+    """speedrun-latest's stages of 3 and 2 MTP weights enter the model as 3 each (one graph): stage 1's
+    third weight is 0, which leaves the loss as its 2 weights give it."""
+    from speedgpt.model.mtp import multi_token_loss
+    from speedgpt.plan import RunPlan
+    from speedgpt.train.step_schedule import StepInputs
+
+    plan = RunPlan.of(load_preset("speedrun-latest"))
+    inputs = StepInputs(plan, torch.device("cpu"))
+    s0, s1, s2 = plan.stages
+    assert [len(plan.mtp_weights_at(s.start)) for s in plan.stages] == [3, 2, 1]
+    assert inputs.mtp_weights_at(s0.start).tolist() == [1.0, 0.5, 0.25]
+    assert inputs.mtp_weights_at(s1.start).tolist() == [1.0, 0.5, 0.0]
+    assert inputs.mtp_weights_at(s2.start) is None
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(2, 16, 32, generator=g), torch.randint(0, 32, (2, 16), generator=g)
+    padded = multi_token_loss(logits, targets, inputs.mtp_weights_at(s1.start + 3))
+    own = multi_token_loss(logits, targets, torch.tensor(plan.mtp_weights_at(s1.start + 3)))
+    assert padded.item() == pytest.approx(own.item(), rel=1e-6)
