@@ -32,11 +32,11 @@ def pack_rows(convs: Sequence[Rendered], row_len: int, buffer: int = 1000) -> li
     pending: list[tuple[int, int]] = []  # (length, index), sorted
     nxt = 0
     while nxt < len(convs) or pending:
-        while nxt < len(convs) and len(pending) < buffer:
-            bisect.insort(pending, (lengths[nxt], nxt))
-            nxt += 1
         row, room = [], row_len
-        while pending:
+        while True:
+            while nxt < len(convs) and len(pending) < buffer:  # the buffer refills as it is taken from
+                bisect.insort(pending, (lengths[nxt], nxt))
+                nxt += 1
             k = bisect.bisect_right(pending, (room, len(convs))) - 1  # the longest that fits
             if k < 0:
                 break
