@@ -88,3 +88,23 @@ def test_heldout_questions_never_in_training():
     held = {e.question for e in heldout()}
     assert len(held) == 300
     assert not held & {e.question for e in islice(training_examples(0), 5000)}
+
+
+def test_chat_eval_files_and_centring(tmp_path):
+    from speedgpt.chat.evaluate import TaskScore, chatcore, normalize_answer, read_choice_file, read_exact_file
+
+    gsm = tmp_path / "gsm.jsonl"
+    gsm.write_text('{"question": "q", "answer": "3 + 4 = 7\\n#### 1,007"}\n{"question": "r", "answer": "cat"}\n')
+    assert read_exact_file(gsm) == [("q", "1,007"), ("r", "cat")]
+    assert normalize_answer("so it is 1,007.") == normalize_answer("1,007") == "1007"
+    assert normalize_answer(" c-a-t ") == "c-a-t"
+    arc = tmp_path / "arc.jsonl"
+    arc.write_text('{"question": "q", "choices": {"text": ["x", "y", "z"], "label": ["1", "2", "3"]}, '
+                   '"answerKey": "3"}\n{"question": "r", "choices": ["a", "b"], "answer": "B"}\n')
+    assert read_choice_file(arc) == [("q", ["x", "y", "z"], 2), ("r", ["a", "b"], 1)]
+    arc.write_text('{"question": "q", "choices": ["a"], "answer": 0}\n')
+    with pytest.raises(ValueError, match="line 1: not a multiple-choice item"):
+        read_choice_file(arc)
+    # centred: chance scores 0, perfect 1, whatever the number of choices
+    assert chatcore([TaskScore("a", 0.25, 0.25, 4), TaskScore("b", 1.0, 0.5, 2), TaskScore("c", 0.5, 0.0, 2)]) \
+        == pytest.approx((0 + 1 + 0.5) / 3)

@@ -172,3 +172,37 @@ def builtin_scores(model, template: ChatTemplate, per_task: int) -> list[TaskSco
         pairs = [(e.question, e.answer) for e in first_heldout(per_task, name)]
         scores.append(exact_match(model, template, name, pairs))
     return scores
+
+
+def evaluate_chat(source, *, choice_files=(), exact_files=(), per_task: int = 100, limit: int | None = None,
+                  device: str = "auto", checkpoint=None, log: bool = True, print_fn=print) -> dict:
+    """`speedgpt eval RUN --chat`: the built-in tasks' exact match, plus any task files, and their
+    ChatCORE; appended to a run's metrics.jsonl as a chat_eval record (unless `log=False`)."""
+    from pathlib import Path
+
+    from ..infer.load import load_model
+    from ..rundir import RunDir
+    from ..tokenizer.folder import run_tokenizer
+    from .template import chat_template
+
+    model, cfg = load_model(source, device=device, checkpoint=checkpoint)
+    template = chat_template(run_tokenizer(source, cfg), cfg.model)
+    scores = builtin_scores(model, template, per_task) if per_task else []
+    for f in exact_files:
+        scores.append(exact_match(model, template, Path(f).stem, read_exact_file(Path(f))[:limit]))
+    for f in choice_files:
+        scores.append(multiple_choice(model, template, Path(f).stem, read_choice_file(Path(f))[:limit]))
+    if not scores:
+        raise ValueError("no chat task to score: --chat-examples 0 and no --chat-exact / --chat-choice file")
+    for s in scores:
+        print_fn(f"{s.task:<16} accuracy {s.accuracy:6.1%}  (chance {s.chance:.0%}, centred {s.centred:+.3f}, n={s.n})")
+    record = {"event": "chat_eval", "step": 0, "chatcore": chatcore(scores),
+              **{f"acc_{s.task}": s.accuracy for s in scores}}
+    print_fn(f"ChatCORE {record['chatcore']:+.3f} (mean centred accuracy of {len(scores)} tasks)")
+    run = RunDir(source)
+    if log and run.is_run():
+        record["step"] = max([r.get("step", 0) for r in run.read_metrics()] or [0])
+        with run.metrics_logger() as metrics:
+            metrics.log(record)
+        print_fn(f"eval: appended to {run.metrics_path}")
+    return record
