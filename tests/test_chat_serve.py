@@ -81,7 +81,7 @@ def server(chat_model):
 
 def test_page_and_streamed_answer_over_http(server, chat_model):
     conn = http.client.HTTPConnection("127.0.0.1", server, timeout=60)
-    conn.request("GET", "/")
+    conn.request("GET", "/?q=hello")
     page = conn.getresponse()
     assert page.status == 200 and b"New conversation" in page.read()
     messages = [{"role": "user", "content": "Hello"}]

@@ -12,7 +12,7 @@ from conftest import TINY_OVERRIDES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SFT_OVERRIDES = ["--train.steps=4", "--train.val_every=0", "--train.log_every=2", "--train.checkpoint_every=2"]
+SFT_OVERRIDES = ["--train.steps=4", "--train.val_every=0", "--train.log_every=2"]
 
 
 @pytest.fixture(scope="module")
@@ -78,13 +78,32 @@ def test_sft_resume_is_bit_exact(base_run, tmp_path):
     assert losses(tmp_path / "whole") == losses(half)
 
 
-def test_sft_lowers_heldout_loss_and_warm_starts(base_run, tmp_path):
+@pytest.fixture(scope="module")
+def sft_run(base_run, tmp_path_factory):
     from speedgpt.chat.sft import sft
 
-    result = sft(base_run, tmp_path / "s", SFT_OVERRIDES, spec=small_spec(base_run, load_optimizer=True), quiet=True)
-    first, last = result.history[0]["heldout_loss"], result.history[-1]["heldout_loss"]
+    out = tmp_path_factory.mktemp("sft") / "run"
+    return sft(base_run, out, SFT_OVERRIDES, spec=small_spec(base_run, load_optimizer=True), quiet=True)
+
+
+def test_sft_lowers_heldout_loss_and_warm_starts(sft_run, base_run):
+    first, last = sft_run.history[0]["heldout_loss"], sft_run.history[-1]["heldout_loss"]
     assert last < first
-    assert json.loads((tmp_path / "s" / "sft.json").read_text())["base_run"] == str(base_run)
+    assert json.loads((sft_run.run_dir / "sft.json").read_text())["base_run"] == str(base_run)
+
+
+def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys):
+    from speedgpt.cli import main
+
+    run = str(sft_run.run_dir)
+    assert main(["chat", run, "--prompt", "What is 1 + 1?", "--max-tokens", "4", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    assert main(["eval", run, "--chat", "--chat-examples", "2", "--no-log"]) == 0
+    out = capsys.readouterr().out
+    assert "arithmetic" in out and "ChatCORE" in out
+    assert main(["chat", str(base_run), "--prompt", "hi"]) == 2  # a base model has no chat tokens
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "speedgpt sft" in err
 
 
 @pytest.mark.parametrize("line, says", [

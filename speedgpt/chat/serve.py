@@ -12,6 +12,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
+from urllib.parse import urlsplit
 
 from .template import ConversationError
 
@@ -37,7 +38,7 @@ def make_server(session_factory, host: str = "127.0.0.1", port: int = 8000) -> T
             self.wfile.write(body)
 
         def do_GET(self):
-            if self.path in ("/", "/index.html"):
+            if urlsplit(self.path).path in ("/", "/index.html"):  # the page may carry ?q=...
                 self._plain(200, page, "text/html; charset=utf-8")
             else:
                 self._plain(404, b"not found\n")

@@ -180,13 +180,15 @@ class SFTTrainer:
             record["chatcore"] = chatcore(scores)
         return record
 
-    def save(self) -> None:
+    def save(self) -> Path:
         state = {"loader": self.loader.state_dict(), "rng_cpu": torch.get_rng_state().tolist(),
                  "config": self.cfg.to_dict()}
-        self.rundir.save_checkpoint(self.step, self.model.state_dict(), self.optimizers.state_dict(), state,
+        return self.rundir.save_checkpoint(self.step, self.model.state_dict(), self.optimizers.state_dict(), state,
                                     keep=self.cfg.train.keep_checkpoints)
 
     def run(self) -> SFTResult:
+        from ..train.preempt import StopRequest, TrainingStopped
+
         self.setup()
         t = self.cfg.train
         history: list[dict] = []
@@ -195,19 +197,25 @@ class SFTTrainer:
             self.metrics.log(history[-1])
             self.log(_describe(history[-1]))
         t0 = time.perf_counter()
-        while self.step < t.steps:
-            loss = self.train_step(self.step)
-            self.step += 1
-            last = self.step == t.steps
-            if self.step % t.log_every == 0 or last:
-                self.metrics.log({"step": self.step, "train_loss": loss, "time_s": time.perf_counter() - t0})
-                self.log(f"step {self.step}/{t.steps} train loss {loss:.4f}")
-            if (t.val_every and self.step % t.val_every == 0) or last:
-                history.append(self.evaluate())
-                self.metrics.log(history[-1])
-                self.log(_describe(history[-1]))
-            if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
-                self.save()
+        # SIGTERM / Ctrl-C: the step finishes, a checkpoint is written, `--resume` continues (as `train`)
+        with StopRequest(announce=not self.quiet) as stop:
+            while self.step < t.steps:
+                loss = self.train_step(self.step)
+                self.step = stop.step = self.step + 1
+                last = self.step == t.steps
+                if self.step % t.log_every == 0 or last:
+                    self.metrics.log({"step": self.step, "train_loss": loss, "time_s": time.perf_counter() - t0})
+                    self.log(f"step {self.step}/{t.steps} train loss {loss:.4f}")
+                if stop.signum:
+                    path = self.save()
+                    self.metrics.close()
+                    raise TrainingStopped(stop.signum, self.step, path, self.run_dir, stop.signal_step)
+                if (t.val_every and self.step % t.val_every == 0) or last:
+                    history.append(self.evaluate())
+                    self.metrics.log(history[-1])
+                    self.log(_describe(history[-1]))
+                if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                    self.save()
         self.metrics.close()
         self.log(f"done: {self.step} SFT steps; run dir {self.run_dir}")
         return SFTResult(self.run_dir, self.step, history, self.model)

@@ -50,6 +50,7 @@ def cmd_sft(argv: list[str]) -> int:
     from ..rundir.lock import RunLocked, lock_run_dir
     from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
     from ..chat.sft import SFTSpec, sft
+    from ..train.preempt import TrainingStopped
 
     run_dir = args.resume or args.run_dir or str(
         Path("runs") / f"{Path(args.base_run).resolve().name}-sft-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -62,6 +63,9 @@ def cmd_sft(argv: list[str]) -> int:
             spec = None if args.resume else SFTSpec(args.base_run, list(args.data), args.load_optimizer,
                                                     eval_examples=args.eval_examples)
             sft(args.base_run, run_dir, overrides, spec=spec, resume=bool(args.resume))
+        except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, `speedgpt sft --resume RUN` continues
+            print(f"speedgpt sft: {e}".replace("speedgpt train --resume", "speedgpt sft --resume"), file=sys.stderr)
+            return e.exit_code
         except ConfigError as e:
             print(f"speedgpt sft: config error: {e}", file=sys.stderr)
             return 2
