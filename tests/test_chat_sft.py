@@ -68,13 +68,14 @@ def test_sft_resume_is_bit_exact(base_run, tmp_path):
 
     whole = sft(base_run, tmp_path / "whole", SFT_OVERRIDES, spec=small_spec(base_run), quiet=True)
     half = tmp_path / "half"
-    sft(base_run, half, [*SFT_OVERRIDES[:0], "--train.steps=2", *SFT_OVERRIDES[1:]], spec=small_spec(base_run),
+    sft(base_run, half, ["--train.steps=2", *SFT_OVERRIDES[1:]], spec=small_spec(base_run),
         quiet=True)
     resumed = sft(base_run, half, ["--train.steps=4"], resume=True, quiet=True)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    losses = lambda d: [r["train_loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())  # noqa: E731
-                        if "train_loss" in r]
+    def losses(d):
+        return [r["train_loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                if "train_loss" in r]
     assert losses(tmp_path / "whole") == losses(half)
 
 

@@ -64,7 +64,8 @@ def test_packing_keeps_every_conversation_whole():
     convs = []
     for _ in range(300):
         n = rng.randrange(2, 40)
-        convs.append(([7] + [rng.randrange(10, 100) for _ in range(n - 1)], [0] + [rng.randrange(2) for _ in range(n - 1)]))
+        convs.append(([7] + [rng.randrange(10, 100) for _ in range(n - 1)],
+                      [0] + [rng.randrange(2) for _ in range(n - 1)]))
     rows = pack_rows(convs, 65, buffer=50)
     assert sorted(i for row in rows for i in row) == list(range(len(convs)))  # each exactly once
     assert all(sum(len(convs[i][0]) for i in row) <= 65 for row in rows)

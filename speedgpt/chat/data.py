@@ -67,7 +67,8 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
             try:
                 yield f"{path} line {n}", json.loads(line)
             except json.JSONDecodeError as e:
-                raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} per line") from None
+                raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
+                                    f"per line") from None
 
 
 def read_conversations(path: Path, template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
