@@ -14,7 +14,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from ..infer.generate import Utf8Stream, _pick
+from ..infer.generate import Utf8Stream, pick_tokens
 from ..model.attention import KVCache
 from .template import ChatTemplate, ConversationError
 
@@ -75,7 +75,7 @@ class ChatSession:
                     break
                 new = torch.tensor([self.ids[self.cache.pos:]], device=self.device)
                 logits = self.model(new, kv_cache=self.cache)[0, -1, :vocab]
-                tok = int(_pick(logits[None], self.temperature, self.top_k, self.gen)[0, 0])
+                tok = int(pick_tokens(logits[None], self.temperature, self.top_k, self.gen)[0, 0])
                 if tok == end:
                     break
                 self.ids.append(tok)
