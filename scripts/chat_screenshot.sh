@@ -14,8 +14,11 @@ server=$!
 trap 'kill $server 2>/dev/null' EXIT
 for _ in $(seq 1 120); do grep -q "chat page:" "$out.server.log" && break; sleep 1; done
 grep -q "chat page:" "$out.server.log" || { echo "server did not start: $(cat "$out.server.log")" >&2; exit 1; }
+# one answer first: the model's first forward is slow, and the browser's virtual clock does not wait for it
+curl -s -X POST -H 'Content-Type: application/json' -d '{"messages": [{"role": "user", "content": "hi"}]}' \
+  "http://127.0.0.1:$port/chat" > /dev/null
 query=$("$python" -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$question")
-chromium --headless --no-sandbox --disable-gpu --window-size=900,420 --virtual-time-budget=30000 \
+chromium --headless --no-sandbox --disable-gpu --window-size=900,420 --virtual-time-budget=30000 --run-all-compositor-stages-before-draw \
   --screenshot="$out" "http://127.0.0.1:$port/?q=$query" 2>/dev/null
 rm -f "$out.server.log"
 echo "screenshot: $out"
