@@ -66,17 +66,17 @@ def test_loss_ignores_all_but_assistant_tokens(base_run):
 def test_sft_resume_is_bit_exact(base_run, tmp_path):
     from speedgpt.chat.sft import sft
 
-    whole = sft(base_run, tmp_path / "whole", SFT_OVERRIDES, spec=small_spec(base_run), quiet=True)
+    two = ["--train.steps=2", *SFT_OVERRIDES[1:]]
+    whole = sft(base_run, tmp_path / "whole", two, spec=small_spec(base_run), quiet=True)
     half = tmp_path / "half"
-    sft(base_run, half, ["--train.steps=2", *SFT_OVERRIDES[1:]], spec=small_spec(base_run),
-        quiet=True)
-    resumed = sft(base_run, half, ["--train.steps=4"], resume=True, quiet=True)
+    sft(base_run, half, ["--train.steps=1", *SFT_OVERRIDES[1:]], spec=small_spec(base_run), quiet=True)
+    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    def losses(d):
-        return [r["train_loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
-                if "train_loss" in r]
-    assert losses(tmp_path / "whole") == losses(half)
+    def losses(d):  # {step: loss} of the logged steps
+        return {r["step"]: r["train_loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                if "train_loss" in r}
+    assert losses(tmp_path / "whole")[2] == losses(half)[2]
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +93,20 @@ def test_sft_lowers_heldout_loss_and_warm_starts(sft_run, base_run):
     assert json.loads((sft_run.run_dir / "sft.json").read_text())["base_run"] == str(base_run)
 
 
-def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys):
+def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys, tmp_path):
     from speedgpt.cli import main
 
     run = str(sft_run.run_dir)
     assert main(["chat", run, "--prompt", "What is 1 + 1?", "--max-tokens", "4", "--seed", "0"]) == 0
     assert capsys.readouterr().out.endswith("\n")
-    assert main(["eval", run, "--chat", "--chat-examples", "2", "--no-log"]) == 0
+    (tmp_path / "arc.jsonl").write_text('{"question": "2 + 2?", "choices": ["3", "4", "5", "6"], "answer": 1}\n')
+    (tmp_path / "gsm.jsonl").write_text('{"question": "2 + 2?", "answer": "2 + 2 = 4\\n#### 4"}\n')
+    assert main(["eval", run, "--chat", "--chat-examples", "2", "--chat-choice", str(tmp_path / "arc.jsonl"),
+                 "--chat-exact", str(tmp_path / "gsm.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "arithmetic" in out and "ChatCORE" in out
+    assert "arithmetic" in out and "ChatCORE" in out and "(chance 25%" in out and "gsm " in out
+    record = json.loads((sft_run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["event"] == "chat_eval" and {"acc_arc", "acc_gsm", "acc_spelling"} <= set(record)
     assert main(["chat", str(base_run), "--prompt", "hi"]) == 2  # a base model has no chat tokens
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "speedgpt sft" in err
@@ -124,3 +129,17 @@ def test_bad_data_is_one_line_naming_file_and_line(base_run, tmp_path, capsys, l
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"{data} line 2" in err and says in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, hf_offline):
+    transformers = pytest.importorskip("transformers")
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.hf.export import export_hf
+    from speedgpt.tokenizer.folder import run_tokenizer
+
+    out, _ = export_hf(sft_run.run_dir, tmp_path / "hf", dtype="fp32")
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    messages = [{"role": "user", "content": "What is 3 + 4?"}, {"role": "assistant", "content": "7"}]
+    ids = hf.apply_chat_template(messages, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert ids == ChatTemplate(run_tokenizer(sft_run.run_dir)).render(messages)[0]

@@ -149,7 +149,7 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
     from ..chat.template import chat_vocab_size
 
     write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len,
-                          chat=cfg.model.vocab_size >= chat_vocab_size(tok))  # an SFT model
+                          chat=cfg.model.vocab_size == chat_vocab_size(tok))  # an SFT model
 
 
 def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
