@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import sys
 
+from .commands.chat import cmd_chat
 from .commands.data import cmd_data
 from .commands.runs import cmd_config, cmd_eval, cmd_export, cmd_report, cmd_sample
+from .commands.sft import cmd_sft
 from .commands.train import cmd_train
 
 
@@ -60,6 +62,8 @@ COMMANDS = {
     "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
     "tokenizer": (cmd_tokenizer, "your own BPE tokenizer: train DATA --vocab-size N --out DIR | eval DIR DATA"),
+    "sft": (cmd_sft, "fine-tune a base run on conversations (assistant tokens only): BASE_RUN [--data FILE ...]"),
+    "chat": (cmd_chat, "talk to an SFT model: RUN in the terminal, --prompt TEXT once, --serve a local web page"),
     "bench": (cmd_bench, "measure tokens/s, MFU, memory and compile time of a preset (A/B with --ab)"),
     "report": (cmd_report, "plot and compare runs: RUN_DIR [RUN_DIR ...]"),
     "eval": (cmd_eval, "val loss, bits per byte, HellaSwag of a run: RUN_DIR [--data ...] [--hellaswag ...]"),
@@ -73,7 +77,7 @@ COMMANDS = {
 }
 
 
-LOADS_TORCH = {"train", "bench", "eval", "sample", "export"}
+LOADS_TORCH = {"train", "bench", "eval", "sample", "export", "sft", "chat"}
 
 
 def main(argv: list[str] | None = None) -> int:

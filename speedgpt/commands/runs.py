@@ -46,6 +46,8 @@ examples:
   speedgpt eval runs/x --core                      # CORE: 22 in-context tasks (bundle downloaded once)
   speedgpt eval runs/x --core --core-bundle ~/eval_bundle --core-limit 100
   speedgpt eval runs/x/export                      # an export directory works too (nothing is logged)
+  speedgpt eval runs/x-sft --chat                  # an SFT run: built-in tasks' exact match and ChatCORE
+  speedgpt eval runs/x-sft --chat --chat-choice arc.jsonl --chat-exact gsm8k.jsonl --limit 200
   speedgpt eval runs/x/export-hf                   # also a Hugging Face one (speedgpt export --format hf)
 lm-evaluation-harness scores a Hugging Face export (pip install -e ".[hf]"; local tasks: docs/format.md):
   lm_eval --model hf --model_args pretrained=runs/x/export-hf,trust_remote_code=True --tasks hellaswag
@@ -68,6 +70,14 @@ def cmd_eval(argv: list[str]) -> int:
                    help="the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or 'download' "
                         "(default: fetched once into the cache)")
     p.add_argument("--core-limit", type=int, help="score only N examples per CORE task (quick, approximate)")
+    p.add_argument("--chat", action="store_true", help="score a chat (SFT) model instead: exact match on the "
+                   "built-in tasks and the task files below, and their ChatCORE")
+    p.add_argument("--chat-examples", type=int, default=100,
+                   help="with --chat: held-out examples per built-in task (0: none; default 100)")
+    p.add_argument("--chat-choice", action="append", default=[], metavar="FILE",
+                   help="with --chat: a multiple-choice JSONL (ARC/MMLU layout); repeatable")
+    p.add_argument("--chat-exact", action="append", default=[], metavar="FILE",
+                   help="with --chat: an exact-match JSONL (GSM8K layout: question, answer '... #### 42'); repeatable")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--batch-rows", type=int, help="rows per forward (default: fits in about 32K tokens)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
@@ -79,10 +89,26 @@ def cmd_eval(argv: list[str]) -> int:
     if args.core_limit is not None and (args.core_limit < 1 or not args.core):
         p.error("--core-limit N needs --core and N >= 1")
 
+    if (args.chat_choice or args.chat_exact) and not args.chat:
+        p.error("--chat-choice / --chat-exact score a chat model: add --chat")
+    if not 0 <= args.chat_examples <= 100:
+        p.error(f"--chat-examples {args.chat_examples}: must be 0..100 (the held-out set's size per task)")
+
     from ..config import ConfigError
     from ..eval.run import EvalError, evaluate_run
     from ..infer.load import LoadError
 
+    if args.chat:
+        from ..chat.evaluate import evaluate_chat
+
+        try:
+            evaluate_chat(args.run_dir, choice_files=args.chat_choice, exact_files=args.chat_exact,
+                          per_task=args.chat_examples, limit=args.limit, device=args.device,
+                          checkpoint=args.checkpoint, log=not args.no_log)
+        except (LoadError, ConfigError, FileNotFoundError, ValueError) as e:
+            print(f"speedgpt eval: {e}", file=sys.stderr)
+            return 2
+        return 0
     try:
         evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
                      limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,

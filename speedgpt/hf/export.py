@@ -146,7 +146,10 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
         (folder / name).write_text((resources.files("speedgpt.hf") / name).read_text(encoding="utf-8"),
                                    encoding="utf-8")
     (folder / README).write_text(readme(provenance, notes))
-    write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len)
+    from ..chat.template import chat_vocab_size
+
+    write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len,
+                          chat=cfg.model.vocab_size == chat_vocab_size(tok))  # an SFT model
 
 
 def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",

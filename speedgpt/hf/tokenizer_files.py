@@ -76,10 +76,20 @@ def _trained_tokenizer_json(tok) -> dict:
     return {**data, "post_processor": _bos_first(tok.bos_id)}
 
 
-def write_tokenizer_files(out_dir: str | Path, tok, *, model_max_length: int) -> list[str]:
+def _add_chat_tokens(tokenizer_json: dict, tok) -> dict:
+    """The chat template's special tokens (speedgpt/chat/template.py) as added tokens at their ids."""
+    from ..chat.template import ChatTemplate
+
+    added = [{"id": i, "content": name, "single_word": False, "lstrip": False, "rstrip": False,
+              "normalized": False, "special": True} for name, i in ChatTemplate(tok).specials.items()]
+    return {**tokenizer_json, "added_tokens": [*tokenizer_json.get("added_tokens", []), *added]}
+
+
+def write_tokenizer_files(out_dir: str | Path, tok, *, model_max_length: int, chat: bool = False) -> list[str]:
     """Write the tokenizer `tok` (a speedgpt Tokenizer: GPT-2's or a trained one) into `out_dir`;
     returns the names of the files written. `model_max_length`: the model's context (tools truncate
-    inputs to it)."""
+    inputs to it). `chat` (a model fine-tuned by `speedgpt sft`): the chat tokens too, and the template
+    as `chat_template`, so `apply_chat_template` gives the ids speedgpt's template renders."""
     out = Path(out_dir)
     extra: dict[str, str] = {}
     if tok.is_gpt2:
@@ -93,13 +103,19 @@ def write_tokenizer_files(out_dir: str | Path, tok, *, model_max_length: int) ->
                  "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n"}
     else:
         tokenizer_json = _trained_tokenizer_json(tok)
+    # PreTrainedTokenizerFast reads tokenizer.json as written (GPT2Tokenizer would rebuild its own
+    # post-processor and drop the BOS template)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TEXT,
+              "eos_token": BOS_TEXT, "unk_token": BOS_TEXT, "add_prefix_space": False,
+              "clean_up_tokenization_spaces": False, "model_max_length": model_max_length}
+    if chat:
+        from ..chat.template import ChatTemplate
+
+        tokenizer_json = _add_chat_tokens(tokenizer_json, tok)
+        config["chat_template"] = ChatTemplate(tok).jinja()
     files = {
         "tokenizer.json": tokenizer_json,
-        # PreTrainedTokenizerFast reads tokenizer.json as written (GPT2Tokenizer would rebuild its own
-        # post-processor and drop the BOS template)
-        "tokenizer_config.json": {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS_TEXT,
-                                  "eos_token": BOS_TEXT, "unk_token": BOS_TEXT, "add_prefix_space": False,
-                                  "clean_up_tokenization_spaces": False, "model_max_length": model_max_length},
+        "tokenizer_config.json": config,
         "special_tokens_map.json": {"bos_token": BOS_TEXT, "eos_token": BOS_TEXT, "unk_token": BOS_TEXT},
     }
     for name, data in files.items():

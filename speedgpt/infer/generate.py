@@ -27,7 +27,9 @@ if TYPE_CHECKING:
     from ..tokenizer.core import Tokenizer
 
 
-def _pick(logits_BV: torch.Tensor, temperature: float, top_k: int | None, gen: torch.Generator | None) -> torch.Tensor:
+def pick_tokens(logits_BV: torch.Tensor, temperature: float, top_k: int | None,
+                gen: torch.Generator | None) -> torch.Tensor:
+    """(B, 1) next tokens: greedy at temperature 0, else sampled among the top_k (all: None)."""
     if temperature <= 0:
         return logits_BV.argmax(dim=-1, keepdim=True)
     logits_BV = logits_BV / temperature
@@ -89,7 +91,7 @@ def decode_steps(model: GPT, prompts: Sequence[Sequence[int]] | torch.Tensor, ma
     else:
         logits_BV = model(seq_BT[:, :start])[:, -1, :vocab]
     for pos in range(start, total):
-        sampled_B = _pick(logits_BV, temperature, top_k, gen)[:, 0]
+        sampled_B = pick_tokens(logits_BV, temperature, top_k, gen)[:, 0]
         forced_B = in_prompt_BT[:, pos]
         seq_BT[:, pos] = torch.where(forced_B, seq_BT[:, pos], sampled_B)
         yield pos, seq_BT[:, pos], ~forced_B

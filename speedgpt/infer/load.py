@@ -14,7 +14,7 @@ __all__ = ["LoadError", "load_model", "locate"]
 
 
 def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "auto",
-               checkpoint: str | int | None = None, dtype: torch.dtype | None = None):
+               checkpoint: str | int | None = None, dtype: torch.dtype | None = None, cfg=None):
     """(model, cfg): the model in eval mode on `device`, weights from the run's latest (or the named)
     checkpoint, or from an export directory.
 
@@ -25,7 +25,7 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
     from ..device import DeviceError, resolve_device
 
     source = locate(run_dir_or_export, checkpoint)
-    cfg = load_config(source)
+    cfg = load_config(source) if cfg is None else cfg
     try:
         dev = resolve_device(device)
     except DeviceError as e:

@@ -1,0 +1,106 @@
+"""Conversations for SFT: JSONL or Parquet files in the common `messages` form
+(`{"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]}` per line or
+row), several mixed by weight (`FILE:WEIGHT`), or the built-in tasks (tasks.py) when none is given.
+
+Every conversation is rendered (template.py) and checked as it is read; a bad one stops the command with
+one line naming its file and line (or row): nothing is silently dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .template import ChatTemplate, ConversationError
+
+
+class ChatDataError(ValueError):
+    """Bad SFT data; the message names the file and line and what to do."""
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path
+    weight: float = 1.0
+
+
+def parse_source(spec: str) -> Source:
+    """"FILE" or "FILE:WEIGHT" (a weight > 0: how many times the file is read per epoch, 0.5 = its first half)."""
+    path, weight = spec, 1.0
+    head, _, tail = spec.rpartition(":")
+    if head and not Path(spec).exists():
+        try:
+            weight = float(tail)
+        except ValueError:
+            raise ChatDataError(f"--data {spec}: not a file, and '{tail}' is not a weight; pass FILE or "
+                                f"FILE:WEIGHT (e.g. chats.jsonl:2)") from None
+        path = head
+    if not math.isfinite(weight) or weight <= 0:
+        raise ChatDataError(f"--data {spec}: weight {weight} must be > 0")
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ChatDataError(f"--data {path}: no such file; pass a .jsonl or .parquet file of {{\"messages\": ...}}")
+    if p.suffix not in (".jsonl", ".parquet"):
+        raise ChatDataError(f"--data {path}: unknown format '{p.suffix}'; pass .jsonl or .parquet")
+    return Source(p, weight)
+
+
+def _records(path: Path) -> Iterator[tuple[str, object]]:
+    """(where, record) of each line or row: where is "FILE line N" / "FILE row N"."""
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        if "messages" not in table.column_names:
+            raise ChatDataError(f"{path}: no 'messages' column (columns: {', '.join(table.column_names)}); "
+                                f"each row needs messages = [{{role, content}}, ...]")
+        for n, messages in enumerate(table.column("messages").to_pylist(), 1):
+            yield f"{path} row {n}", {"messages": messages}
+        return
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield f"{path} line {n}", json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
+                                    f"per line") from None
+
+
+def read_conversations(path: Path, template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """Every conversation of one file, rendered; at most `max_len` tokens each."""
+    out = []
+    for where, rec in _records(path):
+        if not isinstance(rec, dict) or "messages" not in rec:
+            raise ChatDataError(f"{where}: no 'messages' key; each line needs {{\"messages\": [{{\"role\", "
+                                f"\"content\"}}, ...]}}")
+        try:
+            ids, mask = template.render(rec["messages"])
+        except ConversationError as e:
+            raise ChatDataError(f"{where}: {e}") from None
+        if len(ids) > max_len:
+            raise ChatDataError(f"{where}: the conversation has {len(ids)} tokens, more than the context's "
+                                f"{max_len}; shorten or split it, or fine-tune with a longer data.seq_len")
+        out.append((ids, mask))
+    if not out:
+        raise ChatDataError(f"{path}: no conversations")
+    return out
+
+
+def mixture(sources: list[Source], template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
+    """One epoch's conversations: each file `weight` times (a fraction: its first part)."""
+    out = []
+    for s in sources:
+        convs = read_conversations(s.path, template, max_len)
+        whole, part = divmod(s.weight, 1.0)
+        out += convs * int(whole) + convs[:round(part * len(convs))]
+    return out
+
+
+def split_heldout(convs: list, every: int = 20) -> tuple[list, list]:
+    """(train, held out): every `every`-th conversation is held out for the SFT's validation loss."""
+    return [c for i, c in enumerate(convs) if i % every], [c for i, c in enumerate(convs) if not i % every]

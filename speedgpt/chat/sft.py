@@ -1,0 +1,248 @@
+"""Supervised fine-tuning: a base run's model trained on conversations, the loss on the assistant's
+tokens only (pack.py's IGNORE targets), into a run directory of its own.
+
+What it inherits from the base run: the whole config (model, batch, learning rates and schedule,
+optim settings), so `--section.key=value` overrides work as in `speedgpt train`; the chat model's
+config differs only in model.vocab_size (the chat tokens, template.py). It reuses the trainer's parts
+(model_from_config, build_optimizers, the plan's lr schedule, the run dir's checkpoints and metrics);
+what it does not share is the data path: whole conversations in padded rows instead of the shards'
+token stream. Single process, no compile: SFT runs are short.
+
+The step's loss is the sum over every assistant token of the step divided by their count, so micro-batches
+with more assistant tokens weigh more (each token counts once, as in one big batch).
+
+RUN/sft.json records the base run, the data and the options; a resume reads it back, and continues
+from the newest checkpoint with the same data order (the loader's (epoch, row)), as `train` resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+SPEC_FILE = "sft.json"
+
+
+@dataclass
+class SFTSpec:
+    base_run: str
+    data: list[str] = field(default_factory=list)  # FILE[:WEIGHT]; empty: the built-in tasks
+    load_optimizer: bool = False  # warm-start Adam/Muon state from the base run's checkpoint
+    builtin_examples: int = 20_000  # built-in training conversations per epoch (when data is empty)
+    eval_examples: int = 50  # held-out examples per built-in task scored by exact match at each eval
+    heldout_examples: int = 100  # held-out built-in conversations per task for the assistant-token loss
+
+    def save(self, run_dir: Path) -> None:
+        (run_dir / SPEC_FILE).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "SFTSpec":
+        return cls(**json.loads((run_dir / SPEC_FILE).read_text(encoding="utf-8")))
+
+
+def sft_config(base_run: str | Path, overrides: list[str]):
+    """The base run's config with room for the chat tokens, then `overrides`."""
+    from ..config import apply_overrides
+    from ..rundir import RunDir
+    from ..tokenizer.folder import run_tokenizer
+    from .template import chat_vocab_size, check_room
+
+    run = RunDir(base_run)
+    if not run.is_run():
+        raise FileNotFoundError(f"base run {base_run} holds no run (no config.toml); pass a run directory of "
+                                f"`speedgpt train`")
+    base = run.read_config()
+    tok = run_tokenizer(base_run, base)
+    check_room(tok, base.model)
+    return apply_overrides(base, [f"--model.vocab_size={chat_vocab_size(tok)}", *overrides]), tok
+
+
+@dataclass
+class SFTResult:
+    run_dir: Path
+    steps: int
+    history: list[dict]  # the eval records (step, heldout_loss, per-task exact match)
+    model: object = None
+
+
+class SFTTrainer:
+    def __init__(self, cfg, tokenizer, spec: SFTSpec, run_dir: Path, resume: bool = False, quiet: bool = False):
+        from ..device import resolve_device
+        from .template import ChatTemplate
+
+        self.cfg, self.spec, self.run_dir, self.resume, self.quiet = cfg, spec, Path(run_dir), resume, quiet
+        self.template = ChatTemplate(tokenizer)
+        self.device = resolve_device(cfg.train.device)
+
+    def log(self, line: str) -> None:
+        if not self.quiet:
+            print(line, flush=True)
+
+    def conversations(self):
+        """(training, held-out) rendered conversations."""
+        from .data import mixture, parse_source, split_heldout
+        from .tasks import first_heldout, training_examples
+
+        row_len = self.cfg.data.seq_len + 1
+        if self.spec.data:
+            sources = [parse_source(s) for s in self.spec.data]
+            return split_heldout(mixture(sources, self.template, row_len))
+        stream = training_examples(self.cfg.train.seed)
+        train = [self.template.render(next(stream).conversation()) for _ in range(self.spec.builtin_examples)]
+        held = first_heldout(self.spec.heldout_examples)
+        return train, [self.template.render(e.conversation()) for e in held]
+
+    def setup(self) -> None:
+        from ..infer.load import load_model
+        from ..optim.build import build_optimizers
+        from ..plan import RunPlan
+        from ..rundir import RunDir
+        from ..rundir.env import environment_snapshot
+        from ..train.tokenizer import keep_in_run
+        from .pack import ConversationLoader
+
+        cfg = self.cfg
+        torch.manual_seed(cfg.train.seed)
+        self.plan = RunPlan.of(cfg)
+        self.train_convs, self.heldout_convs = self.conversations()
+        self.loader = ConversationLoader(self.train_convs, cfg.data.seq_len + 1, self.plan.micro_batch,
+                                         cfg.train.seed, self.template.bos, self.device)
+        self.model, _ = load_model(self.spec.base_run, device=self.device, cfg=cfg)
+        self.model.train()
+        self.optimizers = build_optimizers(self.model, cfg.optim, self.device, world_size=1)
+        self.rundir = RunDir(self.run_dir)
+        self.step = 0
+        if self.resume:
+            from ..rundir.checkpoint import load_checkpoint
+
+            model_state, optim_state, state = load_checkpoint(self.rundir.latest_checkpoint(), self.device)
+            self.model.load_state_dict(model_state)
+            self.optimizers.load_state_dict(optim_state)
+            self.loader.load_state_dict(state["loader"])
+            torch.set_rng_state(torch.tensor(state["rng_cpu"], dtype=torch.uint8))
+            self.step = int(state["step"])
+            self.log(f"resumed {self.run_dir} at step {self.step}")
+        else:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.rundir.write_config(cfg)
+            self.spec.save(self.run_dir)
+            keep_in_run(self.template.tokenizer, self.run_dir)
+            self.rundir.write_env(environment_snapshot(self.device))
+            if self.spec.load_optimizer:
+                self.warm_start_optimizers()
+        self.metrics = self.rundir.metrics_logger(config=cfg.to_dict())
+        self.log(f"sft: {len(self.train_convs):,} training conversations, {len(self.heldout_convs):,} held out; "
+                 f"{cfg.train.steps} steps of {self.plan.micro_batch * self.plan.grad_accum} rows x "
+                 f"{cfg.data.seq_len} tokens; base run {self.spec.base_run}")
+
+    def warm_start_optimizers(self) -> None:
+        """The base run's optimizer state (moments, Muon momentum) from its latest checkpoint; this run's
+        own learning rates stay (the container loads only per-parameter state)."""
+        from ..rundir import RunDir
+        from ..rundir.checkpoint import load_checkpoint
+
+        base = RunDir(self.spec.base_run)
+        if not base.list_checkpoints():
+            raise FileNotFoundError(f"--load-optimizer: base run {self.spec.base_run} has no checkpoint; train it "
+                                    f"with checkpoints or leave --load-optimizer out")
+        _, optim_state, _ = load_checkpoint(base.latest_checkpoint(), self.device)
+        self.optimizers.load_state_dict(optim_state)
+        self.log(f"optimizer state warm-started from {base.latest_checkpoint()}")
+
+    def train_step(self, step: int) -> float:
+        from ..train.step_schedule import apply_hyperparameters
+        from .pack import IGNORE
+
+        apply_hyperparameters(self.optimizers, self.plan, step)
+        batches = [self.loader.next_batch() for _ in range(self.plan.grad_accum)]
+        count = sum(int((t != IGNORE).sum()) for _, t in batches)
+        total = 0.0
+        for inputs, targets in batches:
+            loss = self.model(inputs, targets, reduction="sum") / max(count, 1)
+            loss.backward()
+            total += float(loss.detach())
+        self.optimizers.step(step)
+        self.model.zero_grad(set_to_none=True)
+        return total
+
+    def evaluate(self) -> dict:
+        from .evaluate import assistant_loss, builtin_scores, chatcore
+
+        record = {"event": "sft_eval", "step": self.step, "heldout_loss": assistant_loss(
+            self.model, self.heldout_convs, self.cfg.data.seq_len + 1, self.template.bos, self.plan.micro_batch)}
+        if self.spec.eval_examples:
+            scores = builtin_scores(self.model, self.template, self.spec.eval_examples)
+            record.update({f"exact_{s.task}": s.accuracy for s in scores})
+            record["chatcore"] = chatcore(scores)
+        return record
+
+    def save(self) -> Path:
+        state = {"loader": self.loader.state_dict(), "rng_cpu": torch.get_rng_state().tolist(),
+                 "config": self.cfg.to_dict()}
+        return self.rundir.save_checkpoint(self.step, self.model.state_dict(), self.optimizers.state_dict(), state,
+                                    keep=self.cfg.train.keep_checkpoints)
+
+    def run(self) -> SFTResult:
+        from ..train.preempt import StopRequest, TrainingStopped
+
+        self.setup()
+        t = self.cfg.train
+        history: list[dict] = []
+        if self.step == 0:
+            history.append(self.evaluate())
+            self.metrics.log(history[-1])
+            self.log(_describe(history[-1]))
+        t0 = time.perf_counter()
+        # SIGTERM / Ctrl-C: the step finishes, a checkpoint is written, `--resume` continues (as `train`)
+        with StopRequest(announce=not self.quiet) as stop:
+            while self.step < t.steps:
+                loss = self.train_step(self.step)
+                self.step = stop.step = self.step + 1
+                last = self.step == t.steps
+                if self.step % t.log_every == 0 or last:
+                    self.metrics.log({"step": self.step, "train_loss": loss, "time_s": time.perf_counter() - t0})
+                    self.log(f"step {self.step}/{t.steps} train loss {loss:.4f}")
+                if stop.signum:
+                    path = self.save()
+                    self.metrics.close()
+                    raise TrainingStopped(stop.signum, self.step, path, self.run_dir, stop.signal_step)
+                if (t.val_every and self.step % t.val_every == 0) or last:
+                    history.append(self.evaluate())
+                    self.metrics.log(history[-1])
+                    self.log(_describe(history[-1]))
+                if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
+                    self.save()
+        self.metrics.close()
+        self.log(f"done: {self.step} SFT steps; run dir {self.run_dir}")
+        return SFTResult(self.run_dir, self.step, history, self.model)
+
+
+def _describe(record: dict) -> str:
+    parts = [f"eval step {record['step']}: held-out assistant loss {record['heldout_loss']:.4f}"]
+    parts += [f"{k.removeprefix('exact_')} {v:.0%}" for k, v in record.items() if k.startswith("exact_")]
+    if "chatcore" in record:
+        parts.append(f"chatcore {record['chatcore']:.3f}")
+    return ", ".join(parts)
+
+
+def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None = None, *,
+        spec: SFTSpec | None = None, resume: bool = False, quiet: bool = False) -> SFTResult:
+    """Fine-tune `base_run` into `run_dir`; with `resume`, continue `run_dir` from its latest checkpoint
+    (its sft.json and config.toml, then `overrides`)."""
+    from ..config import apply_overrides
+    from ..rundir import RunDir
+    from ..tokenizer.folder import run_tokenizer
+
+    run_dir = Path(run_dir)
+    if resume:
+        spec = SFTSpec.load(run_dir)
+        cfg = apply_overrides(RunDir(run_dir).read_config(), list(overrides or []))
+        tok = run_tokenizer(run_dir, cfg)
+    else:
+        spec = spec or SFTSpec(str(base_run))
+        cfg, tok = sft_config(base_run, list(overrides or []))
+    return SFTTrainer(cfg, tok, spec, run_dir, resume=resume, quiet=quiet).run()

@@ -1,0 +1,77 @@
+"""`speedgpt sft BASE_RUN`: fine-tune a base run into a chat model (speedgpt/chat/sft.py)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+
+SFT_EPILOG = """\
+data: JSONL or Parquet with {"messages": [{"role": "user"|"assistant"|"system", "content": ...}, ...]} per
+line/row; several files mixed by weight as FILE:WEIGHT (2: read twice per epoch, 0.5: its first half).
+Without --data: built-in tasks (arithmetic, spelling, letter counting), made locally.
+The base run's config is inherited (batch, lrs, schedule); override any key as --section.key=value.
+examples:
+  speedgpt sft runs/base                              # built-in tasks, into runs/base-sft-<time>
+  speedgpt sft runs/base --data chats.jsonl --data more.parquet:0.5 --train.steps=300
+  speedgpt sft runs/base --load-optimizer --optim.muon_lr=0.01
+  speedgpt sft --resume runs/base-sft-x               # continue from its latest checkpoint
+then: speedgpt chat RUN, speedgpt eval RUN --chat
+"""
+
+
+def cmd_sft(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="speedgpt sft", epilog=SFT_EPILOG, description="Supervised fine-tuning of a "
+                                "base run on conversations: loss on the assistant's tokens only.",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("base_run", nargs="?", metavar="BASE_RUN", help="the run directory of `speedgpt train`")
+    p.add_argument("--data", action="append", default=[], metavar="FILE[:WEIGHT]",
+                   help="conversations (.jsonl/.parquet); repeat to mix files (default: the built-in tasks)")
+    p.add_argument("--run-dir", help="where to write the SFT run (default runs/<base name>-sft-<time>)")
+    p.add_argument("--resume", metavar="SFT_RUN", help="continue an SFT run from its latest checkpoint")
+    p.add_argument("--load-optimizer", action="store_true",
+                   help="warm-start the optimizer state from the base run's latest checkpoint")
+    p.add_argument("--eval-examples", type=int, default=50,
+                   help="held-out examples per built-in task scored by exact match at each eval (default 50)")
+    args, overrides = p.parse_known_args(argv)
+    bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
+    if bad:
+        p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --train.steps=200)")
+    if bool(args.base_run) == bool(args.resume):
+        p.error("give BASE_RUN to start an SFT run, or --resume SFT_RUN to continue one")
+    if args.eval_examples < 0:
+        p.error(f"--eval-examples {args.eval_examples}: must be >= 0")
+
+    from ..config import ConfigError
+    from ..outdir import OutDirError
+    from ..rundir.checkpoint import CheckpointError
+    from ..rundir.lock import RunLocked, lock_run_dir
+    from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
+    from ..chat.sft import SFTSpec, sft
+    from ..train.preempt import TrainingStopped
+
+    run_dir = args.resume or args.run_dir or str(
+        Path("runs") / f"{Path(args.base_run).resolve().name}-sft-{time.strftime('%Y%m%d-%H%M%S')}")
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(lock_run_dir(run_dir, flag="--resume" if args.resume else "--run-dir",
+                                            notice=lambda line: print(f"speedgpt sft: {line}", file=sys.stderr)))
+            if not args.resume:
+                prepare_new_run_dir(run_dir, overwrite=False)
+            spec = None if args.resume else SFTSpec(args.base_run, list(args.data), args.load_optimizer,
+                                                    eval_examples=args.eval_examples)
+            sft(args.base_run, run_dir, overrides, spec=spec, resume=bool(args.resume))
+        except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, `speedgpt sft --resume RUN` continues
+            print(f"speedgpt sft: {e}".replace("speedgpt train --resume", "speedgpt sft --resume"), file=sys.stderr)
+            return e.exit_code
+        except ConfigError as e:
+            print(f"speedgpt sft: config error: {e}", file=sys.stderr)
+            return 2
+        except (RunLocked, OutDirError, RunDirInUse, CheckpointError, FileNotFoundError, ValueError) as e:
+            # (a refused start wrote nothing: the lock removes the directory it made)
+            print(f"speedgpt sft: error: {e}", file=sys.stderr)
+            return 2
+    return 0
+

@@ -1,0 +1,94 @@
+"""The chat session's KV cache across turns (speedgpt/chat/session.py) and the web chat over HTTP on
+127.0.0.1 (serve.py), on a tiny randomly initialized chat model."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+
+import pytest
+import torch
+
+from conftest import TINY_OVERRIDES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def chat_model():
+    from speedgpt.chat.template import ChatTemplate, chat_vocab_size
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.model.build import model_from_config
+    from speedgpt.tokenizer.core import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--model.vocab_size={chat_vocab_size(tok)}"])
+    torch.manual_seed(0)
+    model = model_from_config(cfg, "cpu")
+    with torch.no_grad():  # a random model whose greedy answers are not all one token
+        for p in model.parameters():
+            p.normal_(0, 0.5)
+    return model.eval(), ChatTemplate(tok)
+
+
+def session(chat_model, **kw):
+    from speedgpt.chat.session import ChatSession
+
+    model, template = chat_model
+    return ChatSession(model, template, temperature=0.0, max_new_tokens=6, **kw)
+
+
+def reference(chat_model, prompt_ids) -> str:
+    """Greedy answer recomputed from scratch, no cache: what the cached session must equal."""
+    from speedgpt.infer.generate import generate_batch
+
+    model, template = chat_model
+    ids = generate_batch(model, [prompt_ids], 6, temperature=0.0, use_cache=False,
+                         stop_token=template.assistant_end)[0]
+    return template.tokenizer.decode([t for t in ids if t < template.tokenizer.vocab_size])
+
+
+def test_kv_cache_across_turns_equals_recompute(chat_model):
+    template = chat_model[1]
+    chat = session(chat_model)
+    answer = chat.reply("Hello")
+    first_prompt = list(chat.ids)
+    assert first_prompt == template.render_prompt([{"role": "user", "content": "Hello"}])
+    first = "".join(answer)
+    fed = chat.cache.pos
+    answer = chat.reply("What is 2 + 2?")
+    second_prompt = list(chat.ids)  # the history, the assistant's own sampled ids included
+    second = "".join(answer)
+    assert chat.cache.pos > fed and chat.ids[-1] == template.assistant_end
+    assert first and first == reference(chat_model, first_prompt)
+    assert second == reference(chat_model, second_prompt)
+    chat.clear()
+    assert chat.ids == [template.bos] and chat.cache.pos == 0
+
+
+@pytest.fixture(scope="module")
+def server(chat_model):
+    from speedgpt.chat.serve import make_server
+
+    srv = make_server(lambda: session(chat_model), "127.0.0.1", 0)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_page_and_streamed_answer_over_http(server, chat_model):
+    conn = http.client.HTTPConnection("127.0.0.1", server, timeout=60)
+    conn.request("GET", "/?q=hello")
+    page = conn.getresponse()
+    assert page.status == 200 and b"New conversation" in page.read()
+    messages = [{"role": "user", "content": "Hello"}]
+    conn.request("POST", "/chat", body=json.dumps({"messages": messages}), headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
+    assert resp.read().decode() == reference(chat_model, chat_model[1].render_prompt(messages))
+    conn.request("POST", "/chat", body=b'{"messages": [{"role": "wizard", "content": "x"}]}')
+    bad = conn.getresponse()
+    assert bad.status == 400 and b"unknown role" in bad.read()

@@ -1,0 +1,145 @@
+"""SFT (speedgpt/chat/sft.py) on a tiny base run: masked loss, warm start, exact resume, and the
+command's handling of bad data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY_OVERRIDES
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SFT_OVERRIDES = ["--train.steps=4", "--train.val_every=0", "--train.log_every=2"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, text_shards):
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.train.loop import train
+
+    torch.set_num_threads(1)
+    cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}",
+                                                                     "--train.steps=2", "--train.val_every=0"])
+    out = tmp_path_factory.mktemp("base") / "run"
+    train(cfg, run_dir=out, quiet=True)
+    return out
+
+
+def small_spec(base_run, **kw):
+    from speedgpt.chat.sft import SFTSpec
+
+    return SFTSpec(str(base_run), builtin_examples=200, eval_examples=0, heldout_examples=4, **kw)
+
+
+def test_loss_ignores_all_but_assistant_tokens(base_run):
+    """The gradient of the loss w.r.t. the logits is zero at every position whose next token is not the
+    assistant's (user text, role tokens, padding) and non-zero at the assistant's."""
+    from speedgpt.chat.pack import IGNORE, row_tensors
+    from speedgpt.chat.sft import sft_config
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.infer.load import load_model
+
+    cfg, tok = sft_config(base_run, [])
+    model, _ = load_model(base_run, device="cpu", cfg=cfg)
+    t = ChatTemplate(tok)
+    conv = t.render([{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}])
+    inputs, targets = row_tensors([conv], [[0]], 33, t.bos)
+    captured = {}
+
+    def keep(module, args, out):
+        out.retain_grad()
+        captured["logits"] = out
+
+    model.train()
+    handle = model.lm_head.register_forward_hook(keep)
+    model(inputs, targets, reduction="sum").backward()
+    handle.remove()
+    grad = captured["logits"].grad[0].abs().sum(-1)  # (T,)
+    trained = targets[0] != IGNORE
+    assert int(trained.sum()) == 2  # "4" and <|assistant_end|>
+    assert torch.all(grad[~trained] == 0) and torch.all(grad[trained] > 0)
+
+
+def test_sft_resume_is_bit_exact(base_run, tmp_path):
+    from speedgpt.chat.sft import sft
+
+    two = ["--train.steps=2", *SFT_OVERRIDES[1:]]
+    whole = sft(base_run, tmp_path / "whole", two, spec=small_spec(base_run), quiet=True)
+    half = tmp_path / "half"
+    sft(base_run, half, ["--train.steps=1", *SFT_OVERRIDES[1:]], spec=small_spec(base_run), quiet=True)
+    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True)
+    a, b = whole.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    def losses(d):  # {step: loss} of the logged steps
+        return {r["step"]: r["train_loss"] for r in map(json.loads, (d / "metrics.jsonl").read_text().splitlines())
+                if "train_loss" in r}
+    assert losses(tmp_path / "whole")[2] == losses(half)[2]
+
+
+@pytest.fixture(scope="module")
+def sft_run(base_run, tmp_path_factory):
+    from speedgpt.chat.sft import sft
+
+    out = tmp_path_factory.mktemp("sft") / "run"
+    return sft(base_run, out, SFT_OVERRIDES, spec=small_spec(base_run, load_optimizer=True), quiet=True)
+
+
+def test_sft_lowers_heldout_loss_and_warm_starts(sft_run, base_run):
+    first, last = sft_run.history[0]["heldout_loss"], sft_run.history[-1]["heldout_loss"]
+    assert last < first
+    assert json.loads((sft_run.run_dir / "sft.json").read_text())["base_run"] == str(base_run)
+
+
+def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys, tmp_path):
+    from speedgpt.cli import main
+
+    run = str(sft_run.run_dir)
+    assert main(["chat", run, "--prompt", "What is 1 + 1?", "--max-tokens", "4", "--seed", "0"]) == 0
+    assert capsys.readouterr().out.endswith("\n")
+    (tmp_path / "arc.jsonl").write_text('{"question": "2 + 2?", "choices": ["3", "4", "5", "6"], "answer": 1}\n')
+    (tmp_path / "gsm.jsonl").write_text('{"question": "2 + 2?", "answer": "2 + 2 = 4\\n#### 4"}\n')
+    assert main(["eval", run, "--chat", "--chat-examples", "2", "--chat-choice", str(tmp_path / "arc.jsonl"),
+                 "--chat-exact", str(tmp_path / "gsm.jsonl")]) == 0
+    out = capsys.readouterr().out
+    assert "arithmetic" in out and "ChatCORE" in out and "(chance 25%" in out and "gsm " in out
+    record = json.loads((sft_run.run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert record["event"] == "chat_eval" and {"acc_arc", "acc_gsm", "acc_spelling"} <= set(record)
+    assert main(["chat", str(base_run), "--prompt", "hi"]) == 2  # a base model has no chat tokens
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "speedgpt sft" in err
+
+
+@pytest.mark.parametrize("line, says", [
+    ('{"text": "hi"}', "no 'messages' key"),
+    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}', "unknown role 'robot'"),
+    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}', "empty content"),
+    ('{"messages": [{"role": "user", "content": "' + "word " * 200 + '"}, {"role": "assistant", "content": "x"}]}',
+     "more than the context"),
+])
+def test_bad_data_is_one_line_naming_file_and_line(base_run, tmp_path, capsys, line, says):
+    from speedgpt.cli import main
+
+    good = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}'
+    data = tmp_path / "chats.jsonl"
+    data.write_text(good + "\n" + line + "\n")
+    assert main(["sft", str(base_run), "--data", str(data), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{data} line 2" in err and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, hf_offline):
+    transformers = pytest.importorskip("transformers")
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.hf.export import export_hf
+    from speedgpt.tokenizer.folder import run_tokenizer
+
+    out, _ = export_hf(sft_run.run_dir, tmp_path / "hf", dtype="fp32")
+    hf = transformers.AutoTokenizer.from_pretrained(str(out))
+    messages = [{"role": "user", "content": "What is 3 + 4?"}, {"role": "assistant", "content": "7"}]
+    ids = hf.apply_chat_template(messages, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert ids == ChatTemplate(run_tokenizer(sft_run.run_dir)).render(messages)[0]
