@@ -4,6 +4,7 @@ files gives the ids speedgpt's template renders (speedgpt/hf/tokenizer_files.py,
 from __future__ import annotations
 
 import pytest
+from extraskit import requires_hf
 
 pytestmark = pytest.mark.usefixtures("hf_offline")
 
@@ -12,8 +13,9 @@ CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "co
                 {"role": "assistant", "content": "c-a-t"}]
 
 
+@requires_hf
 def test_apply_chat_template_equals_render(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from speedgpt.chat.template import ChatTemplate
     from speedgpt.hf.tokenizer_files import write_tokenizer_files
     from speedgpt.tokenizer.core import gpt2_tokenizer

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import TINY_OVERRIDES
+from extraskit import requires_hf
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -131,8 +132,9 @@ def test_bad_data_is_one_line_naming_file_and_line(base_run, tmp_path, capsys, l
     assert not (tmp_path / "out").exists()
 
 
+@requires_hf
 def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, hf_offline):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from speedgpt.chat.template import ChatTemplate
     from speedgpt.hf.export import export_hf
     from speedgpt.tokenizer.folder import run_tokenizer

@@ -19,9 +19,12 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 def patient_hub_client(monkeypatch):
     """huggingface_hub gives a request 10 s; on a busy CI box the local stand-in server's thread can
     be starved that long, failing a test that is not about timeouts. The tests that are about broken
-    transfers break them on purpose (cut_once), never by timing."""
+    transfers break them on purpose (cut_once), never by timing. Online too: under xdist a worker may have
+    run the hf_offline tests first, and huggingface_hub reads HF_HUB_OFFLINE once, at its import."""
     from huggingface_hub import constants
 
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_DOWNLOAD_TIMEOUT", 600)
     monkeypatch.setattr(constants, "HF_HUB_ETAG_TIMEOUT", 600)
 
