@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .sampling_options import add_sampling_options, check_sampling_options
+
 CHAT_EPILOG = """\
 examples:
   speedgpt chat runs/base-sft-x                        # terminal: /clear starts over, Ctrl-D or /quit ends
@@ -25,19 +27,11 @@ def cmd_chat(argv: list[str]) -> int:
     p.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1: this "
                                                        "machine only)")
     p.add_argument("--port", type=int, default=8000, help="port with --serve (default 8000; 0: any free port)")
-    p.add_argument("--temperature", type=float, default=0.6, help="0 for greedy (default 0.6)")
-    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0: all (default 50)")
-    p.add_argument("--max-tokens", type=int, default=256, help="tokens per answer at most (default 256)")
-    p.add_argument("--seed", type=int, help="seed for reproducible answers")
+    add_sampling_options(p, temperature=0.6, max_tokens=256, what="answer")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     args = p.parse_args(argv)
-    if args.max_tokens < 1:
-        p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
-    if args.top_k < 0:
-        p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
-    if not args.temperature >= 0:
-        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
+    check_sampling_options(p, args)
     if not 0 <= args.port <= 65535:
         p.error(f"--port {args.port}: must be 0..65535")
     if args.prompt is not None and args.serve:

@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from .sampling_options import add_sampling_options, check_sampling_options
+
 
 def cmd_report(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
@@ -136,20 +138,12 @@ def cmd_sample(argv: list[str]) -> int:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
     p.add_argument("--prompt", action="append", required=True, metavar="TEXT",
                    help="prompt text; repeat for several prompts, generated together in one batch")
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per prompt at most (default 128)")
-    p.add_argument("--temperature", type=float, default=0.8, help="0 for greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0: all (default 50)")
-    p.add_argument("--seed", type=int, help="seed for reproducible samples (default: fresh randomness)")
+    add_sampling_options(p, temperature=0.8, max_tokens=128, what="prompt")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole sequence each step (the slow reference)")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     args = p.parse_args(argv)
-    if args.max_tokens < 1:
-        p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
-    if args.top_k < 0:
-        p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
-    if not args.temperature >= 0:  # also rejects nan
-        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
+    check_sampling_options(p, args)
 
     from ..config import ConfigError
     from ..infer.generate import sample_texts

@@ -1,0 +1,24 @@
+"""The sampling options `speedgpt sample` and `speedgpt chat` share, and their one-line checks."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_sampling_options(p: argparse.ArgumentParser, *, temperature: float, max_tokens: int, what: str) -> None:
+    """--max-tokens, --temperature, --top-k and --seed; `what` names one generation ("answer", "prompt")."""
+    p.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help=f"new tokens per {what} at most (default {max_tokens})")
+    p.add_argument("--temperature", type=float, default=temperature, help=f"0 for greedy (default {temperature})")
+    p.add_argument("--top-k", type=int, default=50, help="sample among the k likeliest tokens; 0: all (default 50)")
+    p.add_argument("--seed", type=int, help="seed for reproducible output (default: fresh randomness)")
+
+
+def check_sampling_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A bad value is one line naming it (argparse's exit 2)."""
+    if args.max_tokens < 1:
+        p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
+    if args.top_k < 0:
+        p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
+    if not args.temperature >= 0:  # also rejects nan
+        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
