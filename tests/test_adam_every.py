@@ -22,8 +22,9 @@ from speedgpt.train.loop import train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# 512 validation tokens (one batch): the tests compare validation losses between runs, whatever their size.
 RUN = ["--train.steps=8", "--train.val_every=4", "--train.log_every=4", "--train.checkpoint_every=3",
-       "--train.keep_checkpoints=0", "--optim.adam_every=2"]
+       "--train.keep_checkpoints=0", "--optim.adam_every=2", "--data.val_tokens=512"]
 
 
 def test_adam_steps_every_other_step_on_the_summed_gradients_and_muon_every_step():
