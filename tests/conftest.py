@@ -31,6 +31,19 @@ def pytest_configure(config):
         torch.set_num_threads(threads)
 
 
+@pytest.hookimpl(trylast=True)  # after -k/-m deselection: the runs are cut from what is left
+def pytest_collection_modifyitems(config, items):
+    """Under `-n N` (tuned for the README's `--dist worksteal`; a worker cannot see the mode: xdist sets its
+    own to "no"), the slow modules first, dealt out so that the N workers finish together
+    (tests/schedkit.py says how); in one process the order stays as collected."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1:
+        import schedkit
+
+        seconds = schedkit.read_durations(schedkit.SLOW_TESTS.read_text())
+        items[:] = [items[i] for i in schedkit.worksteal_order([item.nodeid for item in items], seconds, workers)]
+
+
 @pytest.fixture
 def one_thread():
     """Tiny matmuls on a shared 2-core machine: a second OpenMP thread only adds contention."""
