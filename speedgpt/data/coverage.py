@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .shards import HEADER_BYTES, ShardError, read_shard_info
+from .shards import ShardError, map_tokens, read_shard_info
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,7 @@ def read_coverage(files: list[Path], bos_id: int, *, lenient: bool = False) -> C
             if lenient:
                 continue
             raise
-        if not info.n_tokens:
-            continue
-        dtype = np.dtype("<u2" if info.token_bytes == 2 else "<u4")
-        tokens = np.memmap(path, dtype=dtype, mode="r", offset=HEADER_BYTES, shape=(info.n_tokens,))
-        starts.append(np.flatnonzero(tokens == bos_id) + offset)
+        starts.append(np.flatnonzero(map_tokens(path, info) == bos_id) + offset)
         offset += info.n_tokens
     bos = np.concatenate(starts) if starts else np.zeros(0, dtype=np.int64)
     return Coverage(offset, np.diff(np.append(bos, offset)).astype(np.int64))

@@ -215,15 +215,22 @@ def load_shard(path: str | os.PathLike, pin_memory: bool = False, *, vocab_size:
     return tokens
 
 
+def map_tokens(path: str | os.PathLike, info: ShardInfo | None = None) -> np.ndarray:
+    """The shard's tokens as a read-only memory map (nothing read until used); `info`: its checked
+    header when the caller has it (read_shard_info's ShardError otherwise)."""
+    info = info or read_shard_info(path)
+    if not info.n_tokens:
+        return np.zeros(0, dtype=np.uint16)
+    return np.memmap(path, dtype="<u2" if info.token_bytes == 2 else "<u4", mode="r", offset=HEADER_BYTES,
+                     shape=(info.n_tokens,))
+
+
 def check_token_ids(path: str | os.PathLike, vocab_size: int) -> None:
     """ShardError (file, id, position and byte named) when the shard at ``path`` holds an id >=
     ``vocab_size``: load_shard's check without loading the shard. One max over a memory map; the
     first offender is looked for only when there is one."""
     info = read_shard_info(path)
-    if info.n_tokens:
-        ids = np.memmap(path, dtype="<u2" if info.token_bytes == 2 else "<u4", mode="r", offset=HEADER_BYTES,
-                        shape=(info.n_tokens,))
-        _check_ids(ids, Path(path), vocab_size, info.token_bytes)
+    _check_ids(map_tokens(path, info), Path(path), vocab_size, info.token_bytes)
 
 
 def _check_ids(ids: np.ndarray, path: Path, vocab_size: int, width: int) -> None:
