@@ -42,7 +42,8 @@ def parse_source(spec: str) -> Source:
         raise ChatDataError(f"--data {spec}: weight {weight} must be > 0")
     p = Path(path).expanduser()
     if not p.is_file():
-        raise ChatDataError(f"--data {path}: no such file; pass a .jsonl or .parquet file of {{\"messages\": ...}}")
+        what = "a folder" if p.is_dir() else "no such file"
+        raise ChatDataError(f"--data {path}: {what}; pass a .jsonl or .parquet file of {{\"messages\": ...}}")
     if p.suffix not in (".jsonl", ".parquet"):
         raise ChatDataError(f"--data {path}: unknown format '{p.suffix}'; pass .jsonl or .parquet")
     return Source(p, weight)
@@ -53,7 +54,11 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise ChatDataError(f"{path}: not a readable Parquet file ({e}); pass a .parquet table with a "
+                                f"'messages' column, or JSONL") from None
         if "messages" not in table.column_names:
             raise ChatDataError(f"{path}: no 'messages' column (columns: {', '.join(table.column_names)}); "
                                 f"each row needs messages = [{{role, content}}, ...]")

@@ -122,6 +122,9 @@ def chatcore(scores: Sequence[TaskScore]) -> float:
 
 def _lines(path: Path) -> list[tuple[int, dict]]:
     out = []
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: {'a folder' if Path(path).is_dir() else 'no such file'}; pass a JSONL file of "
+                         f"task examples (docs/chat.md)")
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
