@@ -35,7 +35,7 @@ from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
-                    describe_run, fallback_notes, mix_preview, resolve_data_files, train_loader)
+                    describe_run, document_sample, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward, open_compile_cache
 from .compile_watch import AFTER_WARMUP, CompileWatch
@@ -156,8 +156,10 @@ class Trainer:
                                     has_experts=self.has_experts)
         for line in describe_run(cfg, self.model, self.plan, self.strategy, self.device):
             self.log(line)
+        # the documents' lengths for the window check: read on the rank that logs only
+        documents = document_sample(cfg, self.plan, self.train_files, self.crop_coverage) if dist.is_main else None
         for line in data_epoch_lines(cfg, self.plan, self.loader.corpus_tokens, mix_preview(self.plan, self.loader),
-                                     coverage=self.crop_coverage):
+                                     coverage=self.crop_coverage, documents=documents):
             self.log(line)
         if self.resume:
             self.load_latest()
