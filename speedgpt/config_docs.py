@@ -164,6 +164,8 @@ DESCRIPTIONS: dict[str, str] = {
     "train.dtype": "auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32",
     "train.compile": "torch.compile the model",
     "train.compile_scope": "what train.compile compiles under ddp: model (one graph) | block (each block: reductions start inside the backward); fsdp: always block",
+    "train.compile_precompile": "dynamo's traced code kept in train.compile_cache too (torch's experimental caching "
+                                "precompile): a warm start traces nothing; compile_scope=model, not under fsdp",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
     "train.compile_cache": "folder that keeps compiled code for the next run (same GPU and versions); empty: "

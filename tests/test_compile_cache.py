@@ -103,3 +103,64 @@ def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch
     assert any("nothing saved" in line for line in lines)
     for extra in (["--train.compile_backend=eager"], ["--train.compile=false"], ["--train.compile_cache=off"]):
         assert open_compile_cache(apply_overrides(on, extra), dist, lines.append) is None
+
+
+class Tiny(torch.nn.Module):
+    """At module level: torch's package saves the class by its import path."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, inputs):
+        return torch.relu(self.proj(inputs)).square().mean()
+
+
+def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch, fresh_artifacts):
+    """train.compile_precompile: dynamo's traced code travels in the artifact file, so a fresh machine's
+    compile loads it instead of tracing (Inductor on CPU, a one-layer module: a few seconds)."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.train.compile import compiled_forward
+
+    x = torch.randn(4, 8)
+
+    def start(precompile: bool, inductor_dir: str):
+        """A process's start: empty dynamo, Inductor's cache dir, the artifacts loaded, one forward."""
+        torch._dynamo.reset()
+        counters.clear()
+        monkeypatch.setattr(torch._dynamo.config, "caching_precompile", False)  # as a new process has it
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / inductor_dir))
+        cfg = apply_overrides(Config(), ["--train.compile=true", f"--train.compile_precompile={str(precompile).lower()}",
+                                         f"--train.compile_cache={tmp_path / ('cache-' + str(precompile))}"])
+        cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
+        cache.load()
+        torch.manual_seed(0)
+        loss = compiled_forward(cfg, Tiny(), "ddp", log=lambda line: None)(x)
+        loss.backward()  # the backward is compiled at its first call; a package is saved with both
+        return cache, loss, counters["stats"]["unique_graphs"], counters["dynamo_cache"]["dynamo_cache_hit"]
+
+    try:
+        # without the switch first: an installed package outlives torch._dynamo.reset() in one process
+        for precompile in (False, True):
+            cache, first, traced, hits = start(precompile, f"first-{precompile}")
+            assert (traced, hits) == (1, 0) and "saved" in cache.save()
+            _, again, traced, hits = start(precompile, f"second-{precompile}")  # another machine
+            assert torch.equal(first, again)
+            # with the switch nothing is traced (the package came with the artifacts); without it dynamo
+            # traces again (Inductor's kernels still come from the cache)
+            assert (traced, hits) == ((0, 1) if precompile else (1, 0))
+    finally:
+        torch._dynamo.reset()
+
+
+def test_precompile_is_refused_where_it_would_do_nothing():
+    from speedgpt.config import ConfigError
+    from speedgpt.config.validate import check_config
+
+    for bad in (["--train.compile_precompile=true"],
+                ["--train.compile=true", "--train.compile_precompile=true", "--train.compile_cache=off"],
+                ["--train.compile=true", "--train.compile_precompile=true", "--train.compile_scope=block"]):
+        with pytest.raises(ConfigError, match="train.compile_precompile=true keeps dynamo's traced code"):
+            check_config(apply_overrides(Config(), bad))
+    check_config(apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"]))

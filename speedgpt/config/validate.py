@@ -45,6 +45,9 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"train.compile_scope='{t.compile_scope}' must be model or block")
     if t.compile_backend not in ("inductor", "aot_eager", "eager"):
         raise ConfigError(f"train.compile_backend='{t.compile_backend}' must be inductor, aot_eager or eager")
+    if t.compile_precompile and not (t.compile and t.compile_cache != "off" and t.compile_scope == "model"):
+        raise ConfigError("train.compile_precompile=true keeps dynamo's traced code in train.compile_cache: it needs "
+                          "train.compile=true, a compile_cache (not off) and compile_scope=model")
     if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
         raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
     if par.strategy not in ("ddp", "fsdp", "auto"):

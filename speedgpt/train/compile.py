@@ -42,6 +42,14 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
         note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
         if note:
             log(note)
+        if cfg.train.compile_precompile:
+            if strategy == "fsdp":  # blocks compiled one by one there: not tried
+                log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
+            else:
+                # Set before torch.compile: each compile call then loads a matching package from the cache's
+                # folder (put there by load_cache_artifacts) instead of tracing, and save_cache_artifacts
+                # writes this run's. Process-wide, as torch.compile's other settings of a run are.
+                torch._dynamo.config.caching_precompile = True
     if not cfg.train.compile or strategy == "fsdp":  # fsdp: compiled block by block (build_fsdp_model)
         return model
     backend = cfg.train.compile_backend
