@@ -156,12 +156,12 @@ def test_flex_attention_stops_rather_than_running_eagerly():
 
     torch._dynamo.reset()
     try:
-        f = torch.compile(flex_attention_compiled_only, backend="eager", dynamic=False, recompile_limit=1)
-        q = torch.randn(1, 2, 128, 16)
-        assert f(q, q, q, None, 0.25).shape == q.shape
-        q2 = torch.randn(1, 2, 256, 16)
-        with pytest.raises(RuntimeError, match="flex attention fell back to eager on cpu"):
-            f(q2, q2, q2, None, 0.25)
+        f = torch.compile(flex_attention_compiled_only, backend="eager", dynamic=False)
+        q, q2 = torch.randn(1, 2, 128, 16), torch.randn(1, 2, 256, 16)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            assert f(q, q, q, None, 0.25).shape == q.shape
+            with pytest.raises(RuntimeError, match="flex attention fell back to eager on cpu"):
+                f(q2, q2, q2, None, 0.25)
         with pytest.raises(RuntimeError, match="dense 128 x 128 score matrix"):
             flex_attention_compiled_only(q, q, q, None, 0.25)
     finally:
