@@ -49,7 +49,9 @@ done
 if [ "$ngpu" -ge 4 ]; then  # compile_scope=block, cold, on the GPUs left
     g=2
     for preset in $PRESETS; do
-        [ "$g" -lt "$ngpu" ] && one "$preset" "$g" block "$OUT/cache-$preset-block" --train.compile_scope=block &
+        # SPEEDGPT_DEBUG=1: a failure keeps its traceback in the output file (issue 33's block run lost it)
+        [ "$g" -lt "$ngpu" ] && SPEEDGPT_DEBUG=1 one "$preset" "$g" block "$OUT/cache-$preset-block" \
+            --train.compile_scope=block &
         g=$((g + 1))
     done
 fi

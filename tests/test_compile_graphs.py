@@ -6,8 +6,11 @@ Attention runs on SDPA here (flex has no CPU backward), so flex's own guards are
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from speedgpt.config import apply_overrides, load_preset
 from speedgpt.train.compile_watch import CompileWatch, recompile_reason
@@ -58,6 +61,109 @@ def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_threa
         tr.compile_watch.close()
         got = [(s.label, s.graphs, [r.split(": ", 1)[1] for r in s.recompiles]) for s in tr.compile_watch.spans]
         assert got == PINNED[preset], "\n".join(tr.compile_watch.lines())
+    finally:
+        torch._dynamo.reset()
+
+
+# compile_scope=block, one training step: graphs per preset (scaled_preset's 4 blocks), one per distinct block
+# (each a recompile of Block.forward; the rest of the model runs eagerly). Both presets: every block differs,
+# block 3 from block 0 too (block 0's x is x0, an aliasing guard); 124m: (L, value embedding), S, attention-free,
+# L; latest: (L, gated value embedding, key offset), (S, paired heads), attention-free, L.
+BLOCK_VARIANTS = {"speedrun-124m": 4, "speedrun-latest": 4}
+
+
+class _LimitHits(logging.Handler):
+    """dynamo's warning when a frame passes its recompile limit (it then runs that frame eagerly)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.hits: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "recompile_limit" in record.getMessage():
+            self.hits.append(record.getMessage().splitlines()[0])
+
+
+@pytest.mark.parametrize("preset", sorted(BLOCK_VARIANTS))
+def test_block_scope_compiles_every_block_variant(preset, text_shards, tmp_path, one_thread):
+    """Issue 33: the 12-block presets have more block variants than dynamo's recompile limit (8), and the
+    blocks past it ran eagerly on the GPU. Here 4 blocks are 4 variants, so the global limit goes down to
+    2 to put them in the same state: every variant must still compile (compile_blocks' own limit)."""
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps them
+    hits = _LimitHits()
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(hits)
+    try:
+        cfg = apply_overrides(scaled_preset(preset, text_shards), ["--train.compile_scope=block"])
+        with torch._dynamo.config.patch(recompile_limit=2):
+            tr = Trainer(cfg, run_dir=tmp_path / "run", quiet=True)
+            tr.setup()
+            with tr.compile_watch.span("step"):
+                tr.train_step(0)
+            tr.compile_watch.close()
+        assert hits.hits == [], "\n".join(tr.compile_watch.lines())
+        assert not counters["unimplemented"], dict(counters["unimplemented"])
+        assert tr.compile_watch.total().graphs == BLOCK_VARIANTS[preset], "\n".join(tr.compile_watch.lines())
+    finally:
+        logger.removeHandler(hits)
+        torch._dynamo.reset()
+
+
+class _Variant(torch.nn.Module):
+    """Modules of one code object whose Python attribute picks the branch: what the blocks of a model are."""
+
+    def __init__(self, k: int):
+        super().__init__()
+        self.k = k
+
+    def forward(self, x):
+        return x + self.k
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["torch.compile's limit", "patched limit (older torch)"])
+def test_compile_with_limit_lets_every_variant_compile(native, monkeypatch):
+    from speedgpt.train import compile as compile_module
+
+    if native and not compile_module.compile_takes_recompile_limit():
+        pytest.skip("this torch.compile has no recompile_limit argument")
+    monkeypatch.setattr(compile_module, "compile_takes_recompile_limit", lambda: native)
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps them
+    try:
+        variants = [_Variant(k) for k in range(3)]
+        for m in variants:
+            compile_module.compile_with_limit(m, 3, backend="eager", dynamic=False)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            for m in variants:
+                m(torch.zeros(2))
+        assert not counters["unimplemented"], dict(counters["unimplemented"])  # nothing ran eagerly
+        assert counters["stats"]["unique_graphs"] == 3
+        extra = _Variant(3)  # a fourth variant passes the limit of 3: dynamo runs it eagerly
+        compile_module.compile_with_limit(extra, 3, backend="eager", dynamic=False)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            extra(torch.zeros(2))
+        assert counters["unimplemented"] and counters["stats"]["unique_graphs"] == 3
+    finally:
+        torch._dynamo.reset()
+
+
+def test_flex_attention_stops_rather_than_running_eagerly():
+    """The CUDA path of model/attention.py runs flex through this function under torch.compile: compiled it
+    computes, but where dynamo gives up on it (here its recompile limit, 1, at a second shape) it stops with
+    one line instead of building the dense score matrix (issue 33: 1536 GiB)."""
+    from speedgpt.model.attention import flex_attention_compiled_only
+
+    torch._dynamo.reset()
+    try:
+        f = torch.compile(flex_attention_compiled_only, backend="eager", dynamic=False)
+        q, q2 = torch.randn(1, 2, 128, 16), torch.randn(1, 2, 256, 16)
+        with torch._dynamo.config.patch(recompile_limit=1):
+            assert f(q, q, q, None, 0.25).shape == q.shape
+            with pytest.raises(RuntimeError, match="flex attention fell back to eager on cpu"):
+                f(q2, q2, q2, None, 0.25)
+        with pytest.raises(RuntimeError, match="dense 128 x 128 score matrix"):
+            flex_attention_compiled_only(q, q, q, None, 0.25)
     finally:
         torch._dynamo.reset()
 

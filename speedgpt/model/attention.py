@@ -180,8 +180,21 @@ def flex_attention_fused(q, k, v, block_mask, scale: float, enable_gqa: bool = F
     if q.device.type != "cuda":
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention, dynamic=False)
+        _compiled_flex = torch.compile(flex_attention_compiled_only, dynamic=False)
     return _compiled_flex(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
+
+
+def flex_attention_compiled_only(q, k, v, block_mask, scale: float, enable_gqa: bool = False) -> torch.Tensor:
+    """flex_attention for torch.compile to trace. Run as plain Python, which is what dynamo does when it
+    gives up on a frame (its recompile limit: issue 33's per-block compile asked for 1536 GiB), it stops
+    with one line instead of building the dense score matrix."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not torch.compiler.is_compiling():
+        raise RuntimeError(f"flex attention fell back to eager on {q.device} (torch._dynamo gave up compiling "
+                           f"it: TORCH_LOGS=recompiles says why); eager flex would build the dense "
+                           f"{q.size(-2)} x {k.size(-2)} score matrix per head, so it stops here")
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
 
 
 @torch.no_grad()

@@ -1,12 +1,13 @@
 """Fully sharded data parallelism on PyTorch's FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
 `build_fsdp_model` builds the model on the meta device (no memory; activation checkpointing is the
-runtime's flag, applied per block in GPT.forward), compiles each block when train.compile is on,
-shards every transformer block, each embedding, then the root (head and scalars), allocates only
-this rank's shards (`to_empty`) and initializes them parameter by parameter from the model's
-`init_plan`: each parameter is drawn whole, in the unsharded model's order and from its seed, and
-this rank keeps its shard. So the initial weights are the same for any world size, and no more than
-one parameter is ever whole on a device.
+runtime's flag, applied per block in GPT.forward), shards every transformer block, each embedding,
+then the root (head and scalars), allocates only this rank's shards (`to_empty`) and initializes
+them parameter by parameter from the model's `init_plan`: each parameter is drawn whole, in the
+unsharded model's order and from its seed, and this rank keeps its shard. So the initial weights
+are the same for any world size, and no more than one parameter is ever whole on a device. With
+train.compile the trainer then compiles it block by block (train/compile.py compile_blocks), so
+each block's reduce-scatter starts inside the backward.
 
 Mixed precision: on GPUs the gathered parameters are bf16 and gradients are reduced in fp32 (the
 masters stay fp32); on CPUs everything is fp32 (gloo, the tests).
@@ -38,7 +39,7 @@ def mixed_precision(dtype: torch.dtype):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, compile_blocks: bool = False) -> GPT:
+def build_fsdp_model(cfg: Config, device: torch.device, world_size: int) -> GPT:
     """The run's model, sharded over `world_size` ranks (a process group must exist)."""
     from torch.distributed.fsdp import fully_shard
 
@@ -51,9 +52,6 @@ def build_fsdp_model(cfg: Config, device: torch.device, world_size: int, *, comp
     mesh = device_mesh(device, world_size)
     kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype))
     for block in model.blocks:
-        if compile_blocks:
-            # per block: each block's reduce-scatter starts inside the backward
-            block.compile(dynamic=False, backend=cfg.train.compile_backend)
         fully_shard(block, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
     for emb in model.embeddings():
         fully_shard(emb, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)

@@ -107,15 +107,15 @@ def choose_strategy(cfg: Config, world_size: int, device: torch.device, log):
 
 
 def build_model(cfg: Config, device: torch.device, world_size: int, strategy: str) -> GPT:
-    """The model on `device`, sharded under fsdp (compiled block by block there when train.compile).
-    Its windows are the finished model's (sampling, FLOP counts); training and validation pass each
-    step's own windows to the forward."""
+    """The model on `device`, sharded under fsdp (compile.py compiles it, block by block there). Its
+    windows are the finished model's (sampling, FLOP counts); training and validation pass each step's
+    own windows to the forward."""
     if strategy == "fsdp":
         from ..parallel.dist import ensure_process_group
         from ..parallel.fsdp import build_fsdp_model
 
         ensure_process_group(device)
-        return build_fsdp_model(cfg, device, world_size, compile_blocks=cfg.train.compile)
+        return build_fsdp_model(cfg, device, world_size)  # compiled block by block (compile.py)
     return model_from_config(cfg, device, world_size=world_size)
 
 

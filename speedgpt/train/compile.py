@@ -4,6 +4,8 @@ transformer block on its own."""
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from ..config import Config
@@ -12,9 +14,38 @@ from ..model.gpt import GPT
 
 def compile_blocks(model: GPT, **compile_kwargs) -> None:
     """torch.compile each transformer block in place: each block's backward is then its own autograd
-    node, so gradient hooks (and the reductions they start) fire block by block during the backward."""
+    node, so gradient hooks (and the reductions they start) fire block by block during the backward.
+
+    All blocks run one code object (Block.forward) and dynamo keeps compiled entries per code object, so
+    blocks that differ in structure (window key, value embedding or not, attention-free, paired heads, key
+    offset) are recompiles of one frame: speedrun-124m's 12 blocks with validation, or speedrun-latest's
+    first stage, passed the default torch._dynamo.config.recompile_limit (8) and dynamo ran the remaining
+    blocks eagerly (issue 33). So this compile gets a limit of its own, the global one per block: each block
+    may recompile as often as a function of its own could, and no other compiled code's limit changes.
+    Not the alternatives: making those attributes data instead of guards would run every branch in every
+    block (slower steps); isolated recompiles (one cache per block) would compile identical blocks again.
+    torch._dynamo.config.accumulated_recompile_limit (256 entries) stays: a real model has a few variants
+    times a few shapes (tens), far below it."""
+    limit = len(model.blocks) * torch._dynamo.config.recompile_limit
     for block in model.blocks:
-        block.compile(dynamic=False, **compile_kwargs)
+        compile_with_limit(block, limit, dynamic=False, **compile_kwargs)
+
+
+def compile_takes_recompile_limit() -> bool:
+    """Whether this torch's torch.compile has a recompile limit of its own per call."""
+    return "recompile_limit" in inspect.signature(torch.compile).parameters
+
+
+def compile_with_limit(module: torch.nn.Module, recompile_limit: int, **compile_kwargs) -> None:
+    """module.compile(...) whose frames may recompile `recompile_limit` times: torch.compile's own argument
+    where this torch has it, else the same limit patched around each call of the compiled module."""
+    if compile_takes_recompile_limit():
+        module.compile(recompile_limit=recompile_limit, **compile_kwargs)
+        return
+    module.compile(**compile_kwargs)
+    # nn.Module.compile keeps the compiled callable here; dynamo reads its config when a frame converts
+    patch = torch._dynamo.config.patch(recompile_limit=recompile_limit)
+    module._compiled_call_impl = patch(module._compiled_call_impl)
 
 
 def open_compile_cache(cfg: Config, dist, log):
@@ -50,10 +81,10 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
                 # folder (put there by load_cache_artifacts) instead of tracing, and save_cache_artifacts
                 # writes this run's. Process-wide, as torch.compile's other settings of a run are.
                 torch._dynamo.config.caching_precompile = True
-    if not cfg.train.compile or strategy == "fsdp":  # fsdp: compiled block by block (build_fsdp_model)
+    if not cfg.train.compile:
         return model
     backend = cfg.train.compile_backend
-    if cfg.train.compile_scope == "block":  # reductions then start inside the backward
+    if cfg.train.compile_scope == "block" or strategy == "fsdp":  # reductions then start inside the backward
         compile_blocks(model, backend=backend)
         return model
     return torch.compile(model, dynamic=False, backend=backend)
