@@ -9,6 +9,8 @@
 #   DATA=/path/to/fineweb10B scripts/compile_bench.sh [OUT_DIR]
 # DATA: the training shards (data.train_files); empty: the local Python corpus, built into OUT_DIR first (~15 s).
 # STEPS (default 10): timed steps per bench. PRESETS (default "speedrun-latest speedrun-124m").
+# EXTRA: overrides added to the cold and warm runs, e.g. EXTRA=--train.compile_precompile=true (dynamo's traced
+# code in the artifacts too: the warm column is then a start that traces nothing); use a new OUT_DIR.
 set -u
 OUT=${1:-${OUT:-compile-bench}}
 STEPS=${STEPS:-10}
@@ -33,7 +35,8 @@ one() {  # preset, gpu, label, cache folder, extra overrides...
 i=0
 for preset in $PRESETS; do
     (
-        one "$preset" "$i" cold "$OUT/cache-$preset-cold"
+        # shellcheck disable=SC2086
+        one "$preset" "$i" cold "$OUT/cache-$preset-cold" ${EXTRA:-}
         # a fresh machine: only the portable artifact files travel, into an otherwise empty cache folder
         for f in "$OUT/cache-$preset-cold"/*/artifacts-*; do
             [ -e "$f" ] || continue
@@ -42,7 +45,8 @@ for preset in $PRESETS; do
         done
         # per stage where the preset has a table: stage 1's step time with its MTP weights padded to 3
         stages=(); [ "$preset" = speedrun-latest ] && stages=(--per-stage)
-        one "$preset" "$i" warm "$OUT/cache-$preset-warm" "${stages[@]}"
+        # shellcheck disable=SC2086
+        one "$preset" "$i" warm "$OUT/cache-$preset-warm" "${stages[@]}" ${EXTRA:-}
     ) &
     i=$((i + 1))
 done

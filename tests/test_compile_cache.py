@@ -131,7 +131,8 @@ def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch,
         counters.clear()
         monkeypatch.setattr(torch._dynamo.config, "caching_precompile", False)  # as a new process has it
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / inductor_dir))
-        cfg = apply_overrides(Config(), ["--train.compile=true", f"--train.compile_precompile={str(precompile).lower()}",
+        switch = f"--train.compile_precompile={str(precompile).lower()}"
+        cfg = apply_overrides(Config(), ["--train.compile=true", switch,
                                          f"--train.compile_cache={tmp_path / ('cache-' + str(precompile))}"])
         cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
         cache.load()
@@ -164,3 +165,14 @@ def test_precompile_is_refused_where_it_would_do_nothing():
         with pytest.raises(ConfigError, match="train.compile_precompile=true keeps dynamo's traced code"):
             check_config(apply_overrides(Config(), bad))
     check_config(apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"]))
+
+
+def test_a_save_that_torch_cannot_serialize_is_one_line_not_a_failed_run(tmp_path, monkeypatch, fresh_artifacts):
+    def fails():
+        raise RuntimeError("Failed to save package to xyz: cannot pickle 'FP8Op'")
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", fails)
+    cache = cache_in(tmp_path)
+    line = cache.save()
+    assert line.startswith("compile cache: nothing saved: torch could not serialize") and "cannot pickle" in line
+    assert not cache.artifacts.exists()

@@ -133,7 +133,11 @@ class CompileCache:
     def save(self) -> str | None:
         """Save what this process compiled (and loaded) as this config's artifacts; returns a line for the
         log, None when torch recorded nothing (a backend without caches, such as eager)."""
-        saved = torch.compiler.save_cache_artifacts()
+        try:
+            saved = torch.compiler.save_cache_artifacts()
+        except Exception as e:  # noqa: BLE001: e.g. a compiled backend that does not serialize (precompile)
+            return (f"compile cache: nothing saved: torch could not serialize this run's artifacts "
+                    f"({type(e).__name__}: {e})")
         if saved is None:
             return None
         data, info = saved
