@@ -6,6 +6,8 @@
 #   scripts/wave4_loader.sh OUT_DIR summary   (once the queue is done: each A/B's paired figures, target = r28's
 #                                              300-step validation loss)
 # Writes OUT_DIR/runs/..., OUT_DIR/logs/*.log and OUT_DIR/summary.txt. Times: docs/experiments.md "Wave 4".
+# (speedrun-124m's rows were record #28's then; since wave 5 its "as it is" arm needs
+# --data.packing=record28 --data.long_docs=split --data.max_doc_len=0 to repeat this wave.)
 set -u
 OUT=$(realpath -m "${1:?usage: scripts/wave4_loader.sh OUT_DIR}")
 PY=${PY:-python3}
