@@ -111,13 +111,18 @@ def counting_shards(tmp_path_factory) -> Path:
     return make_shards(tmp_path_factory.mktemp("counting") / "data")
 
 
-@pytest.fixture
-def small_vocab_cfg(counting_shards):
-    """tiny_cfg's model and run on the counting documents with their 65-id vocabulary, for tests that compare
-    runs with each other rather than learn real text: GPT-2's 50K-id head, loss, tables, their optimizer state
-    and checkpoints cost about 30x this model's blocks."""
-    from speedgpt.config import apply_overrides, load_preset
+def counting_overrides(shards: Path) -> list[str]:
+    """TINY_OVERRIDES on the counting documents with their 65-id vocabulary, for tests that compare runs with
+    each other rather than learn real text: GPT-2's 50K-id head, loss, tables, their optimizer state and
+    checkpoints cost about 30x this model's blocks."""
     from test_parallel_train import BOS
 
-    return apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [
-        f"--data.train_files={counting_shards}", f"--model.vocab_size={BOS + 1}", f"--model.bos_id={BOS}"])
+    return TINY_OVERRIDES + [f"--data.train_files={shards}", f"--model.vocab_size={BOS + 1}", f"--model.bos_id={BOS}"]
+
+
+@pytest.fixture
+def small_vocab_cfg(counting_shards):
+    """tiny_cfg's model and run on the counting documents (counting_overrides)."""
+    from speedgpt.config import apply_overrides, load_preset
+
+    return apply_overrides(load_preset("tiny-cpu"), counting_overrides(counting_shards))
