@@ -3,7 +3,7 @@ relative difference of any loss from the same run on one thread here, under anot
 math (MKL's and torch's lower kernel levels, two threads) and under a real change (Muon's lr 1% off), in
 float32 and in float64. REL_TOL must sit above the first kind and below the second, with room on both sides.
 
-    PYTHONPATH=. python scripts/golden_tolerance.py [dense switches]
+    python scripts/golden_tolerance.py [dense switches]
 
 Each variant runs in a fresh process: MKL and torch read their kernel level when they load."""
 
@@ -16,7 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # speedgpt from this checkout; the golden runs' module
 
 import test_golden_losses as golden  # noqa: E402
 

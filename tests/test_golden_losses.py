@@ -13,7 +13,7 @@ a seed, so the losses depend only on the code, the PyTorch build and the CPU.
   losses tells the two apart. So elsewhere the same runs go in float64 (the test makes the dtype rule
   give float64 and creates the parameters in float64; the code's own float32 casts, in the loss, the
   rotary and Muon's orthogonalization on CPU, stay). The largest relative difference of any loss from
-  the one-thread run here (`PYTHONPATH=. python scripts/golden_tolerance.py`, 2026-11-27, AMD EPYC
+  the one-thread run here (`python scripts/golden_tolerance.py`, 2026-11-27, AMD EPYC
   with AVX2, torch 2.13.0):
 
   | change                                               | dense f32 | dense f64 | switches f32 | switches f64 |
