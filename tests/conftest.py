@@ -101,3 +101,28 @@ def tiny_cfg(text_shards):
     from speedgpt.config import apply_overrides, load_preset
 
     return apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}"])
+
+
+@pytest.fixture(scope="session")
+def counting_shards(tmp_path_factory) -> Path:
+    """tests/test_parallel_train.py's counting documents (ids 0..63, BOS 64)."""
+    from test_parallel_train import make_shards
+
+    return make_shards(tmp_path_factory.mktemp("counting") / "data")
+
+
+def counting_overrides(shards: Path) -> list[str]:
+    """TINY_OVERRIDES on the counting documents with their 65-id vocabulary, for tests that compare runs with
+    each other rather than learn real text: GPT-2's 50K-id head, loss, tables, their optimizer state and
+    checkpoints cost about 30x this model's blocks."""
+    from test_parallel_train import BOS
+
+    return TINY_OVERRIDES + [f"--data.train_files={shards}", f"--model.vocab_size={BOS + 1}", f"--model.bos_id={BOS}"]
+
+
+@pytest.fixture
+def small_vocab_cfg(counting_shards):
+    """tiny_cfg's model and run on the counting documents (counting_overrides)."""
+    from speedgpt.config import apply_overrides, load_preset
+
+    return apply_overrides(load_preset("tiny-cpu"), counting_overrides(counting_shards))

@@ -62,8 +62,8 @@ def test_adam_every_must_be_positive():
         validate(apply_overrides(load_preset("tiny-cpu"), ["--optim.adam_every=0"]))
 
 
-def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(tiny_cfg, tmp_path):
-    cfg = apply_overrides(tiny_cfg, RUN)
+def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(small_vocab_cfg, tmp_path):
+    cfg = apply_overrides(small_vocab_cfg, RUN)
     off = train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=tmp_path / "off", quiet=True)
     full = train(cfg, run_dir=tmp_path / "full", quiet=True)
     assert full.train_losses[0] == off.train_losses[0]
@@ -85,9 +85,9 @@ def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(tiny
             tmp_path / "full", tmp_path / "other", 8), resume=True, quiet=True)
 
 
-def test_skip_mode_keeps_a_bad_step_out_of_the_waiting_gradients(tiny_cfg, tmp_path, monkeypatch):
+def test_skip_mode_keeps_a_bad_step_out_of_the_waiting_gradients(small_vocab_cfg, tmp_path, monkeypatch):
     """train.on_nonfinite=skip: a NaN at a step where Adam only collects must not reach the next Adam step."""
-    cfg = apply_overrides(tiny_cfg, RUN + ["--train.on_nonfinite=skip", "--train.checkpoint_every=0"])
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.on_nonfinite=skip", "--train.checkpoint_every=0"])
     clean = train(cfg, run_dir=tmp_path / "clean", quiet=True)
     reference = train(apply_overrides(cfg, ["--train.on_nonfinite=abort"]), run_dir=tmp_path / "ref", quiet=True)
     assert clean.train_losses == reference.train_losses  # the guard's step is the container's step
@@ -117,12 +117,14 @@ def run_two(cfg, run_dir, resume=False):
     return r["losses"], r["val"]
 
 
-def test_two_ranks_match_one_rank_and_resume_across_world_sizes_between_adam_steps(tiny_cfg, tmp_path, monkeypatch):
+def test_two_ranks_match_one_rank_and_resume_across_world_sizes_between_adam_steps(small_vocab_cfg, tmp_path,
+                                                                                   monkeypatch):
     """DistAdam keeps its slices of the waiting gradients; the checkpoint holds them whole, so a run
     moves between 1 and 2 ranks at a step where Adam has gradients waiting."""
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.micro_batch_size=4"])
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.steps=6", "--train.val_every=0",
+                                                  "--train.micro_batch_size=4"])
     two, val_two = run_two(cfg, tmp_path / "A")
     one = train(cfg, run_dir=tmp_path / "B", quiet=True)
     np.testing.assert_allclose(two, one.train_losses, rtol=2e-4, atol=0)
@@ -139,9 +141,9 @@ def test_two_ranks_match_one_rank_and_resume_across_world_sizes_between_adam_ste
     np.testing.assert_allclose(d, one.train_losses[3:], rtol=2e-4)
 
 
-def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_ddp(tiny_cfg, tmp_path):
+def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_ddp(small_vocab_cfg, tmp_path):
     """Under fsdp the waiting gradients are DTensor shards, saved whole (here on a one-process group)."""
-    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0"])
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.steps=6", "--train.val_every=0"])
     fsdp = apply_overrides(cfg, ["--parallel.strategy=fsdp"])
     a = train(fsdp, run_dir=tmp_path / "A", quiet=True)
     b = train(cfg, run_dir=tmp_path / "B", quiet=True)
@@ -152,9 +154,10 @@ def test_fsdp_keeps_the_waiting_gradients_as_shards_and_moves_them_to_and_from_d
     np.testing.assert_allclose(d.train_losses, b.train_losses[3:], rtol=1e-6)
 
 
-def test_dcp_checkpoints_keep_the_waiting_gradients(tiny_cfg, tmp_path):
+def test_dcp_checkpoints_keep_the_waiting_gradients(small_vocab_cfg, tmp_path):
     """train.checkpoint_format=dcp stores them as optim/adam_pending/<name>/grad: resume is bit-exact."""
-    cfg = apply_overrides(tiny_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.checkpoint_format=dcp"])
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.steps=6", "--train.val_every=0",
+                                                  "--train.checkpoint_format=dcp"])
     full = train(cfg, run_dir=tmp_path / "full", quiet=True)
     resumed = train(cfg, run_dir=copy_without_checkpoint(tmp_path / "full", tmp_path / "resumed", 6), resume=True,
                     quiet=True)
@@ -186,12 +189,12 @@ def test_untie_step_moves_back_to_the_start_of_its_adam_window():
     assert EmbedTying(1.0).untie_step(9, adam_every=2) == 9  # tied throughout stays tied throughout
 
 
-def test_an_untie_between_adam_steps_trains_as_if_untied_at_the_start_of_that_adam_window(tiny_cfg, tmp_path):
+def test_an_untie_between_adam_steps_trains_as_if_untied_at_the_start_of_that_adam_window(small_vocab_cfg, tmp_path):
     """Steps 4 and 5 share one Adam step (adam_every=2). An untie due at step 5 must not leave step 4's
     embedding-lookup gradient waiting on the head (the tied head's pending sum holds both uses): the run
     equals the one untied at step 4, and resumes bit-equal from a checkpoint between the two Adam steps."""
     # Checkpoints only at step 5 (between the Adam steps 4 and 6) and the end: one save a step cost most of the time.
-    cfg = apply_overrides(tiny_cfg, RUN + ["--train.checkpoint_every=5", "--train.val_every=0"])
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.checkpoint_every=5", "--train.val_every=0"])
     at_window_start = train(apply_overrides(cfg, ["--model.tie_embed_frac=0.5"]), run_dir=tmp_path / "a", quiet=True)
     mid = apply_overrides(cfg, ["--model.tie_embed_frac=0.625"])  # ceil(0.625 x 8) = 5: between Adam steps
     between = train(mid, run_dir=tmp_path / "b", quiet=True)

@@ -11,7 +11,8 @@ import pytest
 from speedgpt.config import apply_overrides
 from speedgpt.rundir import dcp
 from speedgpt.rundir.checkpoint import CheckpointError
-from test_parallel_train import make_shards, run_cfg, run_here
+from speedgpt.data.tokenizer import BOS_ID
+from test_parallel_train import BOS, make_shards, run_cfg, run_here
 
 
 @pytest.fixture(scope="module")
@@ -19,9 +20,9 @@ def data(tmp_path_factory):
     return make_shards(tmp_path_factory.mktemp("dcpsum") / "data")
 
 
-def dcp_cfg(data, fmt="dcp", *more):
-    return apply_overrides(run_cfg(data), [f"--train.checkpoint_format={fmt}", "--train.steps=4",
-                                           "--train.checkpoint_every=2", *more])
+def dcp_cfg(data, fmt="dcp", *more, bos=BOS):
+    return apply_overrides(run_cfg(data, bos=bos), [f"--train.checkpoint_format={fmt}", "--train.steps=4",
+                                                    "--train.checkpoint_every=2", *more])
 
 
 def shard_of(step_dir):
@@ -48,8 +49,9 @@ def flip_byte(path, offset=100):
     path.write_bytes(bytes(data))
 
 
-def test_corrupt_or_truncated_shard_is_an_error_naming_it(tmp_path, data):
-    cfg = dcp_cfg(data)
+def test_corrupt_or_truncated_shard_is_an_error_naming_it(tmp_path):
+    # GPT-2's ids: the export below checks the model's vocabulary against the run's tokenizer (GPT-2's) first
+    cfg = dcp_cfg(make_shards(tmp_path / "data", bos=BOS_ID), bos=BOS_ID)
     run_here(cfg, tmp_path / "run")
     step = tmp_path / "run" / "checkpoints" / "step_000004"
     shard = shard_of(step)

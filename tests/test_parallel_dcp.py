@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from distkit import copy_without_checkpoint, spawn_local
 from speedgpt.config import apply_overrides, config_from_plain
+from speedgpt.data.tokenizer import BOS_ID
 from speedgpt.rundir.dcp import read_model_state
 from test_parallel_fsdp import assert_same_init
 from test_parallel_train import make_shards, run_cfg, run_here
@@ -47,7 +48,8 @@ def step2_copy(run_dir, dest):
 def test_dcp_fsdp_4_ranks_resumes_on_2_and_into_ddp_and_exports(tmp_path, monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
-    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")), [
+    # GPT-2's ids: the export at the end checks the model's vocabulary against the run's tokenizer (GPT-2's)
+    cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data", bos=BOS_ID), bos=BOS_ID), [
         "--parallel.strategy=fsdp", "--train.checkpoint_format=dcp_async", "--train.steps=4",
         "--train.checkpoint_every=2", "--train.micro_batch_size=2", "--optim.muon_momentum_warmup_steps=3",
         "--model.num_kv_heads=2"])

@@ -17,27 +17,31 @@ from speedgpt.data.shards import write_shard
 from distkit import copy_without_checkpoint, spawn_local
 from speedgpt.train.loop import train
 
-BOS = 50256
+# The documents' ids are 0..63 and their BOS is 64: a 65-id vocabulary (padded to 128) keeps the head, the
+# loss, the embedding tables, their optimizer state and checkpoints small (GPT-2's 50K ids cost 30x the blocks).
+BOS = 64
 
 
-def make_shards(root):
-    """'Documents' of 5..60 tokens, each starting with BOS: counting mod 64 from a random start, so
-    a few steps visibly lower the loss."""
+def make_shards(root, bos=BOS):
+    """'Documents' of 5..60 tokens, each starting with `bos`: counting mod 64 from a random start, so
+    a few steps visibly lower the loss. A run that needs its ids to be GPT-2's (an export checks the model
+    against its tokenizer) passes GPT-2's BOS here and to run_cfg."""
     rng = np.random.default_rng(0)
     toks = []
     while len(toks) < 30_000:
         start, n = int(rng.integers(0, 64)), int(rng.integers(4, 60))
-        toks += [BOS] + [(start + i) % 64 for i in range(n)]
+        toks += [bos] + [(start + i) % 64 for i in range(n)]
     root.mkdir()
     write_shard(root / "train_000000.bin", toks[:20_000])
     write_shard(root / "val_000000.bin", toks[20_000:])
     return root
 
 
-def run_cfg(data_dir):
+def run_cfg(data_dir, bos=BOS):
     return apply_overrides(load_preset("tiny-cpu"), [
         "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
-        "--data.seq_len=32", f"--data.train_files={data_dir}/train_*.bin", f"--data.val_files={data_dir}/val_*.bin",
+        f"--model.vocab_size={bos + 1}", f"--model.bos_id={bos}", "--data.seq_len=32",
+        f"--data.train_files={data_dir}/train_*.bin", f"--data.val_files={data_dir}/val_*.bin",
         # 15 validation rows: 8 on rank 0 and 7 on rank 1 score the same rows as one rank does
         "--data.val_tokens=480", "--train.batch_tokens=256", "--train.micro_batch_size=4", "--train.steps=6",
         "--train.checkpoint_every=3", "--train.keep_checkpoints=0", "--train.val_every=0", "--train.log_every=1",

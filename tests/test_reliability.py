@@ -34,17 +34,17 @@ def inject(monkeypatch):
 
 
 @pytest.fixture
-def cfg(tiny_cfg):
-    return apply_overrides(tiny_cfg, BASE)
+def cfg(small_vocab_cfg):
+    return apply_overrides(small_vocab_cfg, BASE)
 
 
 @pytest.fixture(scope="module")
-def reference(text_shards, tmp_path_factory):
-    """The uninterrupted 8-step run every faulty run is compared with."""
-    from conftest import TINY_OVERRIDES
+def reference(counting_shards, tmp_path_factory):
+    """The uninterrupted 8-step run every faulty run is compared with (`cfg`'s)."""
+    from conftest import counting_overrides
     from speedgpt.config import load_preset
 
-    base = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}"] + BASE)
+    base = apply_overrides(load_preset("tiny-cpu"), counting_overrides(counting_shards) + BASE)
     return train(base, run_dir=tmp_path_factory.mktemp("ref") / "run", quiet=True)
 
 

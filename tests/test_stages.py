@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import TINY_OVERRIDES
+from conftest import counting_overrides
 from distkit import drop_checkpoints_after
 from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml, save_toml
 from speedgpt.optim.schedules import lr_multiplier
@@ -28,8 +28,8 @@ TABLE = ("--train.stages=["
 
 
 @pytest.fixture
-def staged_cfg(tiny_cfg):
-    return apply_overrides(tiny_cfg, [TABLE])
+def staged_cfg(small_vocab_cfg):
+    return apply_overrides(small_vocab_cfg, [TABLE])
 
 
 def test_table_resolves_to_step_ranges_and_values(staged_cfg):
@@ -117,11 +117,10 @@ class Recorder(Trainer):
 
 
 @pytest.fixture(scope="module")
-def full_run(text_shards, tmp_path_factory):
+def full_run(counting_shards, tmp_path_factory):
     """One uninterrupted staged run with a checkpoint every 2 steps, shared by the tests below."""
-    cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}", TABLE,
-                                                                     "--train.checkpoint_every=2",
-                                                                     "--train.keep_checkpoints=0"])
+    cfg = apply_overrides(load_preset("tiny-cpu"), counting_overrides(counting_shards) + [
+        TABLE, "--train.checkpoint_every=2", "--train.keep_checkpoints=0"])
     run_dir = tmp_path_factory.mktemp("staged") / "run"
     tr = Recorder(cfg, run_dir=run_dir, quiet=True)
     return cfg, tr, tr.run()

@@ -26,8 +26,8 @@ def test_short_run_learns_and_saves_its_config(tiny_cfg, tmp_path):
     assert env["torch"] and "packages" in env
 
 
-def test_resume_equals_uninterrupted_run(tiny_cfg, tmp_path):
-    cfg = apply_overrides(tiny_cfg, ["--train.checkpoint_every=6", "--train.keep_checkpoints=5"])
+def test_resume_equals_uninterrupted_run(small_vocab_cfg, tmp_path):
+    cfg = apply_overrides(small_vocab_cfg, ["--train.checkpoint_every=6", "--train.keep_checkpoints=5"])
     full = train(cfg, run_dir=tmp_path / "run", quiet=True)
     ckpts = list_checkpoints(tmp_path / "run" / "checkpoints")
     assert [p.name for p in ckpts] == ["step_000006", "step_000012"]
@@ -43,8 +43,8 @@ def test_resume_without_checkpoint_is_a_clear_error(tiny_cfg, tmp_path):
         train(tiny_cfg, run_dir=tmp_path / "empty", resume=True, quiet=True)
 
 
-def test_corrupt_checkpoint_is_reported_and_left_intact(tiny_cfg, tmp_path):
-    cfg = apply_overrides(tiny_cfg, ["--train.steps=4", "--train.val_every=0"])
+def test_corrupt_checkpoint_is_reported_and_left_intact(small_vocab_cfg, tmp_path):
+    cfg = apply_overrides(small_vocab_cfg, ["--train.steps=4", "--train.val_every=0"])
     train(cfg, run_dir=tmp_path / "run", quiet=True)
     (ckpt,) = list_checkpoints(tmp_path / "run" / "checkpoints")
     model_file = ckpt / "model.pt"
