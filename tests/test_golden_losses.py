@@ -23,9 +23,10 @@ a seed, so the losses depend only on the code, the PyTorch build and the CPU.
   | 2 threads instead of 1                               | 0         | 0         | 0            | 0            |
   | Muon lr 1% off (a real change)                       | 2.6e-4    | 2.9e-4    | 2.9e-4       | 4.5e-4       |
 
-  REL_TOL = 5e-6 sits 14x above the largest float-order difference and 58x (dense) to 90x (switches)
-  below the lr change; test_a_one_percent_lr_change_exceeds_the_tolerance shows the latter on every
-  machine. (The runs before issue 37 used GPT-2's 50K-id vocabulary, whose float32 loss over 50K logits
+  REL_TOL = 2e-5 sits 55x above the largest float-order difference measured here (other CPUs, e.g.
+  AVX-512 ones, were not measured with this vocabulary: the margin is theirs) and 13x (dense) to 22x
+  (switches) below the lr change; test_a_one_percent_lr_change_exceeds_the_tolerance shows the latter
+  on every machine. (The runs before issue 37 used GPT-2's 50K-id vocabulary, whose float32 loss over 50K logits
   moved 1.7e-5 in float64 on an Intel Xeon with AVX-512 under torch's scalar kernels: REL_TOL was 5e-5,
   3x above it and 4x to 13x below the lr change; their head and loss cost 12x the blocks.)
 
@@ -50,7 +51,7 @@ FIXTURE = Path(__file__).parent / "fixtures" / "golden_losses.json"
 
 # Largest relative difference of any loss from the float64 recording that a machine other than the
 # recording one may show (sized in the module docstring).
-REL_TOL = 5e-6
+REL_TOL = 2e-5
 # The synthetic documents' token ids are 0..DOC_IDS-1; DOC_IDS itself is their BOS.
 DOC_IDS = 64
 
