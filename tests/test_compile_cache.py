@@ -129,7 +129,9 @@ def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch,
         """A process's start: empty dynamo, Inductor's cache dir, the artifacts loaded, one forward."""
         torch._dynamo.reset()
         counters.clear()
-        monkeypatch.setattr(torch._dynamo.config, "caching_precompile", False)  # as a new process has it
+        # as a new process has it (the switch sets it; config.patch below restores it: monkeypatch would
+        # delete a config module's entry on undo, since it is not in the module's __dict__)
+        torch._dynamo.config.caching_precompile = False
         monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / inductor_dir))
         switch = f"--train.compile_precompile={str(precompile).lower()}"
         cfg = apply_overrides(Config(), ["--train.compile=true", switch,
@@ -142,15 +144,16 @@ def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch,
         return cache, loss, counters["stats"]["unique_graphs"], counters["dynamo_cache"]["dynamo_cache_hit"]
 
     try:
-        # without the switch first: an installed package outlives torch._dynamo.reset() in one process
-        for precompile in (False, True):
-            cache, first, traced, hits = start(precompile, f"first-{precompile}")
-            assert (traced, hits) == (1, 0) and "saved" in cache.save()
-            _, again, traced, hits = start(precompile, f"second-{precompile}")  # another machine
-            assert torch.equal(first, again)
-            # with the switch nothing is traced (the package came with the artifacts); without it dynamo
-            # traces again (Inductor's kernels still come from the cache)
-            assert (traced, hits) == ((0, 1) if precompile else (1, 0))
+        with torch._dynamo.config.patch(caching_precompile=False):  # restored after the test
+            # without the switch first: an installed package outlives torch._dynamo.reset() in one process
+            for precompile in (False, True):
+                cache, first, traced, hits = start(precompile, f"first-{precompile}")
+                assert (traced, hits) == (1, 0) and "saved" in cache.save()
+                _, again, traced, hits = start(precompile, f"second-{precompile}")  # another machine
+                assert torch.equal(first, again)
+                # with the switch nothing is traced (the package came with the artifacts); without it dynamo
+                # traces again (Inductor's kernels still come from the cache)
+                assert (traced, hits) == ((0, 1) if precompile else (1, 0))
     finally:
         torch._dynamo.reset()
 

@@ -106,7 +106,7 @@ def test_a_config_missing_keys_takes_the_defaults(tmp_path):
     # A config.toml written before a key existed: the key resolves to what a rerun would use.
     a = write_run(tmp_path / "a", A_VALS)
     b = write_run(tmp_path / "b", B_VALS, config=False)
-    (b / "config.toml").write_text((a / "config.toml").read_text().replace("compile = false\n", ""))
+    (b / "config.toml").write_text((a / "config.toml").read_text().replace("\ncompile = false\n", "\n"))
     assert "\ncompile = " not in (b / "config.toml").read_text()  # (train.compile_scope stays)
     assert compare_runs(load_runs([a, b]))["rows"][1]["overrides"] == []
 
