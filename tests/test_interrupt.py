@@ -12,6 +12,16 @@ import pytest
 from speedgpt.interrupt import holding_ctrl_c
 
 
+@pytest.fixture(autouse=True)
+def pythons_own_ctrl_c_handler():
+    """Each test starts as a `speedgpt` run from a terminal does, with Python's own SIGINT handler. A suite
+    started as a background job of a non-interactive shell (`cmd &` in a script, some CI runners) inherits
+    SIGINT ignored, and there no KeyboardInterrupt is raised: these tests failed so, the code had not changed."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def swallowing_import(log: list[str]):
     """Like torch's C init: a Ctrl-C lands inside, and the code there swallows whatever it raises."""
     def fn():
