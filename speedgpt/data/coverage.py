@@ -5,7 +5,9 @@ the document the row's end cuts (data/greedy.py), so one pass over the shards tr
 ``sum(min(length, max_doc_len))`` tokens: on a corpus of a few long documents a few hundred tokens,
 read again and again while the log counted "epochs" of the whole corpus (issue 36). The document
 lengths come from one vectorised pass over the shards' BOS positions (a memory map), done only when a
-crop run caps documents; the rows are then walked one searchsorted step each.
+crop run caps documents; the rows are then walked one searchsorted step each. The same lengths (or the
+first shards', for other packings) tell what share of the tokens a cap leaves a whole attention window
+(``full_window_share``: the start's warning, train/build.py).
 """
 
 from __future__ import annotations
@@ -43,7 +45,6 @@ class Coverage:
         while j < n and nxt[j] <= n:  # one step a row: ~0.1 s per million rows
             j, rows = nxt[j], rows + 1
         return rows * row_len + int(ends[n] - ends[j])
-
 
     def full_window_share(self, max_doc: int, window: int, *, crop: bool = False) -> float:
         """The share of the tokens rows train on that have `window` earlier tokens of their own document (or

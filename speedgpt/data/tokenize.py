@@ -156,7 +156,6 @@ def tokenize_corpus(
     total_tokens = 0
     n_docs = 0
     seen = SeenHashes() if dedupe else None
-    duplicates = {"documents": 0, "tokens": 0}
     stopped_early = False
     start = time.perf_counter()
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
@@ -170,8 +169,6 @@ def tokenize_corpus(
                     doc = tokens[offsets[j] : offsets[j + 1]]
                     if not new[j]:
                         split.duplicate(s, len(doc))
-                        duplicates["documents"] += 1
-                        duplicates["tokens"] += len(doc)
                         continue
                     # The text's hash, or its source's split key (every piece of one file alike)
                     split.add(s, doc, hashes[j] if keys[j] is None else doc_hash(keys[j]), n_docs)
@@ -188,6 +185,7 @@ def tokenize_corpus(
         raise
     finally:
         bar.close()
+    duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
     problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
     if problem:
         _clear_outputs(out_dir, keep)  # no partial build left behind to be mistaken for data

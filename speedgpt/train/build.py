@@ -71,9 +71,9 @@ FULL_WINDOW_KEEP = 0.75
 
 def document_sample(cfg: Config, plan: RunPlan, train_files: list[Path], crop_coverage=None):
     """The documents' lengths for data_epoch_lines' window check (data/coverage.py): the crop's exact
-    Coverage where there is one, else the first shards' (WINDOW_SAMPLE_TOKENS); None when no stage cuts
-    documents to a cap."""
-    if cfg.data.packing != "greedy" or not any(s.max_doc_len for s in plan.stages):
+    Coverage where there is one, else the first shards' (WINDOW_SAMPLE_TOKENS); None when the last stage
+    (the one checked) does not cut documents to a cap."""
+    if cfg.data.packing != "greedy" or not plan.stages[-1].max_doc_len:
         return None
     if crop_coverage is not None:
         return crop_coverage
@@ -164,6 +164,28 @@ def describe_run(cfg: Config, model: GPT, plan: RunPlan, strategy: str, device: 
     return lines + plan.batch_lines()
 
 
+def _window_warning(cfg: Config, cap: int, window: int, who: str, key: str, documents) -> list[str]:
+    """The warning for a cap that takes most whole attention windows away; without the documents'
+    lengths, for a cap shorter than the window."""
+    if documents is None:
+        if cap >= window:
+            return []
+        return [f"warning: {who} cuts documents into pieces of <= {cap} tokens, shorter than its long attention "
+                f"window of {window}: validation on long documents may rise as windows grow; raise {key} to >= "
+                f"{window} (0: no cap)"]
+    crop = cfg.data.long_docs == "crop"
+    capped, whole = documents.full_window_share(cap, window, crop=crop), documents.full_window_share(0, window)
+    if capped >= FULL_WINDOW_KEEP * whole:
+        return []
+    enough = next((c for c in (2 ** k for k in range(7, 24)) if c > cap and
+                   documents.full_window_share(c, window, crop=crop) >= FULL_WINDOW_KEEP * whole), 0)
+    return [f"warning: {who} cuts documents into pieces of <= {cap} tokens: {capped:.0%} of its training tokens "
+            f"have a whole {window}-token window of their own document behind them, {whole:.0%} uncut; validation "
+            f"on long documents may rise as windows grow (docs/data.md); "
+            + (f"raise {key} to >= {enough} ({FULL_WINDOW_KEEP:.0%} of the uncut share) or 0 (no cap)"
+               if enough else f"set {key} to 0 (no cap)")]
+
+
 def mix_preview(plan: RunPlan, loader) -> list[float]:
     """long_docs=mix: the mean distinct documents per row of a micro-batch of each stage's shape, planned
     from the loader's position without handing it out; [] otherwise."""
@@ -177,8 +199,8 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_ro
     one epoch: from that step on the model sees repeated data (documents reshuffled each later epoch).
     With long_docs=mix, `docs_per_row` of each stage (`mix_preview`). `coverage` (crop with document caps:
     check_data_capacity's): epochs count passes over the tokens the crop keeps, not over the shards, and a
-    loud warning says when the crop cuts more than half. `documents` (document_sample's): a stage whose cap
-    takes most of the whole attention windows away is warned about (without it: a cap shorter than the
+    loud warning says when the crop cuts more than half. `documents` (document_sample's): a last stage whose
+    cap takes most of the whole attention windows away is warned about (without it: a cap shorter than the
     window)."""
     total, passes, repeat_step = 0, 0.0, None
     for stage in plan.stages:
@@ -211,31 +233,14 @@ def data_epoch_lines(cfg: Config, plan: RunPlan, corpus_tokens: int, docs_per_ro
         lines.append(f"data: rows mix pieces of {cfg.data.mix_docs} open documents (long_docs=mix); distinct "
                      f"documents per row in a micro-batch planned at the start with each stage's shape: "
                      + " / ".join(f"{docs:.1f}" for docs in docs_per_row))
-    for stage in plan.stages:  # short pieces: the model hardly trains on a whole window of one document
+    # Short pieces: the model hardly trains on a whole window of one document. Only the last stage, the one
+    # the final model is fitted on, is held to it: record #72 caps its early stages on purpose.
+    stage = plan.stages[-1]
+    if stage.max_doc_len:
         window = max(plan.windows_at(step)[0] for step in range(stage.start, stage.end))
-        if not stage.max_doc_len:
-            continue
         who, key = ((f"stage {stage.index}", f"train.stages[{stage.index}].max_doc_len") if plan.from_table
                     else ("the run", "data.max_doc_len"))
-        if documents is None:
-            if stage.max_doc_len < window:
-                lines.append(f"warning: {who} cuts documents into pieces of <= {stage.max_doc_len} tokens, shorter "
-                             f"than its long attention window of {window}: validation on long documents may rise "
-                             f"as windows grow; raise {key} to >= {window} (0: no cap)")
-            continue
-        if stage is not plan.stages[-1]:  # record #72 caps early stages on purpose; the last one fits the model
-            continue
-        crop = cfg.data.long_docs == "crop"
-        capped, whole = documents.full_window_share(stage.max_doc_len, window, crop=crop), \
-            documents.full_window_share(0, window)
-        if capped < FULL_WINDOW_KEEP * whole:
-            enough = next((cap for cap in (2 ** k for k in range(7, 24)) if cap > stage.max_doc_len and
-                           documents.full_window_share(cap, window, crop=crop) >= FULL_WINDOW_KEEP * whole), 0)
-            lines.append(f"warning: {who} cuts documents into pieces of <= {stage.max_doc_len} tokens: {capped:.0%} of "
-                         f"its training tokens have a whole {window}-token window of their own document behind them, "
-                         f"{whole:.0%} uncut; validation on long documents may rise as windows grow (docs/data.md); "
-                         + (f"raise {key} to >= {enough} ({FULL_WINDOW_KEEP:.0%} of the uncut share) or 0 (no cap)"
-                            if enough else f"set {key} to 0 (no cap)"))
+        lines += _window_warning(cfg, stage.max_doc_len, window, who, key, documents)
     if repeat_step is not None:
         lines.append(f"warning: more than one epoch of data: from about step {repeat_step} on the run trains on "
                      f"repeated documents; use more data (or fewer steps) for a run that sees each token once")
