@@ -38,7 +38,7 @@ fi
 export XDG_CACHE_HOME="$W/xdg" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
     NVSHMEM_DISABLE_NVLS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TR="$PY -m torch.distributed.run --standalone --nproc_per_node=4"
-C="--no-checkpoint --train.steps=300 --train.val_every=25 --data.train_files=$DATA --data.val_tokens=1572864 \
+C="--train.save_final_checkpoint=false --run.report=false --train.steps=300 --train.val_every=25 --data.train_files=$DATA --data.val_tokens=1572864 \
 --data.val_seq_len=262144"
 CC1="--train.compile_cache=$W/cc1"
 PRE="--train.compile_precompile=true"
