@@ -4,6 +4,8 @@ check that a requested set of runs can run at all (tools/fault_suite.py drives t
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -111,6 +113,54 @@ def final_losses(run_dir: Path, step: int) -> dict[str, float]:
                     out[key] = r[key]
     return out
 
+
+def loss_timelines(run_dir: Path) -> tuple[dict[int, float], dict[int, float], int | None]:
+    """The training losses a run logged before its first resume and after it, and the step it resumed at
+    (None: never resumed). read_metrics keeps only the resumed timeline; the worker fault needs both."""
+    path = Path(run_dir) / "metrics.jsonl"
+    before: dict[int, float] = {}
+    after: dict[int, float] = {}
+    resumed = None
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the kill
+        if resumed is None and rec.get("event") == "resume":
+            resumed = rec.get("step")
+        elif "train_loss" in rec:
+            (before if resumed is None else after)[rec["step"]] = rec["train_loss"]
+    return before, after, resumed
+
+
+def replay_and_drift(run_dir: Path, ref_dir: Path) -> str:
+    """One clause on where a faulted run's difference from the uninterrupted run comes from: how far the steps
+    replayed after the resume are from the run's own losses before the fault (the restart's error), and how far
+    the run was from the uninterrupted one before the fault (the same command's run-to-run difference: GPU kernels
+    need not be deterministic). Equal losses print as bit-equal."""
+    before, after, resumed = loss_timelines(run_dir)
+    ref = loss_timelines(ref_dir)[0]
+    if resumed is None:
+        return "no resume logged"
+
+    def worst(a: dict[int, float], b: dict[int, float], steps) -> tuple[float, int | None]:
+        diffs = [(abs(a[s] - b[s]), s) for s in steps if s in a and s in b]
+        first = next((s for d, s in diffs if d > 0), None)
+        return max((d for d, _ in diffs), default=0.0), first
+
+    replayed = sorted(s for s in after if s in before)
+    if replayed:
+        d, _ = worst(after, before, replayed)
+        replay = (f"steps {replayed[0]}-{replayed[-1]} replayed after the resume "
+                  + ("bit-equal to" if d == 0 else f"within {d:.2g} of") + " the run's own losses before the fault")
+    else:
+        replay = "no step replayed (killed at a checkpoint)"
+    d, first = worst(before, ref, sorted(before))
+    drift = ("before the fault its losses were bit-equal to the uninterrupted run's" if d == 0 else
+             f"before the fault its losses already differed from the uninterrupted run's by up to {d:.2g} "
+             f"(from step {first} on: the same command's run-to-run difference)")
+    return f"{replay}; {drift}"
 
 
 def flatten_state(obj, prefix=""):

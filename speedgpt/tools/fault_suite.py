@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from .fault_runs import (CHECKPOINT_EVERY, FAULTS, STEPS, ReferenceRunFailed, Runs, Tally, flatten_state, check_runs,
-                         final_losses, make_data)
+                         final_losses, make_data, replay_and_drift)
 from .processes import last_line, run_env, speedgpt_command
 
 
@@ -293,7 +293,8 @@ class Suite:
             tally.bit_equal += ok
             tally.notes.append(f"worker fault on {self.runs.describe()}: rank 1 exited at step {step + 1}; group "
                                f"restarted, resumed at step {m.group(1) if m else '?'}, rc {rc}; "
-                               + compare_runs(got, want, final_losses(d, self.runs.steps), ref_losses))
+                               + compare_runs(got, want, final_losses(d, self.runs.steps), ref_losses)
+                               + "; " + replay_and_drift(d, self._ref_dirs[ref]))
         return tally
 
 
