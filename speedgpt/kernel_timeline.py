@@ -8,7 +8,8 @@ that reads profiler events.
 Which kernel belongs to the backward: the profiler links each GPU kernel to the CPU op that
 launched it (`linked_correlation_id`), and the autograd engine runs every backward node inside a
 CPU range named "autograd::engine::evaluate_function: ...", so a kernel is the backward's when
-that range encloses its launching op. Which step a kernel belongs to: bench wraps each profiled
+that range encloses its launching op. Inductor's Triton kernels link to no op: for them the GPU span
+the profiler gives each compiled graph's call says it (`graph_spans`). Which step a kernel belongs to: bench wraps each profiled
 step in a CPU range named STEP_RANGE and waits for the GPU before closing it, so a step's
 kernels start inside its range (the profiler puts CPU and GPU events on one clock).
 """
@@ -21,6 +22,7 @@ Span = tuple[float, float]  # (start, end), in microseconds as the profiler give
 
 STEP_RANGE = "speedgpt.bench.step"
 BACKWARD_RANGE = "autograd::engine::evaluate_function"
+GRAPH_CALL = "## Call CompiledFxGraph"  # Inductor's range around each call of a compiled graph
 
 # GPU kernels by what they do, matched on kernel names (first match wins); the rest is "other".
 KERNEL_CATEGORIES = (
@@ -160,9 +162,29 @@ def _is_backward(op) -> bool:
     return False
 
 
+def graph_spans(prof, cpu) -> tuple[list[Span], list[Span]]:
+    """The GPU spans of the compiled graphs that ran inside the backward, and of the others. Inductor's
+    kernels link to no CPU op, but the profiler gives each graph call (GRAPH_CALL, named by the graph's
+    cache key) a GPU span too, and the call's CPU range says whether the autograd engine ran it: a name
+    called only there is a backward graph."""
+    import torch
+
+    inside, outside = set(), set()
+    for e in cpu:
+        if e.name.startswith(GRAPH_CALL):
+            (inside if _is_backward(e) else outside).add(e.name)
+    backward, other = [], []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "is_user_annotation", False) \
+                and e.name.startswith(GRAPH_CALL):
+            (backward if e.name in inside - outside else other).append((e.time_range.start, e.time_range.end))
+    return merged(backward), merged(other)
+
+
 def profiled_steps(prof) -> tuple[list[list[Kernel]], int, int]:
     """(the kernels of each STEP_RANGE range in `prof`, how many started outside every range, how
-    many could not be linked to the CPU op that launched it: never counted as the backward's)."""
+    many could be placed neither by the CPU op that launched it nor by a compiled graph's span: never
+    counted as the backward's)."""
     import torch
 
     cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
@@ -170,11 +192,17 @@ def profiled_steps(prof) -> tuple[list[list[Kernel]], int, int]:
     # Frontend ops (linked to nothing themselves) carry the correlation id their kernels link to.
     # Id 0 is no correlation (and a torch without linked_correlation_id links nothing).
     launchers = {e.id: e for e in cpu if e.id and not getattr(e, "linked_correlation_id", 0) and not e.is_async}
+    backward_graphs, other_graphs = graph_spans(prof, cpu)
     kernels, unlinked = [], 0
     for evt in device_kernels(prof):
         op = launchers.get(getattr(evt, "linked_correlation_id", 0) or -1)
-        unlinked += op is None
-        kernels.append(Kernel(evt.name, evt.time_range.start, evt.time_range.end, _is_backward(op)))
+        start, end = evt.time_range.start, evt.time_range.end
+        if op is not None:
+            backward = _is_backward(op)
+        else:  # a compiled graph's kernel (Triton launches link to no op): its graph's span says
+            backward = any(lo <= start < hi for lo, hi in backward_graphs)
+            unlinked += not backward and not any(lo <= start < hi for lo, hi in other_graphs)
+        kernels.append(Kernel(evt.name, start, end, backward))
     steps, outside = split_by_step(kernels, windows)
     return steps, outside, unlinked
 
