@@ -168,3 +168,19 @@ def test_the_printout_says_where_the_reduction_starts():
     assert "step 1" in text and "+2.50 (starts inside the backward)" in text and "(75%)" in text
     assert "-1.00 (starts after the backward)" in text and "mean" in text and "+0.75" in text
     assert "2 kernel(s) started outside" in text and "not linked" not in text
+
+
+def test_kernel_categories_count_idle_time_against_the_time_some_kernel_runs(capsys):
+    """NCCL beside compute: the categories' sum (200 ms) over-counts the busy time (150 ms); idle is the step
+    minus the busy time (wave 6 printed -28.8 ms of idle from the sum)."""
+    from speedgpt.bench import print_kernel_categories
+
+    CUDA = torch.autograd.DeviceType.CUDA
+    kernels = [FakeEvent("nvjet_sm90_tst_gemm", CUDA, Range(0, 100_000)), FakeEvent(NCCL, CUDA, Range(50_000, 150_000))]
+    for k in kernels:
+        k.device_time_total = k.time_range.end - k.time_range.start
+    print_kernel_categories(FakeProfile(kernels), steps=1, step_ms=180.0)
+    out = capsys.readouterr().out
+    assert "total                            200.0" in out
+    assert "some kernel running              150.0  (kernels at once: 50.0)" in out
+    assert "(GPU idle ~30.0)" in out
