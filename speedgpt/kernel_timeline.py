@@ -8,10 +8,11 @@ that reads profiler events.
 Which kernel belongs to the backward: the profiler links each GPU kernel to the CPU op that
 launched it (`linked_correlation_id`), and the autograd engine runs every backward node inside a
 CPU range named "autograd::engine::evaluate_function: ...", so a kernel is the backward's when
-that range encloses its launching op. Inductor's Triton kernels link to no op: for them the GPU span
-the profiler gives each compiled graph's call says it (`graph_spans`). Which step a kernel belongs to: bench wraps each profiled
-step in a CPU range named STEP_RANGE and waits for the GPU before closing it, so a step's
-kernels start inside its range (the profiler puts CPU and GPU events on one clock).
+that range encloses its launching op. Inductor's Triton kernels link to no op: for them the GPU
+span the profiler gives each compiled graph's call says it (`graph_spans`). Which step a kernel
+belongs to: bench wraps each profiled step in a CPU range named STEP_RANGE and waits for the GPU
+before closing it, so a step's kernels start inside its range (the profiler puts CPU and GPU events
+on one clock).
 """
 
 from __future__ import annotations
