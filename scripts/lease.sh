@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One GPU lease as one background job of phases (docs/experiments.md, "GPU work still owed"): a plan file names the
+# phases, each runs under a timeout, and its exit status and seconds go to OUT_DIR/status, so a lease is polled by
+# file (never by `pgrep -f` / `pkill -f` with a pattern the polling command itself contains) and can be cut at any
+# phase boundary. A phase already in OUT_DIR/status is skipped: a second start goes on where the first stopped.
+# Usage, from the repository root on the GPU machine:
+#   setsid scripts/lease.sh OUT_DIR PLAN > OUT_DIR.log 2>&1 < /dev/null &   # PLAN: e.g. scripts/plans/wave7.sh
+#   scripts/lease.sh OUT_DIR status [N]     # the phases so far and each phase log's last N lines
+#   scripts/lease.sh OUT_DIR collect TAR    # logs, metrics and summaries (no checkpoints or caches) in one tarball
+# A plan is a bash file sourced here: it calls `phase NAME TIMEOUT_S COMMAND...` in order and may use $W (OUT_DIR),
+# $PY, $DATA (the local corpus, built by the plan's first phase), $TR (torchrun on every GPU) and $C (the 300-step
+# training arguments of the A/B rows).
+set -u
+W=$(realpath -m "${1:?usage: scripts/lease.sh OUT_DIR PLAN|status|collect}")
+MODE=${2:?usage: scripts/lease.sh OUT_DIR PLAN|status|collect}
+mkdir -p "$W/logs" "$W/runs"
+if [ "$MODE" = status ]; then
+    cat "$W/progress" 2>/dev/null
+    for f in "$W"/logs/*.log; do [ -e "$f" ] && { echo "== $f"; tail -n "${3:-6}" "$f" | cut -c1-400; }; done
+    exit 0
+fi
+if [ "$MODE" = collect ]; then
+    tar -czf "${3:?collect needs a TAR path}" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' \
+        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' "$(basename "$W")"
+    exit $?
+fi
+[ -f "$MODE" ] || { echo "lease.sh: no plan file '$MODE' (see scripts/plans/)"; exit 2; }
+PY=${PY:-python3}
+DATA=${DATA:-/tmp/pyc}
+export XDG_CACHE_HOME="$W/xdg" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
+    NVSHMEM_DISABLE_NVLS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+TR="$PY -m torch.distributed.run --standalone --nproc_per_node=$(nvidia-smi -L 2>/dev/null | wc -l)"
+# `train` takes --train.save_final_checkpoint=false; --no-checkpoint is ab's own flag
+C="--train.steps=300 --train.val_every=25 --data.train_files=$DATA --data.val_tokens=1572864 --data.val_seq_len=262144"
+
+phase() {  # name, timeout seconds, command...: runs unless done, notes "name rc seconds" in status
+    local name=$1 limit=$2; shift 2
+    grep -q "^$name " "$W/status" 2>/dev/null && return 0
+    local t0=$SECONDS
+    echo "$(date +%T) start $name" >> "$W/progress"
+    timeout --kill-after=20 "$limit" "$@" > "$W/logs/$name.log" 2>&1
+    local rc=$?
+    # a phase cut by its timeout can leave workers holding GPUs: the next phase must find them free
+    [ $rc -ge 124 ] && { pkill -9 -f -- "-m speedgpt (train|bench)"; sleep 5; }
+    echo "$name $rc $((SECONDS - t0))" >> "$W/status"
+    echo "$(date +%T) end $name rc $rc $((SECONDS - t0)) s" >> "$W/progress"
+    return $rc
+}
+
+artifacts_only() {  # copy the artifact files of cache folder $1 into a new cache folder $2 (a fresh machine)
+    local f d
+    for f in "$1"/*/artifacts-*; do
+        [ -e "$f" ] || continue
+        d="$2/$(basename "$(dirname "$f")")"
+        mkdir -p "$d" && cp "$f" "$d/"
+    done
+}
+
+# shellcheck disable=SC1090
+source "$MODE"
+echo "$(date +%T) all phases done" >> "$W/progress"
