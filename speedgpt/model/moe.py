@@ -20,6 +20,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,6 +77,29 @@ def experts_loop(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Ten
     return torch.cat(outs)
 
 
+class _Recompute:
+    """Whether activation checkpointing is recomputing a block in the backward (see `recompute_marked`)."""
+    active = False
+
+
+@contextlib.contextmanager
+def _recomputing():
+    previous, _Recompute.active = _Recompute.active, True
+    try:
+        yield
+    finally:
+        _Recompute.active = previous
+
+
+def recompute_marked():
+    """torch.utils.checkpoint's context_fn for a block run in Python (eager, or each compiled block of
+    compile_scope=block): the recompute in the backward runs marked, so MoE layers count their tokens
+    once. A Python flag, not a look at autograd's graph task: dynamo reads and guards it without a graph
+    break (torch._C._current_graph_task_id() was one, issue 34), and a compiled block recomputed in the
+    backward is then a variant of its own."""
+    return contextlib.nullcontext(), _recomputing()
+
+
 class MoE(nn.Module):
     def __init__(self, dim: int, dense_hidden: int, experts: int, top_k: int, shared: int, *,
                  grouped: bool = False):
@@ -126,8 +151,8 @@ class MoE(nn.Module):
         counts = torch.zeros(self.experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
         # Count training forwards once: not again when activation checkpointing recomputes the block
-        # inside the backward (a graph task is then running).
-        if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+        # inside the backward (`recompute_marked`).
+        if self.training and torch.is_grad_enabled() and not _Recompute.active:
             self.load += counts
             self.logit_max.copy_(torch.maximum(self.logit_max, logits.detach().abs().amax()))
         x_sorted = x_ND[token]
