@@ -73,7 +73,7 @@ def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
     w2 = torch.randn(E, D, H, generator=g, requires_grad=True)
     up = torch.randn(int(counts.sum()), D, generator=g)
     outs = []
-    for fn in (lambda: experts_grouped(x, w1, w2, counts), lambda: experts_loop(x, w1, w2, counts.tolist())):
+    for fn in (lambda: experts_grouped(x, w1, w2, counts), lambda: experts_loop(x, w1, w2, counts)):
         y = fn()
         grads = torch.autograd.grad((y * up).sum(), (x, w1, w2))
         outs.append((y.detach(), *grads))
@@ -318,3 +318,28 @@ def test_compiled_activation_checkpointing_counts_tokens_once(scope):
         finally:
             torch._dynamo.reset()
     assert [b.mlp.load.sum().item() for b in model.blocks[1:]] == [16 * 2] * 2
+
+
+def test_the_compiled_expert_loop_does_not_recompile_for_other_routings():
+    """The loop path (CPU) reads its per-expert counts on the host: traced, each count was a guard on its value
+    and the next batch's routing recompiled. Left out of the graph, a new routing reuses the graphs."""
+    from torch._dynamo.utils import counters
+
+    moe = MoE(16, 64, experts=4, top_k=2, shared=1)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(moe, backend="eager", dynamic=False)
+    xs = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        graphs, loads = [], []
+        for x in xs:
+            compiled(x)
+            graphs.append(counters["stats"]["unique_graphs"])
+            loads.append(moe.load.clone())
+    finally:
+        torch._dynamo.reset()
+    assert not torch.equal(loads[0], loads[1] - loads[0])  # (the two batches were routed differently)
+    assert graphs[0] == graphs[1]

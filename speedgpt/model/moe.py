@@ -15,7 +15,8 @@
 - Health: `moe_health` reports loads, the largest router logit, the bias spread and weight norms on
   logging steps, from device-side counters.
 - Dispatch: tokens sorted by expert, then one `torch._grouped_mm` per projection over all experts
-  (CUDA, bf16: one kernel each), or a loop over experts (`grouped=False`; CPU).
+  (CUDA, bf16: one kernel each; it compiles in bf16 only), or a loop over experts (`grouped=False`; CPU),
+  which torch.compile leaves out of its graph (the expert loop reads the counts on the host).
 """
 
 from __future__ import annotations
@@ -65,11 +66,15 @@ def experts_grouped(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.
     return torch._grouped_mm(h, w2_EDH.type_as(h).transpose(-2, -1), offs=offs)
 
 
+@torch.compiler.disable
 def experts_loop(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
-                 counts: list[int]) -> torch.Tensor:
-    """The same as `experts_grouped`, one expert at a time (any device; reads the counts on the host)."""
+                 counts_E: torch.Tensor) -> torch.Tensor:
+    """The same as `experts_grouped`, one expert at a time (any device; reads the counts on the host).
+    Never compiled: traced, each count read here becomes a guard on its value, so dynamo recompiled the
+    code after it at nearly every step and, past its recompile limit (8), ran it eagerly anyway (issue 34).
+    Left out, it is one graph break per MoE layer and no recompile."""
     outs, start = [], 0
-    for e, n in enumerate(counts):
+    for e, n in enumerate(counts_E.tolist()):
         seg = x_sorted[start:start + n]
         h = F.relu(F.linear(seg, w1_EHD[e].type_as(seg))).square()
         outs.append(F.linear(h, w2_EDH[e].type_as(h)))
@@ -159,7 +164,7 @@ class MoE(nn.Module):
         if self.grouped:
             out = experts_grouped(x_sorted, self.w1, self.w2, counts)
         else:
-            out = experts_loop(x_sorted, self.w1, self.w2, counts.tolist())
+            out = experts_loop(x_sorted, self.w1, self.w2, counts)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
         y = torch.zeros_like(x_ND).index_add_(0, token, out.to(x_ND.dtype))
         if self.shared is not None:
