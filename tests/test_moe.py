@@ -64,6 +64,17 @@ def test_a_negative_bias_rate_is_refused_in_one_line():
         validate(cfg)
 
 
+def test_checkpointed_experts_in_a_whole_model_compile_are_refused_in_one_line():
+    from speedgpt.config import ConfigError, load_preset
+    from speedgpt.plan import validate
+
+    cfg = apply_overrides(load_preset("moe-d12"), ["--parallel.activation_checkpointing=true"])
+    with pytest.raises(ConfigError, match="moe_experts=8.*set --train.compile_scope=block"):
+        validate(cfg)
+    for fix in ("--train.compile_scope=block", "--parallel.strategy=fsdp", "--train.compile=false"):
+        validate(apply_overrides(cfg, [fix]))
+
+
 def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
     g = torch.Generator().manual_seed(0)
     E, H, D = 4, 16, 8
