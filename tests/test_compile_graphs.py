@@ -16,7 +16,10 @@ from speedgpt.config import apply_overrides, load_preset
 from speedgpt.train.compile_watch import CompileWatch, recompile_reason
 from speedgpt.train.loop import Trainer
 
-# (span, graphs, recompile reasons) per preset, at this commit. speedrun-latest: stage 1 reuses stage 0's
+# (span, graphs, recompile reasons) per preset, at this commit. moe-d12 (on its CUDA path, `cuda_moe_path`): one
+# training graph, its MoE layers in it (issue 34: a graph break per MoE layer had each block recompiled per
+# variant and grad mode past dynamo's limit); its rows > 1 build the masks eagerly (a graph break by design,
+# model.context), so validation recompiles three frames. speedrun-latest: stage 1 reuses stage 0's
 # graph (its 2 MTP weights padded to 3: step_schedule.py), stage 2 has rows of another shape (1 x 48K,
 # stages 0-1 2 x 16K) and unties the embedding (a Python flag the graph guards on); validation runs without
 # grad (a global-state guard).
@@ -27,6 +30,7 @@ PINNED = {
                                         "self.embed_tied == True"]),
                         ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])],
     "speedrun-124m": [("training", 1, []), ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])],
+    "moe-d12": [("training", 1, []), ("validation", 1, ["GLOBAL_STATE changed: grad_mode"] * 3)],
 }
 
 
@@ -45,17 +49,31 @@ def scaled_preset(name: str, shards) -> object:
     ov += ["--model.value_embed_layers=[0, 3]"] if m.value_embed_layers else []
     ov += ["--model.paired_head_layers=[1]"] if m.paired_head_layers else []
     ov += ["--model.backout_layer=2"] if m.backout_layer >= 0 else []
+    ov += ["--train.micro_batch_size=2"] if cfg.train.micro_batch_size > 2 else []  # the scaled step has 2 rows
     cfg = apply_overrides(cfg, ov)
     for s in cfg.train.stages:
         s.batch_tokens, s.seq_len, s.max_doc_len = s.batch_tokens // 2048, s.seq_len // 1024, s.max_doc_len // 64
     return cfg
 
 
+def cuda_moe_path(cfg, monkeypatch):
+    """An MoE preset's experts as on the GPU: dispatched by torch._grouped_mm (runtime.moe_grouped, CUDA's
+    choice) in bf16 (the only dtype it compiles in); 1 warmup step, not the preset's 10 (15 s on the CPU)."""
+    from speedgpt.model import runtime
+
+    for_device = runtime.runtime_for
+    monkeypatch.setattr(runtime, "runtime_for", lambda *a, **kw: for_device(*a, **kw).replace(moe_grouped=True))
+    return apply_overrides(cfg, ["--train.dtype=bfloat16", "--train.warmup_steps=1"])
+
+
 @pytest.mark.parametrize("preset", sorted(PINNED))
-def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_thread):
+def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_thread, monkeypatch):
     torch._dynamo.reset()
     try:
-        tr = Trainer(scaled_preset(preset, text_shards), run_dir=tmp_path / "run", quiet=True)
+        cfg = scaled_preset(preset, text_shards)
+        if cfg.model.moe_experts:
+            cfg = cuda_moe_path(cfg, monkeypatch)
+        tr = Trainer(cfg, run_dir=tmp_path / "run", quiet=True)
         tr.setup()
         tr.warmup_then_reset()
         tr.compile_watch.close()

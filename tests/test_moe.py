@@ -64,6 +64,17 @@ def test_a_negative_bias_rate_is_refused_in_one_line():
         validate(cfg)
 
 
+def test_checkpointed_experts_in_a_whole_model_compile_are_refused_in_one_line():
+    from speedgpt.config import ConfigError, load_preset
+    from speedgpt.plan import validate
+
+    cfg = apply_overrides(load_preset("moe-d12"), ["--parallel.activation_checkpointing=true"])
+    with pytest.raises(ConfigError, match="moe_experts=8.*set --train.compile_scope=block"):
+        validate(cfg)
+    for fix in ("--train.compile_scope=block", "--parallel.strategy=fsdp", "--train.compile=false"):
+        validate(apply_overrides(cfg, [fix]))
+
+
 def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
     g = torch.Generator().manual_seed(0)
     E, H, D = 4, 16, 8
@@ -73,7 +84,7 @@ def test_grouped_matmul_equals_per_expert_loop_forward_and_backward():
     w2 = torch.randn(E, D, H, generator=g, requires_grad=True)
     up = torch.randn(int(counts.sum()), D, generator=g)
     outs = []
-    for fn in (lambda: experts_grouped(x, w1, w2, counts), lambda: experts_loop(x, w1, w2, counts.tolist())):
+    for fn in (lambda: experts_grouped(x, w1, w2, counts), lambda: experts_loop(x, w1, w2, counts)):
         y = fn()
         grads = torch.autograd.grad((y * up).sum(), (x, w1, w2))
         outs.append((y.detach(), *grads))
@@ -262,3 +273,84 @@ def test_training_logs_moe_health_and_report_plots_it(tmp_path, capsys):
     assert "blocks.1.mlp.expert_bias" in res.model.state_dict()  # checkpointed with the weights
     paths = write_report([tmp_path / "run"], tmp_path / "run")
     assert paths["png"].stat().st_size > 0
+
+
+def grouped_runtime(cfg):
+    """The CUDA path's MoE on the CPU: torch._grouped_mm dispatch, in bf16 (its compiled form takes no other)."""
+    from speedgpt.model.runtime import runtime_for
+
+    return runtime_for(cfg, "cpu", dtype=torch.bfloat16).replace(moe_grouped=True)
+
+
+def compiled_training_forward(model, x, **compile_kwargs):
+    """One training forward and backward of `model` under dynamo's eager backend: (graphs, graph breaks)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()  # reset() keeps them
+    try:
+        torch.compile(model, backend="eager", dynamic=False, **compile_kwargs)(x, x).backward()
+        return counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+    finally:
+        torch._dynamo.reset()
+
+
+def test_the_grouped_moe_model_compiles_to_one_graph_and_counts_its_tokens():
+    """Issue 34: MoE.forward asked autograd for its graph task (a graph break), so each block became a frame of
+    its own, recompiled per block variant and grad mode; moe-d12 passed dynamo's recompile limit (8) and ran
+    flex eagerly on the GPU. The whole training forward is one graph now, its buffer updates in it."""
+    cfg = moe_cfg(model_dim=32, vocab_size=64, attn_backend="sdpa")
+    x = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    eager, compiled = (build_model(cfg, 16, grouped_runtime(cfg)) for _ in range(2))
+    eager(x, x).backward()
+    graphs, breaks = compiled_training_forward(compiled, x)
+    assert (graphs, breaks) == (1, {})
+    for a, b in zip(eager.blocks[1:], compiled.blocks[1:]):
+        assert a.mlp.load.sum() == 16 * 2 and torch.equal(a.mlp.load, b.mlp.load)  # tokens x top_k, once
+        assert b.mlp.logit_max > 0 and torch.equal(a.mlp.logit_max, b.mlp.logit_max)
+
+
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_compiled_activation_checkpointing_counts_tokens_once(scope):
+    """The recompute in the backward does not count again, compiled as a whole or block by block (a compiled
+    block recomputed by Python sees the mark of `recompute_marked`)."""
+    from speedgpt.train.compile import compile_blocks
+
+    cfg = moe_cfg(model_dim=32, vocab_size=64, attn_backend="sdpa")
+    model = build_model(cfg, 16, grouped_runtime(cfg).replace(activation_checkpointing=True))
+    x = torch.randint(0, 64, (1, 16), generator=torch.Generator().manual_seed(0))
+    if scope == "model":
+        compiled_training_forward(model, x)
+    else:
+        torch._dynamo.reset()
+        try:
+            compile_blocks(model, backend="eager")
+            model(x, x).backward()
+        finally:
+            torch._dynamo.reset()
+    assert [b.mlp.load.sum().item() for b in model.blocks[1:]] == [16 * 2] * 2
+
+
+def test_the_compiled_expert_loop_does_not_recompile_for_other_routings():
+    """The loop path (CPU) reads its per-expert counts on the host: traced, each count was a guard on its value
+    and the next batch's routing recompiled. Left out of the graph, a new routing reuses the graphs."""
+    from torch._dynamo.utils import counters
+
+    moe = MoE(16, 64, experts=4, top_k=2, shared=1)
+    with torch.no_grad():
+        for p in moe.parameters():
+            p.normal_(generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(moe, backend="eager", dynamic=False)
+    xs = torch.randn(2, 8, 16, generator=torch.Generator().manual_seed(0))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        graphs, loads = [], []
+        for x in xs:
+            compiled(x)
+            graphs.append(counters["stats"]["unique_graphs"])
+            loads.append(moe.load.clone())
+    finally:
+        torch._dynamo.reset()
+    assert not torch.equal(loads[0], loads[1] - loads[0])  # (the two batches were routed differently)
+    assert graphs[0] == graphs[1]

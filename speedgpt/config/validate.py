@@ -38,6 +38,7 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
     _check_schedule(cfg.schedule)
     _check_optim(cfg.optim)
     _check_parallel(cfg.parallel, cfg.train)
+    _check_checkpointed_experts(cfg)
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
@@ -54,6 +55,18 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
     if par.memory_limit_gib < 0:
         raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+
+
+def _check_checkpointed_experts(cfg: Config) -> None:
+    """Dynamo refuses an MoE block inside its checkpoint operator (its load counters are buffer updates: "HOP:
+    Unsafe side effect"), so in a whole-model compile the checkpointed MoE blocks ran eagerly: flex attention
+    then stops on the GPU (model/attention.py). Compiled block by block, they compile (issue 34)."""
+    t = cfg.train
+    if (t.compile and t.compile_scope == "model" and cfg.parallel.strategy != "fsdp"
+            and cfg.parallel.activation_checkpointing and cfg.model.moe_experts):
+        raise ConfigError(f"parallel.activation_checkpointing=true with MoE layers (model.moe_experts="
+                          f"{cfg.model.moe_experts}) does not compile with train.compile_scope=model (the checkpointed "
+                          "MoE blocks would run eagerly); set --train.compile_scope=block")
 
 
 def _check_data_and_batch(cfg: Config, world_size: int) -> None:

@@ -22,10 +22,22 @@ from .gates import (SkipGates, gate_value_embed, mimetic_fills, rescale_as_affin
                     rescale_logits)
 from .kernels.softcap_ce import softcap_cross_entropy
 from .mlp import MLP
-from .moe import MoE
+from .moe import MoE, recompute_marked
 from .mtp import multi_token_loss, target_rows
 from .rotary import Rotary
 from .runtime import ModelRuntime
+
+
+def checkpoint_block(block: nn.Module, args: tuple) -> torch.Tensor:
+    """block(*args), keeping only its inputs for the backward, which recomputes the rest. Run by Python
+    (eager, compile_scope=block), the recompute is marked so that MoE layers count their tokens once
+    (`recompute_marked`). In a whole-model graph a block goes into dynamo's checkpoint operator, which
+    AOTAutograd recomputes from the graph and which takes no context_fn but selective checkpointing's;
+    except an MoE block in training: dynamo keeps its buffer updates out of that operator ("HOP: Unsafe
+    side effect") and Python runs the checkpoint, marked as above."""
+    if torch.compiler.is_compiling() and not (isinstance(block.mlp, MoE) and block.training):
+        return checkpoint(block, *args, use_reentrant=False)
+    return checkpoint(block, *args, use_reentrant=False, context_fn=recompute_marked)
 
 
 class Block(nn.Module):
@@ -295,7 +307,7 @@ class GPT(nn.Module):
             args = (x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i], ctx, kv_cache,
                     extra)
             if rt.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None:
-                x = checkpoint(block, *args, use_reentrant=False)  # keep only the block's inputs
+                x = checkpoint_block(block, args)
             else:
                 x = block(*args)
             if i < n:

@@ -15,10 +15,13 @@
 - Health: `moe_health` reports loads, the largest router logit, the bias spread and weight norms on
   logging steps, from device-side counters.
 - Dispatch: tokens sorted by expert, then one `torch._grouped_mm` per projection over all experts
-  (CUDA, bf16: one kernel each), or a loop over experts (`grouped=False`; CPU).
+  (CUDA, bf16: one kernel each; it compiles in bf16 only), or a loop over experts (`grouped=False`; CPU),
+  which torch.compile leaves out of its graph (the expert loop reads the counts on the host).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -63,16 +66,43 @@ def experts_grouped(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.
     return torch._grouped_mm(h, w2_EDH.type_as(h).transpose(-2, -1), offs=offs)
 
 
+@torch.compiler.disable
 def experts_loop(x_sorted: torch.Tensor, w1_EHD: torch.Tensor, w2_EDH: torch.Tensor,
-                 counts: list[int]) -> torch.Tensor:
-    """The same as `experts_grouped`, one expert at a time (any device; reads the counts on the host)."""
+                 counts_E: torch.Tensor) -> torch.Tensor:
+    """The same as `experts_grouped`, one expert at a time (any device; reads the counts on the host).
+    Never compiled: traced, each count read here becomes a guard on its value, so dynamo recompiled the
+    code after it at nearly every step and, past its recompile limit (8), ran it eagerly anyway (issue 34).
+    Left out, it is one graph break per MoE layer and no recompile."""
     outs, start = [], 0
-    for e, n in enumerate(counts):
+    for e, n in enumerate(counts_E.tolist()):
         seg = x_sorted[start:start + n]
         h = F.relu(F.linear(seg, w1_EHD[e].type_as(seg))).square()
         outs.append(F.linear(h, w2_EDH[e].type_as(h)))
         start += n
     return torch.cat(outs)
+
+
+class _Recompute:
+    """Whether activation checkpointing is recomputing a block in the backward (see `recompute_marked`)."""
+    active = False
+
+
+@contextlib.contextmanager
+def _recomputing():
+    previous, _Recompute.active = _Recompute.active, True
+    try:
+        yield
+    finally:
+        _Recompute.active = previous
+
+
+def recompute_marked():
+    """torch.utils.checkpoint's context_fn for a block run in Python (eager, or each compiled block of
+    compile_scope=block): the recompute in the backward runs marked, so MoE layers count their tokens
+    once. A Python flag, not a look at autograd's graph task: dynamo reads and guards it without a graph
+    break (torch._C._current_graph_task_id() was one, issue 34), and a compiled block recomputed in the
+    backward is then a variant of its own."""
+    return contextlib.nullcontext(), _recomputing()
 
 
 class MoE(nn.Module):
@@ -126,15 +156,15 @@ class MoE(nn.Module):
         counts = torch.zeros(self.experts, dtype=torch.int64, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
         # Count training forwards once: not again when activation checkpointing recomputes the block
-        # inside the backward (a graph task is then running).
-        if self.training and torch.is_grad_enabled() and torch._C._current_graph_task_id() == -1:
+        # inside the backward (`recompute_marked`).
+        if self.training and torch.is_grad_enabled() and not _Recompute.active:
             self.load += counts
             self.logit_max.copy_(torch.maximum(self.logit_max, logits.detach().abs().amax()))
         x_sorted = x_ND[token]
         if self.grouped:
             out = experts_grouped(x_sorted, self.w1, self.w2, counts)
         else:
-            out = experts_loop(x_sorted, self.w1, self.w2, counts.tolist())
+            out = experts_loop(x_sorted, self.w1, self.w2, counts)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)
         y = torch.zeros_like(x_ND).index_add_(0, token, out.to(x_ND.dtype))
         if self.shared is not None:
