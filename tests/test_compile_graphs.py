@@ -2,7 +2,8 @@
 stage table scaled down, compiled by dynamo with the eager backend (it captures and guards the same graphs as
 Inductor, without generating code), through the trainer's real compile warmup. A change that adds a graph or
 a recompile fails here, with the recompile's reason in the message; a change that removes one updates the pin.
-Attention runs on SDPA here (flex has no CPU backward), so flex's own guards are the GPU bench's to count."""
+Attention runs on SDPA here (flex has no CPU backward); flex's own path on the GPU is checked below with its
+CUDA branch run on CPU (flex_as_on_a_gpu)."""
 
 from __future__ import annotations
 
@@ -184,6 +185,51 @@ def test_flex_attention_stops_rather_than_running_eagerly():
             flex_attention_compiled_only(q, q, q, None, 0.25)
     finally:
         torch._dynamo.reset()
+
+
+@pytest.fixture
+def flex_as_on_a_gpu(monkeypatch):
+    """model/attention.py's CUDA path of flex, on CPU: eager callers through the lazily compiled wrapper, and
+    flex's refusal of a CPU backward lifted (a Python check before the op; the op's own backward is plain
+    math on any device, which the eager backend runs). Yields the attention module."""
+    import torch.nn.attention.flex_attention as flex_module
+
+    from speedgpt.model import attention
+
+    monkeypatch.setattr(attention, "FUSED_FLEX_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(attention, "_compiled_flex", None)
+    monkeypatch.setattr(flex_module, "_validate_device", lambda *args: None)
+    torch._dynamo.reset()
+    try:
+        yield attention
+    finally:
+        torch._dynamo.reset()
+
+
+def test_flex_in_a_compiled_model_is_traced_once(flex_as_on_a_gpu, monkeypatch, one_thread):
+    """Issue 33: every GPU start logged a second training graph, `_compiled_flex is None`: the compiled model
+    reached flex's lazily compiled wrapper, so dynamo guarded on that global, and the first call set it.
+    Inside a compiled region flex is now called directly; eager callers keep the wrapper (the fused kernel)."""
+    attention = flex_as_on_a_gpu
+    watch = CompileWatch()
+    try:
+        q = torch.randn(1, 2, 128, 16, requires_grad=True)
+
+        def step(q):
+            return attention.flex_attention_fused(q, q, q, None, 0.25).square().mean()
+
+        compiled = torch.compile(step, backend="eager", dynamic=False)
+        with watch.span("training"):
+            for _ in range(2):
+                compiled(q).backward()
+        (training,) = watch.spans
+        assert (training.graphs, training.recompiles) == (1, []), "\n".join(watch.lines())
+        assert attention._compiled_flex is None  # the compiled step never made the wrapper
+    finally:
+        watch.close()
+    wrapper_out = torch.zeros(1)
+    monkeypatch.setattr(attention, "_compiled_flex", lambda *args, **kwargs: wrapper_out)
+    assert attention.flex_attention_fused(q, q, q, None, 0.25) is wrapper_out  # an eager caller
 
 
 def test_watch_counts_graphs_and_says_why_it_recompiled():

@@ -168,16 +168,23 @@ def build_context_eagerly(inputs_BT: torch.Tensor, **kwargs) -> AttnContext:
 
 
 _compiled_flex = None
+# Devices whose eager flex calls run the fused kernel (compiled once, lazily); elsewhere (CPU) flex's reference
+# path, which needs no compile. Tests add "cpu" to run the GPU's code path here.
+FUSED_FLEX_DEVICES = ("cuda",)
 
 
 def flex_attention_fused(q, k, v, block_mask, scale: float, enable_gqa: bool = False) -> torch.Tensor:
     """FlexAttention through its fused kernel also when the model itself runs eagerly (eval, sampling
     without compile): uncompiled, flex materializes the whole (T x T) score matrix, 54 GiB at 48K
-    tokens. Inside a compiled model the inner compile is simply inlined. CPU keeps the reference path."""
+    tokens. CPU keeps the reference path.
+
+    Inside a compiled model flex is called directly (dynamo captures it as its own op, and Inductor fuses
+    it): reaching the lazily compiled wrapper there made dynamo guard on `_compiled_flex is None`, so the
+    whole model was traced and compiled a second time once the first call had set it (issue 33)."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import flex_attention
 
-    if q.device.type != "cuda":
+    if torch.compiler.is_compiling() or q.device.type not in FUSED_FLEX_DEVICES:
         return flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=enable_gqa)
     if _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention_compiled_only, dynamic=False)
