@@ -166,7 +166,8 @@ DESCRIPTIONS: dict[str, str] = {
     "train.compile_scope": "what train.compile compiles under ddp: model (one graph) | block (each block: reductions start inside the backward); fsdp: always block",
     "train.compile_precompile": "dynamo's traced code kept in train.compile_cache too (torch's experimental caching "
                                 "precompile): a warm start traces nothing on CPU, not yet on a GPU (docs/benchmarks.md); "
-                                "compile_scope=model, not under fsdp",
+                                "compile_scope=model; off under fsdp and with flex attention (torch cannot restore "
+                                "flex's guards)",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
     "train.compile_cache": "folder that keeps compiled code for the next run (same GPU and versions); empty: "

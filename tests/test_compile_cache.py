@@ -170,6 +170,25 @@ def test_precompile_is_refused_where_it_would_do_nothing():
     check_config(apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"]))
 
 
+def test_precompile_is_off_with_flex_attention_whose_guards_torch_cannot_restore():
+    """A fresh start from a flex model's package fails inside torch 2.13 (benchmarks/precompile_probe.py): the
+    switch is then off, with one line, and dynamo's setting untouched."""
+    from types import SimpleNamespace
+
+    from speedgpt.train.compile import compiled_forward
+
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
+    lines = []
+    with torch._dynamo.config.patch(caching_precompile=False):
+        for backend, on in (("flex", False), ("sdpa", True)):
+            model = Tiny()
+            model.runtime = SimpleNamespace(attn_backend=backend)
+            torch._dynamo.config.caching_precompile = False
+            compiled_forward(cfg, model, "ddp", log=lines.append)
+            assert torch._dynamo.config.caching_precompile is on
+    assert any("compile_precompile is off with flex attention" in line for line in lines)
+
+
 def test_a_save_that_torch_cannot_serialize_is_one_line_not_a_failed_run(tmp_path, monkeypatch, fresh_artifacts):
     def fails():
         raise RuntimeError("Failed to save package to xyz: cannot pickle 'FP8Op'")

@@ -76,6 +76,12 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
         if cfg.train.compile_precompile:
             if strategy == "fsdp":  # blocks compiled one by one there: not tried
                 log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
+            elif getattr(getattr(model, "runtime", None), "attn_backend", None) == "flex":
+                # A fresh start would fail inside torch 2.13: flex's saved guards cannot be rebuilt outside a
+                # trace ("CompilePackage is already initialized"; benchmarks/precompile_probe.py). On 4 H100s it
+                # gained nothing anyway (docs/benchmarks.md, "Compile time").
+                log("compile: train.compile_precompile is off with flex attention (torch cannot restore flex's "
+                    "saved guards on a fresh start: benchmarks/precompile_probe.py)")
             else:
                 # Set before torch.compile: each compile call then loads a matching package from the cache's
                 # folder (put there by load_cache_artifacts) instead of tracing, and save_cache_artifacts
