@@ -25,3 +25,8 @@ S='[{share=0.33,batch_tokens=131072,seq_len=16384,max_doc_len=896,mtp_weights=[1
 phase latest 600 $PY -m speedgpt ab --preset speedrun-latest --a "--data.long_docs=mix" \
     --b "--data.long_docs=mix --train.stages=$S" --seeds 2 --target-loss 0.8214 --no-checkpoint $C \
     --out "$W/runs/latest_cap8192"
+# issue 33: AOTAutograd's cache refuses graphs with custom autograd Functions (the FP8 paths) unless allowed
+# (benchmarks/precompile_probe.py): does allowing it make a fresh machine's start faster? Compare the warm column
+# with the compile phase's.
+phase compile_acf 600 env TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=1 DATA="$DATA" PY="$PY" STEPS=6 \
+    scripts/compile_bench.sh "$W/cb-acf"
