@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,9 +109,10 @@ def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch
 class Tiny(torch.nn.Module):
     """At module level: torch's package saves the class by its import path."""
 
-    def __init__(self):
+    def __init__(self, attn_backend: str = "sdpa"):
         super().__init__()
         self.proj = torch.nn.Linear(8, 8)
+        self.runtime = SimpleNamespace(attn_backend=attn_backend)  # what compiled_forward reads of a GPT
 
     def forward(self, inputs):
         return torch.relu(self.proj(inputs)).square().mean()
@@ -173,18 +175,14 @@ def test_precompile_is_refused_where_it_would_do_nothing():
 def test_precompile_is_off_with_flex_attention_whose_guards_torch_cannot_restore():
     """A fresh start from a flex model's package fails inside torch 2.13 (benchmarks/precompile_probe.py): the
     switch is then off, with one line, and dynamo's setting untouched."""
-    from types import SimpleNamespace
-
     from speedgpt.train.compile import compiled_forward
 
     cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
     lines = []
     with torch._dynamo.config.patch(caching_precompile=False):
         for backend, on in (("flex", False), ("sdpa", True)):
-            model = Tiny()
-            model.runtime = SimpleNamespace(attn_backend=backend)
             torch._dynamo.config.caching_precompile = False
-            compiled_forward(cfg, model, "ddp", log=lines.append)
+            compiled_forward(cfg, Tiny(backend), "ddp", log=lines.append)
             assert torch._dynamo.config.caching_precompile is on
     assert any("compile_precompile is off with flex attention" in line for line in lines)
 

@@ -174,6 +174,12 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
     truncated last line) are skipped with a warning. A ``"event": "resume"`` line at step s
     marks everything logged earlier with a step > s as an abandoned timeline and drops it.
     """
+    return _dedup(read_records(run_dir))
+
+
+def read_records(run_dir: str | os.PathLike) -> list[dict]:
+    """Every readable record of a run in file order, abandoned timelines included (read_metrics keeps
+    the last word on each step; a resumed run's replayed steps need both, tools/fault_runs.py)."""
     path = Path(run_dir)
     if path.is_dir() or path.suffix != ".jsonl":
         path = path / METRICS_FILE
@@ -181,7 +187,7 @@ def read_metrics(run_dir: str | os.PathLike) -> list[dict]:
         raise FileNotFoundError(
             f"no metrics file at {path}: pass a run directory written by `speedgpt train` (it holds {METRICS_FILE})"
         )
-    return _dedup(_parse_lines(path, path.read_text(encoding="utf-8").splitlines()))
+    return _parse_lines(path, path.read_text(encoding="utf-8").splitlines())
 
 
 def _parse_lines(path: Path, lines: Iterable[str]) -> list[dict]:

@@ -4,8 +4,6 @@ check that a requested set of runs can run at all (tools/fault_suite.py drives t
 
 from __future__ import annotations
 
-import json
-
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -117,18 +115,18 @@ def final_losses(run_dir: Path, step: int) -> dict[str, float]:
 def loss_timelines(run_dir: Path) -> tuple[dict[int, float], dict[int, float], int | None]:
     """The training losses a run logged before its first resume and after it, and the step it resumed at
     (None: never resumed). read_metrics keeps only the resumed timeline; the worker fault needs both."""
-    path = Path(run_dir) / "metrics.jsonl"
+    from ..rundir.metrics import read_records
+
     before: dict[int, float] = {}
     after: dict[int, float] = {}
     resumed = None
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    for line in lines:
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue  # a line cut by the kill
+    try:
+        records = read_records(run_dir)
+    except FileNotFoundError:
+        records = []
+    for rec in records:
         if resumed is None and rec.get("event") == "resume":
-            resumed = rec.get("step")
+            resumed = rec["step"]
         elif "train_loss" in rec:
             (before if resumed is None else after)[rec["step"]] = rec["train_loss"]
     return before, after, resumed

@@ -76,7 +76,7 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
         if cfg.train.compile_precompile:
             if strategy == "fsdp":  # blocks compiled one by one there: not tried
                 log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
-            elif getattr(getattr(model, "runtime", None), "attn_backend", None) == "flex":
+            elif model.runtime.attn_backend == "flex":
                 # A fresh start would fail inside torch 2.13: flex's saved guards cannot be rebuilt outside a
                 # trace ("CompilePackage is already initialized"; benchmarks/precompile_probe.py). On 4 H100s it
                 # gained nothing anyway (docs/benchmarks.md, "Compile time").
