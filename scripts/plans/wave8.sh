@@ -1,0 +1,36 @@
+# The next 4-GPU lease (issues 32, 34, 33), in priority order, about 37 device-minutes of work: cut it where the
+# 30-minute budget ends (the later phases stay in docs/experiments.md's owed table). Run from the repository root of
+# the device copy:
+#   setsid scripts/lease.sh /tmp/w8 scripts/plans/wave8.sh > /tmp/w8.log 2>&1 < /dev/null &
+# then poll `grep -q "^PHASE " /tmp/w8/status` in calls of at most ~540 s (a call cut by its limit collects nothing)
+# and end each call with `scripts/lease.sh /tmp/w8 collect $OUT/w8.tgz`.
+# Sourced by scripts/lease.sh ($W $PY $DATA $TR $C, phase).
+# shellcheck shell=bash disable=SC2086,SC2154
+phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
+# issue 32 (6): which preset is the GPU default, on one machine, paired seeds: speedrun-124m (mix, pieces <= 8,192)
+# against speedrun-latest (mix, later stages' pieces <= 8,192 since wave 7: 0.8214 in 145.9 / 147.1 s; 124m took
+# 184.0 / 178.2 s in wave 5 on another H100). ~8 min cold (latest compiles ~290 s).
+phase default 600 $PY -m speedgpt ab --a "--preset speedrun-124m" --b "--preset speedrun-latest" --seeds 2 \
+    --target-loss 0.8214 --no-checkpoint $C --out "$W/runs/default"
+# issue 34 (1): 1 -> 4 scaling (wave 7: 3.66x mean / 3.77x median; bar 3.85x). The reduce-scatters carry fp32
+# gradients after the whole backward: do bf16 ones close the gap? Then the 1-GPU baseline on the same machine.
+phase bench4 420 $TR -m speedgpt bench --preset speedrun-124m --steps 10 --profile 10 --data.train_files="$DATA" \
+    --ab=--parallel.grad_comm_dtype=bf16
+phase bench1 240 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset speedrun-124m --steps 10 \
+    --data.train_files="$DATA"
+# issues 33 and 34: speedrun-latest on 4 GPUs (its compile: bar <= 120 s; issue 34's owed row), 300 steps
+phase latest4 540 $TR -m speedgpt train --preset speedrun-latest --run-dir "$W/runs/dp4-latest" \
+    --train.save_final_checkpoint=false --run.report=false $C
+# issue 34 (1): bf16 gradient reduce-scatter changes the math: its loss on 4 GPUs, 2 seeds each, speedrun-124m
+for seed in 1337 1338; do
+    for dt in param bf16; do
+        phase "loss-$dt-$seed" 300 $TR -m speedgpt train --preset speedrun-124m --run-dir "$W/runs/dp4-$dt-$seed" \
+            --train.seed=$seed --parallel.grad_comm_dtype=$dt --train.save_final_checkpoint=false \
+            --run.report=false $C
+    done
+done
+# issue 33: AOTAutograd's cache refuses graphs with custom autograd Functions (the FP8 paths) unless allowed
+# (benchmarks/precompile_probe.py): does allowing it make a fresh machine's start faster? Compare the warm column
+# with wave 7's (docs/experiments.md).
+phase compile_acf 600 env TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=1 DATA="$DATA" PY="$PY" STEPS=6 \
+    scripts/compile_bench.sh "$W/cb-acf"
