@@ -75,9 +75,9 @@ def print_kernel_categories(prof, steps: int, step_ms: float | None = None) -> N
 
 
 def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0,
-                 per_stage: bool = False) -> dict:
+                 per_stage: bool = False, trace: Path | None = None) -> dict:
     """Time `steps` training steps of `cfg` after its compile/warmup (`per_stage`: `steps` in each
-    stage of its table); returns the figures."""
+    stage of its table); returns the figures. `trace`: where rank 0 writes the profiled steps' trace."""
     from .train.loop import Trainer
 
     # Each config compiles its own graph: dynamo would otherwise reuse the first config's compiled
@@ -112,7 +112,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         flops = work["flops"] / work["tokens"]  # per token, averaged over the timed steps' tokens
     overlap = None
     if profile and cuda:
-        overlap = profile_steps(trainer, schedule_steps[-2:], profile, statistics.mean(step_times[-2:]) * 1e3)
+        overlap = profile_steps(trainer, schedule_steps[-2:], profile, statistics.mean(step_times[-2:]) * 1e3,
+                                trace)
     trainer.metrics.close()
     trainer.compile_watch.close()
     tok_s = tokens_per_step / mean_s
@@ -158,10 +159,11 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     return out
 
 
-def profile_steps(trainer, positions: list[int], rows: int, step_ms: float) -> dict:
+def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trace: Path | None = None) -> dict:
     """Profile the training steps at `positions` and print (on rank 0) the `rows` costliest ops, GPU
     time by kernel category and the communication against compute per step; returns the mean of
-    the latter (kernel_timeline.py)."""
+    the latter (kernel_timeline.py). `trace`: rank 0 also writes the profile as a gzipped Chrome trace
+    (chrome://tracing, Perfetto), so a GPU lease's profile can be read again on a machine without one."""
     from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
 
     from .kernel_timeline import STEP_RANGE, describe_overlap, mean_overlap, profiled_steps, step_overlap
@@ -177,6 +179,9 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float) -> d
         print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
         print_kernel_categories(prof, steps=len(positions), step_ms=step_ms)
         print("\n".join(describe_overlap(per_step, outside, unlinked)), flush=True)
+        if trace is not None:
+            prof.export_chrome_trace(str(trace))  # a name ending in .gz is written gzipped
+            print(f"profile trace: {trace}", flush=True)
     return mean_overlap(per_step)
 
 
@@ -353,6 +358,25 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
     return "\n".join(lines)
 
 
+def profile_traces(p: argparse.ArgumentParser, folder: str | None, profile: int) -> dict:
+    """{"A": path, "B": path} of the profile traces under `folder` (None each without it); refuses
+    --profile-trace without --profile, a folder that is a file, and traces already there (never
+    overwritten: another bench's profile)."""
+    if folder is None:
+        return {"A": None, "B": None}
+    if not profile:
+        p.error("--profile-trace writes the profiled steps: add --profile N")
+    root = Path(folder)
+    if root.exists() and not root.is_dir():
+        p.error(f"--profile-trace {folder}: a file, not a folder; give a folder")
+    paths = {label: root / f"profile-{label}.json.gz" for label in ("A", "B")}
+    taken = [str(q) for q in paths.values() if q.exists()]
+    if taken:
+        p.error(f"--profile-trace {folder}: {taken[0]} exists; give a new folder")
+    root.mkdir(parents=True, exist_ok=True)
+    return paths
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="speedgpt bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -366,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="print the N costliest ops of 2 profiled steps (of each config), GPU time by kernel category, "
                         "and the communication kernels' overlap with compute")
+    p.add_argument("--profile-trace", default=None, metavar="DIR",
+                   help="with --profile: rank 0 writes each config's profiled steps to DIR/profile-A.json.gz "
+                        "(and -B) as a Chrome trace (Perfetto, chrome://tracing)")
     p.add_argument("--per-stage", action="store_true",
                    help="time --steps steps inside each stage of the config's stage table (train.stages) and print "
                         "each stage's figures and the run's mean (stages weighted by their steps)")
@@ -376,15 +403,16 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--steps {args.steps}: must be >= 1")
     if args.per_stage and args.at_step is not None:
         p.error("--per-stage times steps inside every stage; drop --at-step")
+    traces = profile_traces(p, args.profile_trace, args.profile)
     preset = args.preset
     if not preset and not args.config:
         preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
-    rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage))]
+    rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage, traces["A"]))]
     if args.ab:
         print(f"A: {format_results(rows, None)}", flush=True)  # kept even if B fails or times out
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step,
-                                       args.profile, args.per_stage)))
+                                       args.profile, args.per_stage, traces["B"])))
     from .parallel.dist import barrier, teardown
 
     rank = int(os.environ.get("RANK", "0"))

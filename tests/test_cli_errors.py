@@ -279,6 +279,26 @@ def test_bench_takes_an_ab_value_that_starts_with_dashes(monkeypatch):
     assert [c.model.depth for c in seen][1] == 3
 
 
+def test_bench_profile_trace_paths_reach_each_config_and_bad_folders_are_refused(monkeypatch, tmp_path, capsys):
+    import speedgpt.bench as bench
+
+    traces = []
+    monkeypatch.setattr(bench, "bench_config", lambda cfg, *a, **k: traces.append(a[-1])
+                        or {"tok_per_s": 1.0, "world_size": 1})
+    out = tmp_path / "tr"
+    assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--profile", "3", "--profile-trace", str(out),
+                       "--ab", "--model.depth=3"]) == 0
+    assert traces == [out / "profile-A.json.gz", out / "profile-B.json.gz"] and out.is_dir()
+    (out / "profile-A.json.gz").write_bytes(b"")  # another bench's trace: never overwritten
+    (tmp_path / "file").write_text("x")
+    for argv, says in ((["--profile-trace", str(out), "--profile", "3"], "exists; give a new folder"),
+                       (["--profile-trace", str(tmp_path / "new")], "add --profile N"),
+                       (["--profile-trace", str(tmp_path / "file"), "--profile", "3"], "a file, not a folder")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--preset", "tiny-cpu", "--steps", "1", *argv])
+        assert e.value.code == 2 and says in capsys.readouterr().err.splitlines()[-1]
+
+
 @pytest.mark.parametrize("kind, says", [("missing", "does not exist"), ("empty-folder", "holds no run")])
 def test_resume_of_something_that_is_no_run_says_so(tmp_path, capsys, kind, says):
     """--resume of a missing or empty folder names what is wrong with it, not its absent config.toml."""

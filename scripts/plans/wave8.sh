@@ -14,8 +14,10 @@ phase default 600 $PY -m speedgpt ab --a "--preset speedrun-124m" --b "--preset 
     --target-loss 0.8214 --no-checkpoint $C --out "$W/runs/default"
 # issue 34 (1): 1 -> 4 scaling (wave 7: 3.66x mean / 3.77x median; bar 3.85x). The reduce-scatters carry fp32
 # gradients after the whole backward: do bf16 ones close the gap? Then the 1-GPU baseline on the same machine.
+# The profile's trace comes back too (--profile-trace): wave 7's profile left 7,170 compiled kernels unplaced, so
+# whether the backward's reductions start inside it could not be read; the trace lets a CPU machine find out why.
 phase bench4 420 $TR -m speedgpt bench --preset speedrun-124m --steps 10 --profile 10 --data.train_files="$DATA" \
-    --ab=--parallel.grad_comm_dtype=bf16
+    --profile-trace "$W/trace4" --ab=--parallel.grad_comm_dtype=bf16
 phase bench1 240 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset speedrun-124m --steps 10 \
     --data.train_files="$DATA"
 # issues 33 and 34: speedrun-latest on 4 GPUs (its compile: bar <= 120 s; issue 34's owed row), 300 steps
