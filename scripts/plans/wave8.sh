@@ -9,8 +9,8 @@
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
 # issue 32 (6): which preset is the GPU default, on one machine, paired seeds: speedrun-124m (mix, pieces <= 8,192)
 # against speedrun-latest (mix, later stages' pieces <= 8,192 since wave 7: 0.8214 in 145.9 / 147.1 s; 124m took
-# 184.0 / 178.2 s in wave 5 on another H100). ~8 min cold (latest compiles ~290 s).
-phase default 600 $PY -m speedgpt ab --a "--preset speedrun-124m" --b "--preset speedrun-latest" --seeds 2 \
+# 184.0 / 178.2 s in wave 5 on another H100). ~9 min cold (wave 7: four latest runs at once took 540 s).
+phase default 720 $PY -m speedgpt ab --a "--preset speedrun-124m" --b "--preset speedrun-latest" --seeds 2 \
     --target-loss 0.8214 --no-checkpoint $C --out "$W/runs/default"
 # issue 34 (1): 1 -> 4 scaling (wave 7: 3.66x mean / 3.77x median; bar 3.85x). The reduce-scatters carry fp32
 # gradients after the whole backward: do bf16 ones close the gap? Then the 1-GPU baseline on the same machine.
