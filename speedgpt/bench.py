@@ -133,6 +133,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
         "strategy": trainer.strategy,
+        # what the gradients' reduce-scatter carries (parallel.grad_comm_dtype); one rank communicates nothing
+        "grad_comm_dtype": trainer.cfg.parallel.grad_comm_dtype if trainer.dist.world_size > 1 else None,
         "memory_estimate_gib": trainer.memory_estimate.total / 2**30,  # to set against the measured peak
         "memory_estimate": trainer.memory_estimate.describe(),
         "attn_backend": trainer.model.runtime.attn_backend,
@@ -331,10 +333,11 @@ def format_stages(name: str, r: dict) -> list[str]:
 
 
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
-    keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet", "mfu_measured",
-            "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s", "strategy", "loader_ms_per_step", "comm_wait_ms_per_step",
-            "comm_exposed_frac", "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s",
-            "setup_s", "attn_backend", "fp8_head"]
+    keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet",
+            "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
+            "strategy", "grad_comm_dtype", "loader_ms_per_step", "comm_wait_ms_per_step", "comm_exposed_frac",
+            "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", "setup_s", "attn_backend",
+            "fp8_head"]
     lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
         vals = []

@@ -209,6 +209,9 @@ DESCRIPTIONS: dict[str, str] = {
     "parallel.reshard_after_forward": "fsdp: free each block's gathered weights after its forward (less memory, one more all-gather in the backward)",
     "parallel.activation_checkpointing": "recompute each block's activations in the backward instead of keeping them",
     "parallel.memory_limit_gib": "memory per device the estimate must fit in; 0: the GPU's own (no check on CPU)",
+    "parallel.grad_comm_dtype": ("dtype the gradients are reduce-scattered in: param (the parameter's: fp32) | bf16 "
+                                 "(half the bytes, sums rounded to bf16; ddp, and fsdp's reduce_dtype); changes the "
+                                 "math: no preset turns it on before a loss A/B"),
     "preset": "the preset the config started from (informational)",
 }
 

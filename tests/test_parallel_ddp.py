@@ -16,7 +16,7 @@ from speedgpt.optim.build import build_optimizers
 from speedgpt.optim.muon import DistMuon, Muon
 from speedgpt.parallel.ddp import GradSync, NoSync, clip_grad_norm_, grad_sync_of
 from distkit import spawn_local
-from speedgpt.parallel.dist import init_distributed, teardown
+from speedgpt.parallel.dist import grad_comm_dtype, init_distributed, reduce_scatter, teardown
 
 TINY = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         "--model.vocab_size=512",  # batches here are synthetic (no BOS); the trainer tests need the real vocab
@@ -197,6 +197,7 @@ def _sharded_worker(rank, world, out):
             opts.load_state_dict(copy.deepcopy(named))
     torch.save({"rank": rank, "params": [p.detach() for p in model.parameters()]}, f"{out}/rank{rank}.pt")
     _bf16_check(rank, world)
+    _bf16_comm_check(rank, world)
     torch.distributed.destroy_process_group()
 
 
@@ -221,6 +222,80 @@ def _bf16_check(rank, world):
     for a, b in zip(ref_w + ref_v, ws + vs):
         assert b.dtype == torch.bfloat16
         torch.testing.assert_close(b.float(), a.detach(), atol=0.03, rtol=0.03)
+    sync.remove_hooks()
+
+
+def _bf16_comm_check(rank, world):
+    """parallel.grad_comm_dtype=bf16: every reduce-scatter carries bf16, and the fp32 model's reduced
+    gradients and updates stay within bf16 rounding of one process accumulating the same micro-batches."""
+    import speedgpt.optim.adam as adam_mod
+    import speedgpt.optim.muon as muon_mod
+
+    cfg = tiny_cfg()
+    cpu = torch.device("cpu")
+    ref = tiny_model(cfg)
+    model = copy.deepcopy(ref)
+    ref_opts = build_optimizers(ref, cfg.optim, cpu, world_size=1)
+    opts = build_optimizers(model, cfg.optim, cpu, grad_comm_dtype=grad_comm_dtype("bf16"))
+    sync = grad_sync_of(opts)
+    sent = []  # the dtypes every reduce-scatter was handed (input, output)
+
+    def spy(out, inp, async_op=True):
+        sent.append((inp.dtype, out.dtype))
+        return reduce_scatter(out, inp, async_op=async_op)
+
+    adam_mod.reduce_scatter = muon_mod.reduce_scatter = spy  # both optimizers bound the name at import
+    try:
+        accum, rows = 2, 2
+        for step, (mult, mom) in enumerate([(1.0, 0.85), (0.5, 0.9)]):
+            with torch.no_grad():  # each step from the reference's weights: the errors below are this step's
+                for p, r in zip(model.parameters(), ref.parameters()):
+                    p.copy_(r)
+            start = [p.detach().clone() for p in ref.parameters()]
+            x, y = global_batch(world * accum * rows, seed=10 + step)
+            set_schedule(ref_opts, mult, mom)
+            set_schedule(opts, mult, mom)
+            for i in range(accum):  # one process, gradient accumulation over the same micro-batches
+                (ref(x[i * world * rows:(i + 1) * world * rows], y[i * world * rows:(i + 1) * world * rows])
+                 / accum).backward()
+                sl = slice((i * world + rank) * rows, (i * world + rank + 1) * rows)
+                sync.prepare(final=i == accum - 1)
+                (model(x[sl], y[sl]) / accum).backward()
+            # Bound per element: W casts of g_r/W to bf16 and W - 1 bf16 additions, each rounding by at
+            # most 2^-8 (bf16's unit roundoff) of at most sum_r |g_r| / W: |error| <= W * 2^-8 * sum_r |g_r| / W.
+            abs_sum = {}
+            for p in model.parameters():
+                a = p.grad.abs() / world
+                torch.distributed.all_reduce(a)
+                abs_sum[id(p)] = a
+            ref_grads = {id(p): r.grad for p, r in zip(model.parameters(), ref.parameters())}
+            parts = [(p, g, slice(opts.adam._shard(p)[1], sum(opts.adam._shard(p)[1:])))
+                     for (p, _), g in zip(opts.adam._params_in_launch_order(), opts.adam.reduced_grads())]
+            owned = [ps[rank] for _, ps, _ in opts.muon._mine() if rank < len(ps)]
+            parts += [(p, g, slice(None)) for p, g in zip(owned, opts.muon.reduced_grads())]
+            for p, g, sl in parts:
+                assert g.dtype == torch.float32, "the optimizers must read the reduced gradient in fp32"
+                want = ref_grads[id(p)].reshape(-1)[sl]
+                bound = world * 2.0 ** -8 * abs_sum[id(p)].reshape(-1)[sl] + 1e-7
+                err = (g.reshape(-1) - want).abs()
+                assert (err <= bound).all(), f"step {step}: {tuple(p.shape)}: error {err.max():.3g} over the bf16 bound"
+            for o in [*ref_opts, *opts]:
+                o.step()
+            ref.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+            # Both optimizers normalize the gradient (Muon orthogonalizes, Adam divides by sqrt(v)), so an
+            # update's relative error follows the gradient's, at worst W * 2^-8 = 1.2 % here; twice that
+            # leaves room for Newton-Schulz's nonlinearity and Adam's sign flips on near-zero elements
+            # (measured: at most 1.05 %, in attention matrices). Wrong slices or a lost conversion are O(1).
+            for (n, a), b, p0 in zip(ref.named_parameters(), model.parameters(), start):
+                assert b.dtype == torch.float32
+                moved, moved_ref = b.detach() - p0, a.detach() - p0
+                rel = ((moved - moved_ref).norm() / moved_ref.norm()).item()
+                assert rel <= 2 * world * 2.0 ** -8, f"step {step}: {n}: update {rel:.2%} off the fp32 one"
+    finally:
+        adam_mod.reduce_scatter = muon_mod.reduce_scatter = reduce_scatter
+    n_buckets = len(sync.buckets)
+    assert sent == [(torch.bfloat16, torch.bfloat16)] * 2 * n_buckets, "a reduce-scatter did not carry bf16"
     sync.remove_hooks()
 
 

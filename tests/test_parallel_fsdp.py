@@ -140,3 +140,29 @@ def test_one_rank_fsdp_with_checkpointing_and_normuon_steps_like_the_unsharded_m
             assert not torch.equal(got["blocks.0.attn.qkv_w"], model_from_config(cfg, cpu).blocks[0].attn.qkv_w)
     finally:
         teardown()
+
+
+def test_fsdp_reduces_gradients_in_bf16_when_grad_comm_dtype_says_so():
+    """parallel.grad_comm_dtype=bf16 is FSDP2's reduce_dtype: even on a one-process group FSDP casts each
+    gradient to it for the reduce-scatter and back to fp32, so every reduced gradient is bf16-exact; with
+    "param" (fp32 on CPU) none is."""
+    from speedgpt.parallel.dist import ensure_process_group, teardown
+
+    cpu = torch.device("cpu")
+    x = torch.randint(0, 64, (2, 32), generator=torch.Generator().manual_seed(0))
+    ensure_process_group(cpu)
+    try:
+        for comm, rounded in (("param", False), ("bf16", True)):
+            model = build_fsdp_model(apply_overrides(run_cfg("unused"), [f"--parallel.grad_comm_dtype={comm}"]),
+                                     cpu, 1)
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():  # every weight nonzero: at init the zero head leaves most gradients exactly 0
+                for p in model.parameters():
+                    p.to_local().add_(0.05 * torch.randn(p.to_local().shape, generator=g))
+            model(x, x).backward()
+            grads = {n: p.grad.to_local() for n, p in model.named_parameters()}
+            assert all(g.dtype == torch.float32 for g in grads.values())
+            exact = {n: torch.equal(g, g.bfloat16().float()) for n, g in grads.items() if g.count_nonzero() > 8}
+            assert exact and set(exact.values()) == {rounded}, (comm, exact)
+    finally:
+        teardown()

@@ -74,6 +74,9 @@ class ParallelConfig:
     reshard_after_forward: bool = True  # fsdp: free each block's gathered weights after its forward (less memory, one more all-gather)
     activation_checkpointing: bool = False  # recompute each block's activations in the backward instead of keeping them
     memory_limit_gib: float = 0.0  # memory per device the estimate must fit in; 0: the GPU's own (no check on CPU)
+    # dtype of the gradients' reduce-scatter: "param" (the parameter's, fp32) or "bf16" (half the bytes, coarser
+    # sums; it changes the math: a loss A/B comes before any preset turns it on). docs/distributed.md
+    grad_comm_dtype: str = "param"
 
 
 @dataclass

@@ -55,6 +55,8 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"parallel.strategy='{par.strategy}' must be ddp, fsdp or auto")
     if par.memory_limit_gib < 0:
         raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
+    if par.grad_comm_dtype not in ("param", "bf16"):
+        raise ConfigError(f"parallel.grad_comm_dtype='{par.grad_comm_dtype}' must be param or bf16")
 
 
 def _check_checkpointed_experts(cfg: Config) -> None:

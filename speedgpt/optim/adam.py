@@ -50,13 +50,14 @@ class DistAdam(torch.optim.Optimizer):
         (p,) = bucket.params
         S, _, _ = self._shard(p)
         n = p.numel()
-        buf = torch.empty(S * self.world_size, dtype=p.dtype, device=p.device)
+        buf = self.grad_sync.comm_buffer(S * self.world_size, p)  # bf16 with parallel.grad_comm_dtype=bf16
         if p.grad is None:
             buf.zero_()
         else:
-            torch.mul(p.grad.reshape(-1), 1.0 / self.world_size, out=buf[:n])  # sum of grad/W = mean
+            # sum of grad/W = mean; scaled in the gradient's dtype, then cast into buf's
+            torch.mul(p.grad.reshape(-1), 1.0 / self.world_size, out=buf[:n])
             buf[n:].zero_()
-        bucket.out = torch.empty(S, dtype=p.dtype, device=p.device)
+        bucket.out = self.grad_sync.comm_buffer(S, p)  # grad_sync.wait returns it in p's dtype
         return reduce_scatter(bucket.out, buf, async_op=True)
 
     def _params_in_launch_order(self):
@@ -133,7 +134,9 @@ class DistAdam(torch.optim.Optimizer):
             # Also with n == 0 (a tiny parameter with fewer elements than ranks): every rank then
             # holds state for every parameter, so state_dict's gathers match across ranks.
             self._adamw(p.view(-1)[lo:lo + n], g[:n], self.state[p], groups[id(p)])
-            send = g  # the reduced-gradient buffer is free now: reuse it to send the updated slice
+            # The reduced-gradient buffer (in p's dtype, whatever grad_comm_dtype) is free now: reuse it to
+            # send the updated slice. The all-gather stays in p's dtype: every rank must hold the same weights.
+            send = g
             send[:n].copy_(p.view(-1)[lo:lo + n])
             # Divisible sizes gather straight into the parameter; others via a padded buffer.
             direct = p.numel() == S * self.world_size and p.is_contiguous()

@@ -43,11 +43,14 @@ def adam_groups(model, cfg: OptimConfig) -> list[dict]:
 
 
 def build_optimizers(model, cfg: OptimConfig, device: torch.device,
-                     world_size: int | None = None, *, strategy: str = "ddp") -> Optimizers:
+                     world_size: int | None = None, *, strategy: str = "ddp",
+                     grad_comm_dtype: torch.dtype | None = None) -> Optimizers:
     """The container of `adam` and `muon` (no `muon` with optim.kind="adamw"). world_size None:
     torch.distributed's (1 without a process group); 1 forces the single-process optimizers (a
     reference inside a distributed test). strategy "fsdp": the model's parameters are DTensor
-    shards (parallel/fsdp.py), which torch's AdamW and ShardedMuon update in place."""
+    shards (parallel/fsdp.py), which torch's AdamW and ShardedMuon update in place. grad_comm_dtype
+    (parallel.grad_comm_dtype, several ranks under ddp): the dtype GradSync reduce-scatters gradients
+    in; None: the parameters' own (fsdp reads the key in its MixedPrecisionPolicy instead)."""
     groups = model.param_groups()
     adam_params = adam_groups(model, cfg)
     betas = (cfg.adam_beta1, cfg.adam_beta2)
@@ -84,7 +87,7 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
         from ..optim.muon import DistMuon
         from ..parallel.ddp import GradSync
 
-        sync = GradSync(world, get_rank(), device)
+        sync = GradSync(world, get_rank(), device, comm_dtype=grad_comm_dtype)
         adam = DistAdam(adam_params, sync, betas=betas, eps=cfg.adam_eps)
         if use_muon:
             muon = DistMuon(matrices, sync, **muon_kwargs)

@@ -271,14 +271,15 @@ class DistMuon(Muon):
     def _launch(self, bucket):
         ps = bucket.params
         p0 = ps[0]
-        buf = torch.empty((self.world_size, *p0.shape), dtype=p0.dtype, device=p0.device)
+        buf = self.grad_sync.comm_buffer((self.world_size, *p0.shape), p0)  # bf16 with grad_comm_dtype=bf16
         for j, p in enumerate(ps):
             if p.grad is None:
                 buf[j].zero_()
             else:
-                torch.mul(p.grad, 1.0 / self.world_size, out=buf[j])  # sum of grad/W = mean
+                # sum of grad/W = mean; scaled in the gradient's dtype, then cast into buf's
+                torch.mul(p.grad, 1.0 / self.world_size, out=buf[j])
         buf[len(ps):].zero_()  # empty slots
-        bucket.out = torch.empty(p0.shape, dtype=p0.dtype, device=p0.device)
+        bucket.out = self.grad_sync.comm_buffer(p0.shape, p0)  # grad_sync.wait returns it in p0's dtype
         return reduce_scatter(bucket.out.view(-1), buf.view(-1), async_op=True)
 
     def _mine(self):
@@ -303,6 +304,7 @@ class DistMuon(Muon):
                 self.apply_update(new, self.update_for(p, g, group), group)  # same ops as Muon, off-place
             else:
                 new = g  # an empty slot: send anything, nobody reads it
+            # In the parameters' dtype even with grad_comm_dtype=bf16: every rank must hold the same weights.
             full = torch.empty((self.world_size, *new.shape), dtype=new.dtype, device=new.device)
             gathers.append((ps, b, full, new, all_gather(full.view(-1), new.reshape(-1), async_op=True)))
         for ps, b, full, new, work in gathers:

@@ -18,6 +18,12 @@ gradients, divided by the world size, into one buffer and starts one async colle
   then (hooks not armed, or a parameter without a gradient: treated as zero) are all launched
   first, in order, so every rank issues the same sequence of collectives.
 
+Communication dtype (parallel.grad_comm_dtype): by default each bucket travels in its parameters'
+dtype. With `comm_dtype=torch.bfloat16` the launch functions pack gradient/W (scaled in fp32, then
+cast) into bf16 buffers from `comm_buffer`, the reduce-scatter sums in bf16 (half the bytes), and
+`wait` turns the reduced slice back into the parameters' dtype once, before any optimizer reads it.
+Only the reduce-scatter changes: the all-gather of updated parameters stays in their dtype.
+
 No host syncs: hooks and waits only enqueue work (NCCL's wait makes the compute stream wait).
 `timing=True` (the trainer sets it on logging steps) measures the time spent in waits with
 CUDA events (gloo: host clock) and `comm_wait_ms()` reports it: communication that was NOT hidden.
@@ -51,8 +57,9 @@ class Bucket:
 class GradSync:
     """Bucketed, hook-driven, overlapped gradient reduction shared by the sharded optimizers."""
 
-    def __init__(self, world_size: int, rank: int, device: torch.device):
+    def __init__(self, world_size: int, rank: int, device: torch.device, comm_dtype: torch.dtype | None = None):
         self.world_size, self.rank, self.device = world_size, rank, device
+        self.comm_dtype = comm_dtype  # None: each bucket's gradients travel in their parameters' dtype
         self.buckets: list[Bucket] = []
         self._by_param: dict[int, Bucket] = {}
         self._hooks = []
@@ -91,6 +98,11 @@ class GradSync:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+    def comm_buffer(self, shape, param: torch.Tensor) -> torch.Tensor:
+        """An empty buffer for reduce-scattering `param`'s gradient: in the communication dtype if one is
+        set, else in the parameter's."""
+        return torch.empty(shape, dtype=self.comm_dtype or param.dtype, device=param.device)
 
     # -- the trainer's side ---------------------------------------------------------------------
     def prepare(self, final: bool) -> None:
@@ -166,6 +178,11 @@ class GradSync:
         if b.work is not None:
             self.wait_work(b.work)
             b.work = None
+        dtype = b.params[0].dtype
+        if b.out.dtype != dtype:
+            # Reduced in the communication dtype: back to the parameters' dtype, here only, so clipping,
+            # the optimizers and the slice they all-gather (ranks must keep identical weights) see it.
+            b.out = b.out.to(dtype)
         return b.out
 
     def wait_work(self, work) -> None:

@@ -135,6 +135,12 @@ def all_gather(output: torch.Tensor, input: torch.Tensor, async_op: bool = True)
     return fn(output, input, async_op=async_op)
 
 
+def grad_comm_dtype(name: str) -> torch.dtype | None:
+    """parallel.grad_comm_dtype (validated: "param" | "bf16") as the dtype gradients are reduced in;
+    None: each gradient travels in its parameter's dtype."""
+    return {"param": None, "bf16": torch.bfloat16}[name]
+
+
 def mean_over_ranks(t: torch.Tensor) -> torch.Tensor:
     """The mean of `t` over all ranks (a copy; `t` itself on one rank). A collective: every rank
     calls it. Used for reported losses, which are otherwise only rank 0's share of the batch."""

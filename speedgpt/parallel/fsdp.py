@@ -10,7 +10,8 @@ train.compile the trainer then compiles it block by block (train/compile.py comp
 each block's reduce-scatter starts inside the backward.
 
 Mixed precision: on GPUs the gathered parameters are bf16 and gradients are reduced in fp32 (the
-masters stay fp32); on CPUs everything is fp32 (gloo, the tests).
+masters stay fp32); on CPUs everything is fp32 (gloo, the tests). parallel.grad_comm_dtype=bf16 sets
+the policy's reduce_dtype to bf16 on either (FSDP casts the reduced shard back to fp32 itself).
 
 `FSDPSync` is the trainer's gradient-sync handle for this strategy: only the last micro-step's
 backward reduce-scatters (`set_requires_gradient_sync`), so accumulation costs no communication.
@@ -23,6 +24,7 @@ import torch
 from ..config import Config
 from ..model.gpt import GPT
 from ..model.runtime import max_seq_len, resolve_runtime
+from .dist import grad_comm_dtype
 
 
 def device_mesh(device: torch.device, world_size: int):
@@ -31,12 +33,14 @@ def device_mesh(device: torch.device, world_size: int):
     return init_device_mesh(device.type, (world_size,))
 
 
-def mixed_precision(dtype: torch.dtype):
+def mixed_precision(dtype: torch.dtype, reduce_dtype: torch.dtype | None = None):
+    """FSDP2's policy for compute dtype `dtype`; `reduce_dtype` (parallel.grad_comm_dtype; None: fp32)
+    is the dtype gradients are reduce-scattered in."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if dtype == torch.float32:
-        return MixedPrecisionPolicy()  # fp32 throughout (CPU runs and tests)
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(reduce_dtype=reduce_dtype)  # fp32 unless bf16 comm (CPU runs and tests)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype or torch.float32)
 
 
 def build_fsdp_model(cfg: Config, device: torch.device, world_size: int) -> GPT:
@@ -50,7 +54,7 @@ def build_fsdp_model(cfg: Config, device: torch.device, world_size: int) -> GPT:
         for emb in model.embeddings():
             emb.to(torch.bfloat16)
     mesh = device_mesh(device, world_size)
-    kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype))
+    kw = dict(mesh=mesh, mp_policy=mixed_precision(runtime.dtype, grad_comm_dtype(cfg.parallel.grad_comm_dtype)))
     for block in model.blocks:
         fully_shard(block, reshard_after_forward=cfg.parallel.reshard_after_forward, **kw)
     for emb in model.embeddings():

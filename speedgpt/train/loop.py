@@ -27,7 +27,7 @@ from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..parallel.ddp import clip_grad_norm_
-from ..parallel.dist import barrier, init_distributed, mean_over_ranks, teardown
+from ..parallel.dist import barrier, grad_comm_dtype, init_distributed, mean_over_ranks, teardown
 from ..plan import RunPlan
 from ..planner import plan_run
 from ..rundir import RunDir, default_run_dir
@@ -126,7 +126,8 @@ class Trainer:
         check_row_lengths(cfg, self.plan, self.model)
         for note in fallback_notes(cfg, self.model, self.device):
             self.log(note)
-        self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy)
+        self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy,
+                                           grad_comm_dtype=grad_comm_dtype(cfg.parallel.grad_comm_dtype))
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
         self.has_experts = bool(cfg.model.moe_experts)
         if self.has_experts:  # aux-loss-free balancing: expert biases move after each optimizer step
