@@ -35,11 +35,13 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Timer:
     """A dynamo_timed key and the torch source file (relative to torch's folder) that names it; `suffix`:
-    every key ending so (one per template, e.g. flex_attention_template_autotuning)."""
+    every key ending so (one per template, e.g. flex_attention_template_autotuning); `since`: the first torch
+    (major, minor) checked to name it."""
 
     key: str
     source: str
     suffix: bool = False
+    since: tuple[int, int] = (2, 11)
 
 
 # The timer groups a breakdown reads; see the tree in the module's docstring for how they nest.
@@ -58,7 +60,8 @@ TIMERS: dict[str, tuple[Timer, ...]] = {
     "first_call_autotune": (
         Timer("CachingAutotuner.benchmark_all_configs", "_inductor/runtime/triton_heuristics.py"),
         Timer("CachingAutotuner.coordinate_descent_tuning", "_inductor/runtime/triton_heuristics.py"),
-        Timer("CachingAutotuner.combo_sequential_autotune", "_inductor/runtime/triton_heuristics.py")),
+        Timer("CachingAutotuner.combo_sequential_autotune", "_inductor/runtime/triton_heuristics.py",
+              since=(2, 13))),
 }
 # (counters section, counter name, torch source file that counts it)
 COUNTERS: dict[str, tuple[str, str, str]] = {
