@@ -96,6 +96,7 @@ def snapshot() -> dict[str, float | None]:
     name the group's timers (or the counter)."""
     from torch._dynamo.utils import compilation_time_metrics, counters
 
+    metrics = dict(compilation_time_metrics)  # a copy: a compile worker thread may add a key meanwhile
     out: dict[str, float | None] = {}
     for group, timers in TIMERS.items():
         known = [t for t in timers if names(t.key, t.source, t.suffix)]
@@ -104,8 +105,8 @@ def snapshot() -> dict[str, float | None]:
             continue
         total = 0.0
         for t in known:
-            keys = [k for k in compilation_time_metrics if k.endswith(t.key)] if t.suffix else [t.key]
-            total += sum(sum(compilation_time_metrics.get(k, ())) for k in keys)
+            keys = [k for k in metrics if k.endswith(t.key)] if t.suffix else [t.key]
+            total += sum(sum(metrics.get(k, ())) for k in keys)
         out[group] = total
     for name, (section, counter, source) in COUNTERS.items():
         out[name] = float(counters[section][counter]) if names(counter, source) else None
