@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 33's GPU figures in one call (docs/benchmarks.md "Compile time"): per preset, on a GPU of its own and
 # all presets at once, three `speedgpt bench` processes one after another:
-#   cold  - an empty compile cache (compile + warmup s, graphs, recompiles, step time),
+#   cold  - an empty compile cache (compile + warmup s, graphs, recompiles, step time, the compile's phases),
 #   warm  - a fresh machine's start: a NEW cache folder holding only the artifact files the cold run saved
 #           (train.compile_cache: load_cache_artifacts fills the empty Inductor/Triton caches),
 #   block - cold again with train.compile_scope=block (identical blocks share compiled code).
@@ -70,6 +70,23 @@ for preset in $PRESETS; do
         printf '%-16s %-6s %12s %7s %10s %12s %10s\n' "$preset" "$label" "$(field compile_warmup_s "$f")" \
             "$(field compile_graphs "$f")" "$(field compile_recompiles "$f")" "$(field step_ms_mean "$f")" \
             "$(field tok_per_s "$f")"
+    done
+done
+# where each run's compile seconds went (train/compile_breakdown.py; "-": torch does not expose that phase)
+printf '\n%-16s %-6s' preset run
+printf ' %9s' compile_s trace aot inductor kernels autotune 1st-call fx-cache aot-cache
+printf '\n'
+for preset in $PRESETS; do
+    for label in cold warm block; do
+        f="$OUT/$preset.$label.txt"
+        [ -f "$f" ] || continue
+        printf '%-16s %-6s' "$preset" "$label"
+        for k in compile_s trace_s aot_s inductor_s kernels_s autotune_s first_call_autotune_s fx_cache_hits \
+                 aot_cache_hits; do
+            v=$(field "compile_$k" "$f")
+            printf ' %9s' "${v:--}"
+        done
+        printf '\n'
     done
 done
 grep -h "^preset " "$OUT"/*.cold.txt 2>/dev/null | head -1  # the commit

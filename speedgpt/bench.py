@@ -19,6 +19,11 @@ import torch
 
 from .config import Config, apply_overrides, default_preset, resolve
 from .kernel_timeline import covered, device_kernels, kernel_category
+from .train.compile_breakdown import PHASES
+
+# compile_rows' rows after compile_compile_s, in the table's order
+COMPILE_PHASE_ROWS = (*(f"compile_{name}_s" for name in PHASES), "compile_first_call_autotune_s",
+                      "compile_fx_cache_hits", "compile_aot_cache_hits")
 
 
 def measure_matmul_peak(device: torch.device, n: int = 8192, iters: int = 20) -> float:
@@ -127,9 +132,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "model_tflops_per_s": tok_s * flops / 1e12,
         "setup_s": setup_s,
         "compile_warmup_s": warm_s,
-        # what the warmup compiled (train/compile_watch.py): graphs, recompiles, seconds inside the compilers
-        **({f"compile_{k}": trainer.compile_watch.record()[k] for k in ("graphs", "recompiles", "compile_s")}
-           if trainer.compile_watch.enabled else {}),
+        **(compile_rows(trainer.compile_watch.record()) if trainer.compile_watch.enabled else {}),
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
         "strategy": trainer.strategy,
@@ -159,6 +162,19 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if cuda:
         torch.cuda.empty_cache()
     return out
+
+
+def compile_rows(record: dict) -> dict:
+    """What the warmup compiled (train/compile_watch.py): graphs, recompiles, seconds inside the compilers and
+    in each of their phases (train/compile_breakdown.py; None, "-" in the table, where torch does not expose
+    one), Triton's autotuning at the kernels' first launch, and the caches' hits of their lookups."""
+    rows = {f"compile_{k}": record[k] for k in ("graphs", "recompiles", "compile_s")}
+    rows.update({f"compile_{name}_s": record[f"{name}_s"] for name in PHASES})
+    rows["compile_first_call_autotune_s"] = record["first_call_autotune_s"]
+    for cache in ("fx", "aot"):
+        hits, misses = record[f"{cache}_cache_hits"], record[f"{cache}_cache_misses"]
+        rows[f"compile_{cache}_cache_hits"] = None if hits is None or misses is None else f"{hits}/{hits + misses}"
+    return rows
 
 
 def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trace: Path | None = None) -> dict:
@@ -332,13 +348,16 @@ def format_stages(name: str, r: dict) -> list[str]:
     return lines
 
 
+KEY_WIDTH = 30  # the table's first column: its longest key, compile_first_call_autotune_s
+
+
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet",
             "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
             "strategy", "grad_comm_dtype", "loader_ms_per_step", "comm_wait_ms_per_step", "comm_exposed_frac",
-            "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", "setup_s", "attn_backend",
-            "fp8_head"]
-    lines = [f"{'':<22}" + "".join(f"{name:>18}" for name, _ in rows)]
+            "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
+            "setup_s", "attn_backend", "fp8_head"]
+    lines = [f"{'':<{KEY_WIDTH}}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
         vals = []
         for _, r in rows:
@@ -347,10 +366,10 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
                 v = r["model_tflops_per_s"] * 1e12 / (measured_peak * r["world_size"])
             vals.append("-" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)))
         if any(v != "-" for v in vals):
-            lines.append(f"{key:<22}" + "".join(f"{v:>18}" for v in vals))
+            lines.append(f"{key:<{KEY_WIDTH}}" + "".join(f"{v:>18}" for v in vals))
     if len(rows) == 2:
         a, b = rows[0][1]["tok_per_s"], rows[1][1]["tok_per_s"]
-        lines.append(f"{'B / A throughput':<22}{b / a:>18.3f}")
+        lines.append(f"{'B / A throughput':<{KEY_WIDTH}}{b / a:>18.3f}")
     for name, r in rows:  # MFU counts each timed step at its own stage's row length
         if "timed_stages" in r:
             lines.append(f"{name} timed steps: {r['timed_stages']}")

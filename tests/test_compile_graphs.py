@@ -11,6 +11,7 @@ import logging
 
 import pytest
 import torch
+from test_compile_breakdown import check_breakdown
 from torch._dynamo.utils import counters
 
 from speedgpt.config import apply_overrides, load_preset
@@ -80,6 +81,11 @@ def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_threa
         tr.compile_watch.close()
         got = [(s.label, s.graphs, [r.split(": ", 1)[1] for r in s.recompiles]) for s in tr.compile_watch.spans]
         assert got == PINNED[preset], "\n".join(tr.compile_watch.lines())
+        # where each span's compile time went (compile_breakdown.py): every phase present, none negative, their
+        # sum within the span's compile time; validation's apart from training's
+        for span in [*tr.compile_watch.spans, tr.compile_watch.total()]:
+            check_breakdown(span.breakdown(), span.wall_s)
+        assert tr.compile_watch.spans[-1].breakdown()["compile_s"] > 0  # validation's own graph
     finally:
         torch._dynamo.reset()
 

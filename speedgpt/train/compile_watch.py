@@ -1,10 +1,11 @@
 """What torch.compile did, span by span of a run (each stage's warmup steps, validation, training):
-graphs compiled, recompiles and why, seconds spent compiling. The start log prints it and the
-metrics keep it (event "compile"), so a change that adds a graph shows up in the first minute.
+graphs compiled, recompiles and why, seconds spent compiling and in which phase of the compiler. The start
+log prints it and the metrics keep it (event "compile"), so a change that adds a graph shows up in the first
+minute.
 
-Counts come from torch._dynamo's counters (frames, unique graphs) and compile-time metrics; the
-reason of each recompile from dynamo's "recompiles" log, which is switched on for the run (unless
-TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted).
+Counts come from torch._dynamo's counters (frames, unique graphs); seconds, their phases and the cache hits from
+compile_breakdown.py; the reason of each recompile from dynamo's "recompiles" log, which is switched on for the
+run (unless TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted).
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from . import compile_breakdown
+
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-# compilation_time_metrics' entries that are whole compiles: a frame's (dynamo + the backend's forward)
-# and the backward that AOTAutograd compiles at its first call.
-COMPILE_TIME_KEYS = ("_compile.compile_inner", "backward._backward_impl")
 AFTER_WARMUP = "after the warmup"  # the span of the measured steps: anything compiled there cost training time
 
 
@@ -30,13 +30,22 @@ class Span:
     label: str
     graphs: int = 0
     frames: int = 0
-    compile_s: float = 0.0
     wall_s: float = 0.0
     recompiles: list[str] = field(default_factory=list)  # one reason per recompile
+    timers: dict = field(default_factory=dict)  # torch's compile timers and cache counters (compile_breakdown)
+
+    def breakdown(self) -> dict:
+        """compile_s, its phases, first-call autotune and cache counts (compile_breakdown.phases)."""
+        return compile_breakdown.phases(self.timers)
+
+    @property
+    def compile_s(self) -> float:
+        return self.breakdown()["compile_s"]
 
     def as_record(self) -> dict:
         return {"label": self.label, "graphs": self.graphs, "frames": self.frames, "recompiles": len(self.recompiles),
-                "reasons": self.recompiles, "compile_s": round(self.compile_s, 3), "wall_s": round(self.wall_s, 3)}
+                "reasons": self.recompiles, **compile_breakdown.rounded(self.breakdown()),
+                "wall_s": round(self.wall_s, 3)}
 
 
 class _Reasons(logging.Handler):
@@ -85,11 +94,10 @@ class CompileWatch:
             self._handler = None
 
     @staticmethod
-    def _counts() -> tuple[int, int, float]:
-        from torch._dynamo.utils import compilation_time_metrics, counters
+    def _counts() -> tuple[int, int, dict]:
+        from torch._dynamo.utils import counters
 
-        seconds = sum(sum(compilation_time_metrics.get(k, ())) for k in COMPILE_TIME_KEYS)
-        return counters["stats"]["unique_graphs"], counters["frames"]["total"], seconds
+        return counters["stats"]["unique_graphs"], counters["frames"]["total"], compile_breakdown.snapshot()
 
     @contextmanager
     def span(self, label: str):
@@ -97,19 +105,19 @@ class CompileWatch:
         if not self.enabled:
             yield
             return
-        graphs, frames, seconds = self._counts()
+        graphs, frames, timers = self._counts()
         n_reasons, t0 = len(self._handler.reasons), time.perf_counter()
         try:
             yield
         finally:
-            g, f, s = self._counts()
+            g, f, t = self._counts()
             span = next((x for x in self.spans if x.label == label), None)
             if span is None:
-                span = Span(label)
+                span = Span(label, timers={k: 0.0 for k in t})
                 self.spans.append(span)
             span.graphs += g - graphs
             span.frames += f - frames
-            span.compile_s += s - seconds
+            span.timers = compile_breakdown.combine(span.timers, compile_breakdown.combine(t, timers, -1))
             span.wall_s += time.perf_counter() - t0
             span.recompiles += self._handler.reasons[n_reasons:]
 
@@ -120,28 +128,32 @@ class CompileWatch:
     def total(self) -> Span:
         out = Span("total")
         for s in self.spans:
-            out.graphs, out.frames = out.graphs + s.graphs, out.frames + s.frames
-            out.compile_s, out.wall_s = out.compile_s + s.compile_s, out.wall_s + s.wall_s
+            out.graphs, out.frames, out.wall_s = out.graphs + s.graphs, out.frames + s.frames, out.wall_s + s.wall_s
             out.recompiles += s.recompiles
+            out.timers = compile_breakdown.combine(s.timers, out.timers) if out.timers else dict(s.timers)
         return out
 
     def lines(self) -> list[str]:
-        """The start log's summary: one line in all, one per span that compiled, one per distinct reason."""
+        """The start log's summary: one line in all and one with where its seconds went, one per span that
+        compiled (its phases too), one per distinct reason."""
         if not self.enabled:
             return []
         t = self.total()
         lines = [f"compile: {t.graphs} graph(s) from {t.frames} frame(s), {len(t.recompiles)} recompile(s), "
-                 f"{t.compile_s:.1f}s compiling"]
+                 f"{t.compile_s:.1f}s compiling",
+                 f"  compile time: {compile_breakdown.describe(t.breakdown())}"]
         for s in self.spans:
             if s.frames:
                 lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
-                             f"{s.compile_s:.1f}s compiling, {s.wall_s:.1f}s in all")
+                             f"{s.compile_s:.1f}s compiling ({compile_breakdown.describe_phases(s.breakdown())}), "
+                             f"{s.wall_s:.1f}s in all")
         for reason in dict.fromkeys(t.recompiles):
             lines.append(f"  recompiled ({t.recompiles.count(reason)}x): {reason}")
         return lines
 
     def record(self) -> dict:
-        """The metrics record (event "compile")."""
+        """The metrics record (event "compile"): the whole warmup's counts and breakdown, then each span's."""
         t = self.total()
         return {"graphs": t.graphs, "frames": t.frames, "recompiles": len(t.recompiles),
-                "compile_s": round(t.compile_s, 3), "spans": [s.as_record() for s in self.spans]}
+                **compile_breakdown.rounded(t.breakdown()),
+                "spans": [s.as_record() for s in self.spans]}
