@@ -1,4 +1,4 @@
-# The next 4-GPU lease (issues 32, 34, 33), in priority order, about 37 device-minutes of work: cut it where the
+# The next 4-GPU lease (issues 32, 34, 33), in priority order, about 43 device-minutes of work: cut it where the
 # 30-minute budget ends (the later phases stay in docs/experiments.md's owed table). Run from the repository root of
 # the device copy:
 #   setsid scripts/lease.sh /tmp/w8 scripts/plans/wave8.sh > /tmp/w8.log 2>&1 < /dev/null &
@@ -23,6 +23,12 @@ phase bench1 240 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset speed
 # issues 33 and 34: speedrun-latest on 4 GPUs (its compile: bar <= 120 s; issue 34's owed row), 300 steps
 phase latest4 540 $TR -m speedgpt train --preset speedrun-latest --run-dir "$W/runs/dp4-latest" \
     --train.save_final_checkpoint=false --run.report=false $C
+# issue 33 (2): one row shape for speedrun-latest: every stage in rows of 2 x 16,384 (stage 2 in 12 micro-steps
+# instead of 8 x 1 x 49,152; its pieces are <= 8,192, so a row of 16,384 cuts no piece): one training graph fewer.
+# Per-stage step time and compile, against the preset as it is (warm from the default phase). ~6 min.
+S1='[{share=0.33,batch_tokens=131072,seq_len=16384,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=16384,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=16384,max_doc_len=8192}]'
+phase oneshape 600 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 --data.train_files="$DATA" \
+    --ab="--data.seq_len=32768 --train.stages=$S1"
 # issue 34 (1): bf16 gradient reduce-scatter changes the math: its loss on 4 GPUs, 2 seeds each, speedrun-124m
 for seed in 1337 1338; do
     for dt in param bf16; do
