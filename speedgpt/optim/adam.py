@@ -32,6 +32,9 @@ class DistAdam(torch.optim.Optimizer):
         # optim.adam_every > 1 (optim/container.py): per parameter, this rank's slice of the reduced
         # gradients of the steps since the last update, added in at the next step(); zeroed once used
         self.pending: dict[torch.Tensor, torch.Tensor] = {}
+        # model.tie_embed_frac: parameters whose reduced gradient this step went into another's (fold_grad);
+        # they take no update of their own (the container copies the other's values into them)
+        self._folded: set[torch.Tensor] = set()
         self._bucket = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -71,6 +74,26 @@ class DistAdam(torch.optim.Optimizer):
             out.append(g[: self._shard(p)[2]])
         return out
 
+    @torch.no_grad()
+    def fold_grad(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """A tied pair (optim/container.py): this rank's slice of `src`'s reduced gradient is added into
+        `dst`'s and zeroed (norms and clipping then see the pair's one gradient), and `src` is left out of
+        this step's update. Same shape, so the same slice of both. Idempotent within a step."""
+        if src in self._folded:
+            return
+        n = self._shard(dst)[2]
+        g_src = self.grad_sync.wait(self._bucket[src])
+        self.grad_sync.wait(self._bucket[dst])[:n].add_(g_src[:n])
+        g_src.zero_()
+        self._folded.add(src)
+
+    def _skip_folded(self, p: torch.Tensor, b) -> bool:
+        """Release the bucket of a parameter folded into another this step (fold_grad): no update of its own."""
+        if p not in self._folded:
+            return False
+        self.grad_sync.release(b)
+        return True
+
     # -- the update -----------------------------------------------------------------------------
     @staticmethod
     def _adamw(p: torch.Tensor, g: torch.Tensor, state: dict, group: dict) -> None:
@@ -106,8 +129,10 @@ class DistAdam(torch.optim.Optimizer):
                         add_pending(self.pending, p, p.grad)
             return
         for p, b in self._params_in_launch_order():
-            add_pending(self.pending, p, self.grad_sync.wait(b)[: self._shard(p)[2]])
-            self.grad_sync.release(b)
+            if not self._skip_folded(p, b):
+                add_pending(self.pending, p, self.grad_sync.wait(b)[: self._shard(p)[2]])
+                self.grad_sync.release(b)
+        self._folded.clear()
 
     def _with_pending(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         extra = self.pending.get(p)
@@ -127,6 +152,8 @@ class DistAdam(torch.optim.Optimizer):
             return
         gathers = []
         for p, b in self._params_in_launch_order():
+            if self._skip_folded(p, b):
+                continue
             S, lo, n = self._shard(p)
             g = self.grad_sync.wait(b)
             self._with_pending(p, g[:n])
@@ -144,6 +171,7 @@ class DistAdam(torch.optim.Optimizer):
             if not direct:
                 p.view(-1).copy_(full[: p.numel()])
             self.grad_sync.release(b)
+        self._folded.clear()
 
     # -- checkpoints: full state in torch.optim's format ----------------------------------------
     def state_dict(self) -> dict:
