@@ -202,7 +202,8 @@ class GPT(nn.Module):
             self.yarn_scale.copy_(torch.tensor(self.runtime.yarn[1], dtype=torch.float32))
         if self.tying is not None:
             self.embed_untied.fill_(False)  # training starts tied: the embedding holds the head's values
-            self._sync_tying_flag()
+            self.embed_tied = True
+            self.embed.weight.copy_(self.lm_head.weight)
         for m in self.modules():
             if isinstance(m, MoE):
                 m.init_buffers()
