@@ -426,7 +426,9 @@ def test_training_with_every_switch_resumes_exactly_after_the_untie_step(tiny_cf
 
 def test_two_ranks_match_one_rank_with_every_switch(tmp_path, monkeypatch):
     """DistAdam shards the new parameters and the untie copies its sharded state: 2 gloo ranks give
-    one rank's losses (the untie at step 3 of 6 included)."""
+    one rank's losses, 2 micro-steps a step (the untie at step 2 of 6 included). With Adam every other
+    step (speedrun-latest's): while tied, the embedding's reduced slices join the head's, on the steps
+    where they wait for Adam too."""
     import numpy as np
     from test_parallel_train import make_shards, run_cfg, run_here, run_two
 
@@ -435,7 +437,7 @@ def test_two_ranks_match_one_rank_with_every_switch(tmp_path, monkeypatch):
     on = [o for o in ALL_ON if not o.startswith(("--model.backout_layer", "--model.value_embed_layers"))]
     cfg = apply_overrides(run_cfg(make_shards(tmp_path / "data")),
                           on + ["--model.backout_layer=0", "--model.value_embed_layers=[0,1]",  # (1: the last block)
-                                "--model.attn_gate_dim=8", "--train.checkpoint_every=0"])
+                                "--model.attn_gate_dim=8", "--train.checkpoint_every=0", "--optim.adam_every=2"])
     losses_two, val_two = run_two(cfg, tmp_path / "two", tmp_path)
     losses_one, val_one = run_here(cfg, tmp_path / "one")
     assert len(losses_one) == 6 and losses_one[-1] < losses_one[0] - 0.05
