@@ -270,6 +270,23 @@ def test_tied_embedding_holds_the_head_then_untie_copies_weights_and_adam_state(
     assert not fresh.embed_tied and torch.equal(fresh.embed.weight, m.embed.weight)
 
 
+def test_a_tied_checkpoint_from_before_the_tying_became_data_loads_with_the_heads_values():
+    """Checkpoints written before issue 33 left a tied model's unused embedding at its initialization: loaded
+    now, the embedding takes the head's values, so the model computes what the old head lookup did."""
+    cfg = cfg_with("--model.tie_embed_frac=0.5")
+    saved = build_model(cfg, SEQ, "cpu", seed=0)
+    randomize(saved)  # an embedding unlike the head, as such a checkpoint holds it
+    assert saved.embed_tied and not torch.equal(saved.embed.weight, saved.lm_head.weight)
+    x, y = batch()
+    with torch.no_grad():
+        want = old_tying(saved)(x, y)
+    loaded = build_model(cfg, SEQ, "cpu", seed=1)
+    loaded.load_state_dict(saved.state_dict())
+    assert loaded.embed_tied and torch.equal(loaded.embed.weight, saved.lm_head.weight)
+    with torch.no_grad():
+        assert torch.equal(loaded(x, y), want)
+
+
 def old_tying(m):
     """`m` as the tying worked before it became data (issue 33): the lookup reads the head's rows while tied
     (a Python branch that compiled the model twice), and the optimizers know nothing of the tying."""
