@@ -74,7 +74,7 @@ class Optimizers:
         if pair is None:
             return None
         embed, head = pair
-        if getattr(self.adam, "world_size", 1) > 1:  # DistAdam: the reduced slices live in its buckets
+        if getattr(self.adam, "world_size", 1) > 1:  # DistAdam: its reduced slices, folded when first read
             self.adam.fold_grad(embed, head)
         elif embed.grad is not None:  # one rank, or fsdp's reduced DTensor shards (same layout for both)
             if head.grad is None:
