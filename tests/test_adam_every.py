@@ -211,3 +211,15 @@ def test_an_untie_between_adam_steps_trains_as_if_untied_at_the_start_of_that_ad
     drop_checkpoints_after(resumed_dir, 5)
     resumed = train(mid, run_dir=resumed_dir, resume=True, quiet=True)
     assert resumed.train_losses == between.train_losses[5:]  # bitwise on CPU
+
+
+def test_fsdp_folds_the_tied_embeddings_gradient_as_shards(small_vocab_cfg, tmp_path):
+    """model.tie_embed_frac under fsdp (a one-process group): the embedding's reduced gradient joins the head's
+    as DTensor shards of one layout, and the head's values are copied back; the losses are ddp's through the
+    untie (step 2 of 6, an Adam window's start)."""
+    cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.steps=6", "--train.val_every=0", "--train.checkpoint_every=0",
+                                                  "--model.tie_embed_frac=0.5"])
+    fsdp = train(apply_overrides(cfg, ["--parallel.strategy=fsdp"]), run_dir=tmp_path / "A", quiet=True)
+    ddp = train(cfg, run_dir=tmp_path / "B", quiet=True)
+    np.testing.assert_allclose(fsdp.train_losses, ddp.train_losses, rtol=1e-6)
+    assert not fsdp.model.embed_tied

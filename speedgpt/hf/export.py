@@ -137,7 +137,7 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
     state = model.state_dict()
     keep_fp32 = scalar_param_names(cfg) | {k for k in state if k.endswith("expert_bias")}
     state = {k: (v.to(dtype) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}
-    tensors = {k: v.detach().contiguous() for k, v in hf_state(state, model.embed_tied).items()}
+    tensors = {k: v.detach().contiguous() for k, v in hf_state(state).items()}
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
     files = {CONFIG: hf_config(model, cfg, provenance, dtype), GENERATION_CONFIG: generation_config(cfg)}
     for name, data in files.items():

@@ -15,8 +15,8 @@ Files (`speedgpt export RUN --format hf --out DIR`):
 Names: modeling_speedgpt.py mirrors speedgpt's module tree under `model.` (the transformers
 convention: the trunk is `model`, the head `lm_head`), so a speedgpt name maps to `model.<name>`,
 except `lm_head.weight`. One tensor is not carried: the tying phase (`embed_untied`). While the
-embedding is tied to the head, speedgpt's lookup reads the head's rows, so the export writes the
-head's rows as the embedding, and the phase is recorded in the provenance (`embed_tied`) to be put
+embedding is tied to the head it holds the head's values (speedgpt's optimizers keep it so), so the
+embedding is written as it is, and the phase is recorded in the provenance (`embed_tied`) to be put
 back when speedgpt loads the folder.
 """
 
@@ -43,13 +43,10 @@ def speedgpt_name(name: str) -> str:
     return name if name == HEAD else name.removeprefix(TRUNK)
 
 
-def hf_state(state: dict[str, torch.Tensor], embed_tied: bool) -> dict[str, torch.Tensor]:
-    """speedgpt's model state under the modeling file's names. `embed_tied`: the lookup reads the
-    head (tying phase), so the head's rows are written as the embedding."""
-    out = {hf_name(k): v for k, v in state.items() if k != TYING_PHASE}
-    if embed_tied:
-        out[hf_name("embed.weight")] = state[HEAD].detach().clone()
-    return out
+def hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """speedgpt's model state under the modeling file's names, less the tying phase (a tied embedding
+    already holds the head's values: the lookup the model makes)."""
+    return {hf_name(k): v for k, v in state.items() if k != TYING_PHASE}
 
 
 def speedgpt_state(state: dict[str, torch.Tensor], provenance: dict) -> dict[str, torch.Tensor]:

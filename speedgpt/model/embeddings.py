@@ -4,8 +4,8 @@
   init, added to every block's input through one learned scalar per layer.
 - `SmearGate` (record #34): each position's embedding takes a gated share of the previous
   position's embedding, a cheap one-token look-back that attention heads otherwise learn.
-- Tied embedding and lm_head (records #51, #53): the lookup reads the head's rows until the untie
-  step, when the head's weights and Adam state are copied into the embedding (`EmbedTying`).
+- Tied embedding and lm_head (records #51, #53): the embedding holds the head's values until the untie
+  step, when the head's Adam state is copied into the embedding too (`EmbedTying`).
 
 Both look-backs need the token before each position. In training a row's first position has none
 (the records' first position of the batch likewise); with a KV cache, the previous call's last
@@ -89,13 +89,17 @@ class SmearGate(nn.Module):
 class EmbedTying:
     """Embedding tied to the lm_head until `untie_step(total)`, then untied (records #51, #53).
 
-    While tied the lookup reads `lm_head.weight` (same (vocab, dim) layout), which therefore gets the
-    gradients of both uses; `embed.weight` gets none. At the untie step `untie` copies the head's
-    weights and its Adam state (moments and step count, shard for shard: both parameters have the
-    same shape, so every optimizer implementation shards them alike) into the embedding; no Adam
-    gradient is waiting then (optim.adam_every: `untie_step` falls on an Adam window's start). The phase
-    lives in the model's state dict (buffer `embed_untied`), so checkpoints, resume, eval and
-    export all see it."""
+    The tying is data, not structure: the lookup always reads `embed.weight`, so the compiled forward is
+    one graph in both phases (a Python branch between two tables was a second graph, ~75 s of compiling
+    on an H100). While tied, the optimizers keep the embedding equal to the head (same (vocab, dim)
+    layout): after the gradients' reduction the embedding's gradient is added into the head's, which
+    thus gets the gradients of both uses; the embedding takes no step of its own, and after each
+    update it takes the head's values (`Optimizers.fold_tied_grads`, `Optimizers.step`). At the untie
+    step `copy_head_to_embed` copies the head's weights and its Adam state (moments and step count,
+    shard for shard: both parameters have the same shape, so every optimizer implementation shards
+    them alike) into the embedding; no Adam gradient is waiting then (optim.adam_every: `untie_step`
+    falls on an Adam window's start). The phase lives in the model's state dict (buffer
+    `embed_untied`), so checkpoints, resume, eval and export all see it."""
 
     def __init__(self, frac: float):
         self.frac = frac

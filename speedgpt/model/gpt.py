@@ -125,7 +125,9 @@ class GPT(nn.Module):
         self.skip_gates = SkipGates(self.num_skips, gate_dim) if cfg.skip_gates and self.num_skips else None
         self.backout_lambda = nn.Parameter(torch.empty(1)) if cfg.backout_layer >= 0 else None
         self.tying = EmbedTying(cfg.tie_embed_frac) if cfg.tie_embed_frac else None
-        self.embed_tied = self.tying is not None  # the lookup reads lm_head.weight (records #51, #53)
+        # Tied (records #51, #53): the optimizers keep the embedding equal to the head (EmbedTying). A host flag
+        # that forward never reads: both phases run the same compiled graph.
+        self.embed_tied = self.tying is not None
         if self.tying is not None:
             # The phase travels with the weights (checkpoints, eval, export); the Python flag follows it on load.
             self.register_buffer("embed_untied", torch.zeros((), dtype=torch.bool))
@@ -199,7 +201,9 @@ class GPT(nn.Module):
             self.yarn_freq.copy_(torch.tensor(self.runtime.yarn[0], dtype=torch.float32))
             self.yarn_scale.copy_(torch.tensor(self.runtime.yarn[1], dtype=torch.float32))
         if self.tying is not None:
-            self.embed_untied.fill_(False)  # training starts tied
+            self.embed_untied.fill_(False)  # training starts tied: the embedding holds the head's values
+            self.embed_tied = True
+            self.embed.weight.copy_(self.lm_head.weight)
         for m in self.modules():
             if isinstance(m, MoE):
                 m.init_buffers()
@@ -213,8 +217,14 @@ class GPT(nn.Module):
         return [self.embed, *self.value_embeds] + ([self.bigram.embed] if self.bigram is not None else [])
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Token embeddings; while tied to the head, its rows (records #51, #53)."""
-        return F.embedding(tokens, self.lm_head.weight) if self.embed_tied else self.embed(tokens)
+        """Token embeddings, in both tying phases from the embedding (tied, it holds the head's values)."""
+        return self.embed(tokens)
+
+    def tied_params(self) -> tuple[nn.Parameter, nn.Parameter] | None:
+        """(embedding, head) while the embedding is tied to the head (model.tie_embed_frac), else None: the
+        optimizers add the embedding's gradient into the head's and copy the head's values back after each
+        update (optim/container.py), so the lookup of the embedding reads the head's rows."""
+        return (self.embed.weight, self.lm_head.weight) if self.embed_tied else None
 
     def sync_embed_tying(self, step: int, total_steps: int, optimizers=None) -> bool:
         """Put embedding/head tying in the phase of training step `step` (the loop calls this before each
@@ -230,8 +240,13 @@ class GPT(nn.Module):
         self.embed_tied = False
         return True
 
+    @torch.no_grad()
     def _sync_tying_flag(self) -> None:
         self.embed_tied = not bool(self.embed_untied)  # once per load: a host read is fine here
+        if self.embed_tied:
+            # The head's values, also where the state dict's embedding is not them: checkpoints and exports
+            # written before the tying became data left the unused embedding at its initialization.
+            self.embed.weight.copy_(self.lm_head.weight)
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         """Parameters by optimizer role: hidden matrices go to Muon, the rest to Adam."""
@@ -285,13 +300,10 @@ class GPT(nn.Module):
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None
-        if self.tying is None and self.smear is None:
-            x = x0 = norm(self.embed(inputs_BT).to(dtype))
-        else:
-            e = self.embed_tokens(inputs_BT).to(dtype)
-            if self.smear is not None:
-                e = self.smear(e, None if prev is None else self.embed_tokens(prev).to(dtype))
-            x = x0 = norm(e)
+        e = self.embed_tokens(inputs_BT).to(dtype)
+        if self.smear is not None:
+            e = self.smear(e, None if prev is None else self.embed_tokens(prev).to(dtype))
+        x = x0 = norm(e)
         bigram = self.bigram(inputs_BT, prev).to(dtype) if self.bigram is not None else None
         ves = [ve(inputs_BT).to(dtype) for ve in self.value_embeds]
         skips: list[torch.Tensor] = []

@@ -32,6 +32,10 @@ class DistAdam(torch.optim.Optimizer):
         # optim.adam_every > 1 (optim/container.py): per parameter, this rank's slice of the reduced
         # gradients of the steps since the last update, added in at the next step(); zeroed once used
         self.pending: dict[torch.Tensor, torch.Tensor] = {}
+        # model.tie_embed_frac, this step: {src: dst} whose reduced gradients are summed into dst's (fold_grad),
+        # src taking no update of its own (the container copies dst's values into it), and the srcs done
+        self._tied: dict[torch.Tensor, torch.Tensor] = {}
+        self._folded: set[torch.Tensor] = set()
         self._bucket = {}
         for group in self.param_groups:
             for p in group["params"]:
@@ -66,11 +70,44 @@ class DistAdam(torch.optim.Optimizer):
 
     def reduced_grads(self) -> list[torch.Tensor]:
         """This rank's slices of the averaged gradients (for distributed norm clipping)."""
+        self._fold()
         out = []
         for p, b in self._params_in_launch_order():
             g = self.grad_sync.wait(b)
             out.append(g[: self._shard(p)[2]])
         return out
+
+    def fold_grad(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """A tied pair (optim/container.py), this step: this rank's slice of `src`'s reduced gradient is to be
+        added into `dst`'s and zeroed, and `src` left out of the update (same shape, so the same slice of both).
+        Done when the gradients are first read (`reduced_grads`) or else at `dst`'s update, which comes after
+        every other parameter's: src (the embedding) is reduced last, and waiting for it first would hold the
+        other updates back from overlapping its reduce-scatter."""
+        self._tied[src] = dst
+
+    @torch.no_grad()
+    def _fold(self) -> None:
+        for src, dst in self._tied.items():
+            if src not in self._folded:
+                n = self._shard(dst)[2]
+                g_src = self.grad_sync.wait(self._bucket[src])
+                self.grad_sync.wait(self._bucket[dst])[:n].add_(g_src[:n])
+                g_src.zero_()  # norms and clipping see the pair's one gradient
+                self._folded.add(src)
+
+    def _update_order(self) -> list:
+        """(parameter, bucket) in launch order, without the tied srcs, and the tied dsts last (see fold_grad)."""
+        dsts = {id(d) for d in self._tied.values()}
+        order = [(p, b) for p, b in self._params_in_launch_order() if p not in self._tied]
+        return [x for x in order if id(x[0]) not in dsts] + [x for x in order if id(x[0]) in dsts]
+
+    def _end_step(self) -> None:
+        """Release the tied srcs' buckets (held until folded) and forget this step's pairs."""
+        self._fold()
+        for src in self._tied:
+            self.grad_sync.release(self._bucket[src])
+        self._tied.clear()
+        self._folded.clear()
 
     # -- the update -----------------------------------------------------------------------------
     @staticmethod
@@ -106,9 +143,11 @@ class DistAdam(torch.optim.Optimizer):
                     if p.grad is not None:
                         add_pending(self.pending, p, p.grad)
             return
-        for p, b in self._params_in_launch_order():
+        self._fold()  # nothing to overlap: no update
+        for p, b in self._update_order():
             add_pending(self.pending, p, self.grad_sync.wait(b)[: self._shard(p)[2]])
             self.grad_sync.release(b)
+        self._end_step()
 
     def _with_pending(self, p: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         extra = self.pending.get(p)
@@ -127,7 +166,10 @@ class DistAdam(torch.optim.Optimizer):
                         self._adamw(p, self._with_pending(p, p.grad), self.state[p], group)
             return
         gathers = []
-        for p, b in self._params_in_launch_order():
+        dsts = {id(d) for d in self._tied.values()}
+        for p, b in self._update_order():
+            if id(p) in dsts:
+                self._fold()
             S, lo, n = self._shard(p)
             g = self.grad_sync.wait(b)
             self._with_pending(p, g[:n])
@@ -147,6 +189,7 @@ class DistAdam(torch.optim.Optimizer):
             if not direct:
                 p.view(-1).copy_(full[: p.numel()])
             self.grad_sync.release(b)
+        self._end_step()
 
     # -- checkpoints: full state in torch.optim's format ----------------------------------------
     def state_dict(self) -> dict:

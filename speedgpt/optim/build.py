@@ -95,4 +95,4 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
         for group in opt.param_groups if opt is not None else []:
             group["initial_lr"] = group["lr"]
     return Optimizers(adam, muon, {id(p): name for name, p in model.named_parameters()}, sync,
-                      adam_every=cfg.adam_every)
+                      adam_every=cfg.adam_every, tied=model.tied_params)

@@ -15,11 +15,18 @@ gradients are summed into `pending` (this rank's part of each when sharded) and 
 step; on its step that sum is added to the step's gradient. `pending` is part of the state
 (`"adam_pending": {name: {"grad": full tensor}}`), so a checkpoint taken between two Adam steps
 resumes exactly, on any world size.
+
+A tied pair (model.tie_embed_frac: `tied()` gives (embedding, head) while tied): the embedding's
+reduced gradient is added into the head's before anything reads the gradients (`fold_tied_grads`:
+the trainer calls it before clipping, `step` otherwise), the embedding takes no step of its own, and
+after each Adam update it is given the head's values on every rank. So it equals the head throughout
+the tied phase, the head's gradient (and its waiting sum) holds both uses, as one shared table's
+would, and the model's forward reads the embedding in both phases (one compiled graph).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -34,8 +41,9 @@ def add_pending(pending: dict[torch.Tensor, torch.Tensor], p: torch.Tensor, g: t
 
 class Optimizers:
     def __init__(self, adam: torch.optim.Optimizer, muon: torch.optim.Optimizer | None, names: dict[int, str],
-                 grad_sync, adam_every: int = 1):
+                 grad_sync, adam_every: int = 1, tied: Callable[[], tuple | None] | None = None):
         self.adam = adam
+        self.tied = tied or (lambda: None)  # () -> (embedding, head) while tied (GPT.tied_params), else None
         self.muon = muon
         self.names = names  # id(parameter) -> its name in the model
         self.grad_sync = grad_sync  # the shared gradient reduction (a no-op on one rank)
@@ -58,14 +66,40 @@ class Optimizers:
         the odd ones)."""
         return (step + 1) % self.adam_every == 0
 
+    @torch.no_grad()
+    def fold_tied_grads(self) -> tuple | None:
+        """While tied: the embedding's gradient (reduced) joins the head's, and the embedding has none left
+        to step on. Idempotent within a step. Returns the tied pair (None when untied)."""
+        pair = self.tied()
+        if pair is None:
+            return None
+        embed, head = pair
+        if getattr(self.adam, "world_size", 1) > 1:  # DistAdam: its reduced slices, folded when first read
+            self.adam.fold_grad(embed, head)
+        elif embed.grad is not None:  # one rank, or fsdp's reduced DTensor shards (same layout for both)
+            if head.grad is None:
+                head.grad = embed.grad.to(head.dtype)
+            else:
+                head.grad.add_(embed.grad)
+            embed.grad = None
+        return pair
+
     def step(self, step: int | None = None) -> None:
-        """Step every member; with adam_every > 1, Adam only when `step` is due (else its gradients wait)."""
+        """Step every member; with adam_every > 1, Adam only when `step` is due (else its gradients wait).
+        A tied embedding takes the head's values after an Adam update (see the module's docstring)."""
+        if self.adam_every > 1 and step is None:
+            raise ValueError("optim.adam_every > 1: Optimizers.step needs the step number")
+        tied = self.fold_tied_grads()
+        self._step_members(step)
+        if tied is not None and (self.adam_every == 1 or self.adam_due(step)):
+            with torch.no_grad():
+                tied[0].copy_(tied[1])  # every rank holds the whole updated head (after DistAdam's all-gather)
+
+    def _step_members(self, step: int | None) -> None:
         if self.adam_every == 1:
             for opt in self:
                 opt.step()
             return
-        if step is None:
-            raise ValueError("optim.adam_every > 1: Optimizers.step needs the step number")
         if self.adam_due(step):
             if not self._adam_stashes:  # DistAdam adds its pending slices itself
                 self._add_pending_to_grads()

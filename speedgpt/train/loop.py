@@ -211,6 +211,7 @@ class Trainer:
             self.grad_sync.prepare(final=i == grad_accum - 1)  # only the last backward communicates
             loss.backward()
             total += loss.detach()
+        self.optimizers.fold_tied_grads()  # model.tie_embed_frac: before anything reads the gradients (clipping)
         norm = None
         if self.cfg.optim.grad_clip:
             norm = clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)  # works on sharded, reduced grads

@@ -14,16 +14,11 @@ from ..stages import StagePlan
 def warmup_steps(cfg: Config, plan: StagePlan) -> list[int]:
     """The steps the warmup trains: train.warmup_steps spread over the run, so every window size the
     run will use gets compiled, plus the first step of every later stage (its batch, row length and
-    MTP weight count are new shapes), and model.tie_embed_frac's untie step (the untied model is
-    another graph; the spread misses it when the untie comes late), in order."""
-    from ..model.embeddings import EmbedTying
-
+    MTP weight count are new shapes), in order. model.tie_embed_frac's untie step needs none: both
+    phases run one graph (model/embeddings.py EmbedTying), and the untie's own work is eager."""
     n, total = cfg.train.warmup_steps, cfg.train.steps
     spread = [min(total - 1, (i * total) // n) for i in range(n)]
     extra = {stage.start for stage in plan.stages} if plan.from_table else set()
-    if n and cfg.model.tie_embed_frac:
-        untie = EmbedTying(cfg.model.tie_embed_frac).untie_step(total, cfg.optim.adam_every)
-        extra |= {untie} if untie < total else set()
     if not extra:
         return spread
     return sorted(set(spread) | extra)
