@@ -86,8 +86,10 @@ def _source(relative: str) -> str:
         return ""
 
 
+@cache
 def names(key: str, relative: str, suffix: bool = False) -> bool:
-    """Whether this torch's source file `relative` names `key` as a string (a timer key or counter name)."""
+    """Whether this torch's source file `relative` names `key` as a string (a timer key or counter name).
+    Cached: `snapshot` asks around every training step (compile_watch's span), and the answer is the process's."""
     return (f'{key}"' if suffix else f'"{key}"') in _source(relative)
 
 
