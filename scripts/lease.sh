@@ -7,7 +7,8 @@
 #   setsid scripts/lease.sh OUT_DIR PLAN > OUT_DIR.log 2>&1 < /dev/null &   # PLAN: e.g. scripts/plans/wave7.sh
 #   scripts/lease.sh OUT_DIR status [N]     # the phases so far and each phase log's last N lines
 #   scripts/lease.sh OUT_DIR collect TAR    # logs, metrics and summaries (no checkpoints or caches) in one tarball
-#     (compile caches, compile_bench.sh's cache-* folders included, would pass the device tool's size limit)
+#     (compile caches, compile_bench.sh's cache-* folders and bench's profile traces would pass the device tool's
+#     size limit: copy a trace to $OUT alone)
 # A plan is a bash file sourced here: it calls `phase NAME TIMEOUT_S COMMAND...` in order and may use $W (OUT_DIR),
 # $PY, $DATA (the local corpus, built by the plan's first phase), $TR (torchrun on every GPU) and $C (the 300-step
 # training arguments of the A/B rows).
@@ -22,7 +23,7 @@ if [ "$MODE" = status ]; then
 fi
 if [ "$MODE" = collect ]; then
     tar -czf "${3:?collect needs a TAR path}" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' \
-        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' --exclude='cache-*' --exclude='*.bin' "$(basename "$W")"
+        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' --exclude='cache-*' --exclude='*.bin' --exclude='profile-*.json.gz' "$(basename "$W")"
     exit $?
 fi
 [ -f "$MODE" ] || { echo "lease.sh: no plan file '$MODE' (see scripts/plans/)"; exit 2; }
