@@ -23,7 +23,8 @@ if [ "$MODE" = status ]; then
 fi
 if [ "$MODE" = collect ]; then
     tar -czf "${3:?collect needs a TAR path}" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' \
-        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' --exclude='cache-*' --exclude='*.bin' --exclude='profile-*.json.gz' "$(basename "$W")"
+        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' --exclude='cache-*' --exclude='*.bin' \
+        --exclude='profile-*.json.gz' "$(basename "$W")"
     exit $?
 fi
 [ -f "$MODE" ] || { echo "lease.sh: no plan file '$MODE' (see scripts/plans/)"; exit 2; }
