@@ -240,7 +240,17 @@ def timed_steps(total: int, steps: int, at_step: int | None = None, adam_every: 
 
 def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[float], float]:
     """(seconds per step, exposed communication ms per step, host seconds in the loader in all) of
-    one training step at each schedule position: CUDA events on a GPU, the wall clock elsewhere."""
+    one training step at each schedule position: CUDA events on a GPU, the wall clock elsewhere.
+
+    On a GPU the steps run back to back as in training: the host queues the next step while the GPU
+    runs this one (no sync between steps; a sync per step added the host's own start of every step,
+    loader included, to its time: 4 GPUs' shorter steps lost more of it). Step i's time runs from
+    the mark after step i-1 to the mark after it, so a GPU waiting for the host still counts. All
+    ranks start the window together (a barrier): a rank that left its compile first would otherwise
+    time its wait for the others."""
+    from .parallel.ddp import wait_ms
+    from .parallel.dist import barrier
+
     cuda = trainer.device.type == "cuda"
     # Host time spent handing out batches: the loader's whole cost to the step (copies are async).
     loader_s = [0.0]
@@ -255,21 +265,26 @@ def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[fl
     trainer.loader.next_batch = timed_next_batch
     step_times, comm_ms = [], []
     try:
-        for s in schedule_steps:
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
+        if cuda:
+            barrier()
+            torch.cuda.synchronize(trainer.device)
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(schedule_steps) + 1)]
+            waits = []
+            marks[0].record()
+            for i, s in enumerate(schedule_steps):
                 trainer.train_step(s)
-                end.record()
-                end.synchronize()
-                step_times.append(start.elapsed_time(end) / 1e3)
-                wait = trainer.grad_sync.comm_wait_ms()
-                if wait is not None:
-                    comm_ms.append(wait)
-            else:
+                marks[i + 1].record()
+                waits.append(trainer.grad_sync.take_timers())  # read after the window: reading syncs
+            marks[-1].synchronize()
+            step_times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+        else:
+            waits = []
+            for s in schedule_steps:
                 t = time.perf_counter()
                 trainer.train_step(s)
                 step_times.append(time.perf_counter() - t)
+                waits.append(trainer.grad_sync.take_timers())
+        comm_ms = [ms for ms in map(wait_ms, waits) if ms is not None]
     finally:
         trainer.loader.next_batch = next_batch  # unwrapped: a later call wraps it afresh
     return step_times, comm_ms, loader_s[0]

@@ -104,3 +104,29 @@ def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread
     assert "A per stage (1 timed steps in each" in text and "run mean (stages weighted by their steps)" in text
     assert "A memory estimate: ddp on 1 rank(s)" in text and "recompile(s) after the warmup" not in text
     assert "recompile(s) after the warmup" in format_results([("A", dict(out, per_stage=[dict(rows[0], recompiles=2)]))], None)
+
+
+def test_time_steps_reads_each_steps_communication_waits_after_the_step():
+    """A step's waits are handed over before the next step starts (which clears them: GradSync's
+    `timing` setter) and read once the window ends, so no step is timed with a sync inside it."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from speedgpt.bench import time_steps
+    from speedgpt.parallel.ddp import GradSync
+
+    sync = GradSync(world_size=2, rank=0, device=torch.device("cpu"))
+    steps_run = []
+
+    def train_step(s):
+        sync.timing = True  # what the trainer does on a logging step: clears the last step's waits
+        sync._timers.append(float(s))  # a gloo wait of s ms (host clock)
+        steps_run.append(s)
+
+    loader = SimpleNamespace(next_batch=lambda: None)
+    trainer = SimpleNamespace(device=torch.device("cpu"), train_step=train_step, grad_sync=sync, loader=loader)
+    step_times, comm_ms, loader_s = time_steps(trainer, [3, 5, 7])
+    assert steps_run == [3, 5, 7] and len(step_times) == 3
+    assert comm_ms == [3.0, 5.0, 7.0]  # each step's own wait; none lost to the next step's clearing
+    assert sync.comm_wait_ms() is None  # handed over: nothing left behind

@@ -112,13 +112,13 @@ class GradSync:
     def comm_wait_ms(self) -> float | None:
         """Milliseconds spent waiting for communication since the last call (None: nothing timed).
         Reading CUDA events synchronizes: call this on logging steps only."""
-        if not self._timers:
-            return None
-        total = 0.0
-        for t in self._timers:
-            total += t[0].elapsed_time(t[1]) if isinstance(t, tuple) else t
-        self._timers.clear()
-        return total
+        return wait_ms(self.take_timers())
+
+    def take_timers(self) -> list:
+        """The timed step's waits, unread, handed over (reading them later, with `wait_ms`, lets a
+        bench time steps back to back without a host sync between them)."""
+        timers, self._timers = self._timers, []
+        return timers
 
     # -- hooks ----------------------------------------------------------------------------------
     def _on_grad_ready(self, p: torch.Tensor) -> None:
@@ -213,6 +213,14 @@ class GradSync:
             self.armed = False
 
 
+def wait_ms(timers: list) -> float | None:
+    """Milliseconds in the waits `take_timers` handed over (None: nothing timed); CUDA events
+    synchronize when read."""
+    if not timers:
+        return None
+    return sum(t[0].elapsed_time(t[1]) if isinstance(t, tuple) else t for t in timers)
+
+
 class NoSync:
     """World size 1: nothing to reduce. Same interface as GradSync."""
 
@@ -224,6 +232,9 @@ class NoSync:
 
     def comm_wait_ms(self) -> float | None:
         return None
+
+    def take_timers(self) -> list:
+        return []
 
 
 def grad_sync_of(optimizers) -> GradSync | NoSync:
