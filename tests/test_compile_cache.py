@@ -87,6 +87,20 @@ def test_cache_folder_and_config_digest(tmp_path, monkeypatch):
     assert config_digest(base.to_dict(), 4) != config_digest(base.to_dict(), 1)
 
 
+def test_each_rank_keeps_a_file_of_its_own(tmp_path):
+    """Inductor keys a graph by its inputs' device (cuda:r on rank r): one rank's artifacts warm no other
+    rank, so under torchrun every rank saves and loads its own file; one process keeps the plain name."""
+    cpu, cfg = torch.device("cpu"), Config().to_dict()
+    one = CompileCache.for_run(str(tmp_path), cfg, 1, cpu)
+    r0, r1 = (CompileCache.for_run(str(tmp_path), cfg, 4, cpu, rank=r) for r in (0, 1))
+    assert one.artifacts.name == f"artifacts-{one.digest}.bin"
+    assert r0.digest == r1.digest and len({r0.artifacts, r1.artifacts, r0.meta, r1.meta}) == 4
+    assert r1.artifacts.name == f"artifacts-{r1.digest}-rank1.bin" and r1.meta.name.endswith("-rank1.json")
+    r0.folder.mkdir(parents=True)
+    r0.artifacts.write_bytes(b"rank 0's")
+    assert "nothing saved for this config yet" in r1.load()  # rank 1 never reads rank 0's file
+
+
 def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch):
     from speedgpt.parallel.dist import DistInfo
     from speedgpt.train.compile import open_compile_cache

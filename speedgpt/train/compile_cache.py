@@ -6,8 +6,11 @@ Two layers, both under one folder per (torch, Triton, Python, device) key:
 - Inductor's and Triton's own on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR point there):
   a second run on the same machine finds its kernels without any help;
 - torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`, one file per config
-  digest, written by rank 0 after the compile warmup), which `load_cache_artifacts` writes back
-  into those caches on a fresh machine before the first compile.
+  digest, written after the compile warmup), which `load_cache_artifacts` writes back into those
+  caches on a fresh machine before the first compile. Under torchrun every rank writes and reads a
+  file of its own: Inductor's cache keys hold the inputs' device, cuda:0 on rank 0 and cuda:r on
+  rank r, so rank 0's file warms nobody else (wave 8: on 4 GPUs warm on rank 0 alone, its start
+  waited ~90 s at the first collectives for ranks 1-3's cold compiles).
 A file made by other versions or another device (copied in by hand, say) or one that does not read
 back is ignored with one line: a cache can make a start faster, never fail a run.
 """
@@ -83,23 +86,30 @@ class CompileCache:
     folder: Path
     digest: str
     versions: dict[str, str]
+    rank: int | None = None  # None: one process; else this rank's own file (see the module's docstring)
 
     @classmethod
-    def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device) -> CompileCache | None:
+    def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device,
+                rank: int = 0) -> CompileCache | None:
         """The cache of train.compile_cache = `setting` ("" the default folder, "off" none, else a folder)."""
         if setting == "off":
             return None
         v = versions(device)
         root = Path(setting).expanduser() if setting else default_root()
-        return cls(root / folder_name(v), config_digest(cfg_dict, world_size), v)
+        return cls(root / folder_name(v), config_digest(cfg_dict, world_size), v,
+                   rank if world_size > 1 else None)
 
     @property
     def artifacts(self) -> Path:
-        return self.folder / f"artifacts-{self.digest}.bin"
+        return self.folder / f"artifacts-{self._name}.bin"
 
     @property
     def meta(self) -> Path:
-        return self.folder / f"artifacts-{self.digest}.json"
+        return self.folder / f"artifacts-{self._name}.json"
+
+    @property
+    def _name(self) -> str:
+        return self.digest if self.rank is None else f"{self.digest}-rank{self.rank}"
 
     def activate(self) -> str:
         """Point Inductor's and Triton's on-disk caches into the folder (before the first compile); returns

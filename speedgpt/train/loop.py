@@ -262,7 +262,7 @@ class Trainer:
         if watch.enabled:
             self.metrics.log({"event": "compile", "step": self.step, "tokens": self.tokens, "time_s": 0.0,
                               **watch.record()})
-        if self.compile_cache is not None and self.dist.is_main:  # what a later run loads (compile_cache.py)
+        if self.compile_cache is not None:  # what a later run loads: every rank its own (compile_cache.py)
             self.log(self.compile_cache.save() or "compile cache: torch recorded nothing to save")
         return warm_s
 
