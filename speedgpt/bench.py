@@ -418,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="speedgpt bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=None,
-                   help="preset to measure (default: tiny-cpu without a GPU, speedrun-124m with one)")
+                   help="preset to measure (default: tiny-cpu without a GPU, speedrun-latest with one)")
     p.add_argument("--config", default=None, help="a config.toml to measure instead, e.g. a run's")
     p.add_argument("--steps", type=int, default=20, help="timed steps (after warmup)")
     p.add_argument("--at-step", type=int, default=None, help="time every step at this schedule position")

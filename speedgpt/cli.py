@@ -59,7 +59,7 @@ def _error_line(e: BaseException) -> str:
 
 
 COMMANDS = {
-    "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-124m on a GPU)"),
+    "train": (cmd_train, "train a model (default job: tiny-cpu on CPU, speedrun-latest on a GPU)"),
     "data": (cmd_data, "prepare shards: tokenize FILES | local-python | fineweb"),
     "tokenizer": (cmd_tokenizer, "your own BPE tokenizer: train DATA --vocab-size N --out DIR | eval DIR DATA"),
     "sft": (cmd_sft, "fine-tune a base run on conversations (assistant tokens only): BASE_RUN [--data FILE ...]"),

@@ -13,7 +13,7 @@ TRAIN_EPILOG = """\
 overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.muon_lr=0.03
            --train.steps=500 --data.train_files=data/mycorpus  (`speedgpt config` lists every key)
 examples:
-  speedgpt train                                   # default: tiny-cpu on CPU, speedrun-124m on a GPU
+  speedgpt train                                   # default: tiny-cpu on CPU, speedrun-latest on a GPU
   speedgpt train --preset speedrun-124m --train.steps=300
   speedgpt train --config runs/x/config.toml       # reproduce a run
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
@@ -28,7 +28,7 @@ one that another `speedgpt train` is using right now (its lock file RUN_DIR/.spe
 def cmd_train(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="speedgpt train", description="Train a GPT model.", epilog=TRAIN_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", help="preset name (default: tiny-cpu without a GPU, speedrun-124m with one)")
+    p.add_argument("--preset", help="preset name (default: tiny-cpu without a GPU, speedrun-latest with one)")
     p.add_argument("--config", help="a config.toml, e.g. one saved in a run directory")
     p.add_argument("--resume", metavar="RUN_DIR", help="resume RUN_DIR from its latest checkpoint")
     p.add_argument("--run-dir", help="where to write the run (default runs/<name>-<time>)")
