@@ -88,24 +88,28 @@ def test_a_real_4gpu_trace_places_compiled_kernels_and_the_reduction():
     assert "its compiled graphs' at 172.09" in text and "_allgather_base        x1" in text
 
 
-def test_a_real_cpu_profile_nests_the_backwards_ops_under_the_engine(tmp_path):
-    """The CPU half of the placing on this torch, through the trace it writes: ops run by the backward
-    nest under the engine's range, the forward's do not."""
-    from torch.profiler import ProfilerActivity, profile, record_function
+def test_bench_profiles_a_step_through_the_trace_it_keeps_and_nests_the_backwards_ops(tmp_path, capsys):
+    """bench's profile on this torch (CPU): the report read from the trace it writes, whose ops run by the
+    backward nest under the engine's range, the forward's not."""
+    from types import SimpleNamespace
 
-    layer, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function(STEP_RANGE):
-            layer(x).square().sum().backward()
-    prof.export_chrome_trace(str(tmp_path / "cpu.json.gz"))
-    events = load_trace(tmp_path / "cpu.json.gz")
+    from speedgpt.bench import profile_steps
+
+    layer = torch.nn.Linear(8, 8)
+    trainer = SimpleNamespace(train_step=lambda s: layer(torch.randn(4, 8)).square().sum().backward(),
+                              sync_device=lambda: None, dist=SimpleNamespace(is_main=True))
+    mean = profile_steps(trainer, [0], rows=3, step_ms=1.0, trace=tmp_path / "profile-A.json.gz")
+    out = capsys.readouterr().out
+    assert f"profile trace: {tmp_path / 'profile-A.json.gz'}" in out and "step 1: no kernel" in out
+    assert mean["comm_ms"] == 0 and mean["comm_lead_ms"] is None  # no GPU here: no kernel
+    events = load_trace(tmp_path / "profile-A.json.gz")
     ops = list(trace_ops(events).values())
     forward = [op for op in ops if op.name == "aten::addmm"]
     backward = [op for op in ops if op.name == "aten::mm"]  # the weight's gradient
     assert forward and backward
     assert not any(op.backward for op in forward) and all(op.backward and op.phase == "backward" for op in backward)
-    assert trace_kernels(events) == ([], [pytest.approx((e["ts"], e["ts"] + e["dur"])) for e in events
-                                          if e.get("name") == STEP_RANGE], 0)
+    kernels, windows, unlinked = trace_kernels(events)
+    assert kernels == [] and len(windows) == 1 and unlinked == 0
 
 
 def test_an_unreadable_trace_is_one_line_naming_the_file(tmp_path):
