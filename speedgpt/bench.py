@@ -180,7 +180,8 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trac
     time by kernel category and the communication against compute per step; returns the mean of
     the latter (kernel_timeline.py; None on other ranks). The figures are read from the profile's
     Chrome trace (the one source, benchmarks/trace_report.py reads a saved one the same way):
-    `trace` keeps it (gzipped; chrome://tracing, Perfetto), else it goes to a temporary file."""
+    `trace` keeps it (gzipped; chrome://tracing, Perfetto), else it goes to a temporary file; with
+    `trace` every other rank keeps its own too (rank_trace), to find the rank the others wait for."""
     from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
 
     from .kernel_timeline import STEP_RANGE, load_trace, profiled_steps
@@ -192,6 +193,8 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trac
                 trainer.train_step(s)
                 trainer.sync_device()
     if not trainer.dist.is_main:
+        if trace is not None:
+            prof.export_chrome_trace(str(rank_trace(trace, trainer.dist.rank)))
         return None
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
     with tempfile.TemporaryDirectory(prefix="speedgpt-trace-") as tmp:
@@ -205,6 +208,12 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trac
     lines, mean = trace_report(steps, outside, unlinked)
     print("\n".join(lines), flush=True)
     return mean
+
+
+def rank_trace(trace: Path, rank: int) -> Path:
+    """Where rank `rank` writes the trace bench names `trace`: rank 0 there, rank r beside it
+    (profile-A.json.gz, profile-A-rank1.json.gz, ...)."""
+    return trace if rank == 0 else trace.with_name(trace.name.replace(".json", f"-rank{rank}.json", 1))
 
 
 def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
@@ -411,7 +420,7 @@ def profile_traces(p: argparse.ArgumentParser, folder: str | None, profile: int)
     if root.exists() and not root.is_dir():
         p.error(f"--profile-trace {folder}: a file, not a folder; give a folder")
     paths = {label: root / f"profile-{label}.json.gz" for label in ("A", "B")}
-    taken = [str(q) for q in paths.values() if q.exists()]
+    taken = [str(q) for q in paths.values() if q.exists()] + sorted(str(q) for q in root.glob("profile-*-rank*"))
     if taken:
         p.error(f"--profile-trace {folder}: {taken[0]} exists; give a new folder")
     root.mkdir(parents=True, exist_ok=True)
@@ -433,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and the communication kernels' overlap with compute")
     p.add_argument("--profile-trace", default=None, metavar="DIR",
                    help="with --profile: rank 0 writes each config's profiled steps to DIR/profile-A.json.gz "
-                        "(and -B) as a Chrome trace (Perfetto, chrome://tracing)")
+                        "(and -B) as a Chrome trace (Perfetto, chrome://tracing), rank r to "
+                        "DIR/profile-A-rank<r>.json.gz; benchmarks/trace_report.py reads them")
     p.add_argument("--per-stage", action="store_true",
                    help="time --steps steps inside each stage of the config's stage table (train.stages) and print "
                         "each stage's figures and the run's mean (stages weighted by their steps)")

@@ -140,3 +140,24 @@ def trace_report(steps: list[list[Kernel]], outside: int, unlinked: int, each: b
     for i, kernels in enumerate(steps):
         lines += describe_step(kernels, f"step {i + 1}", each)
     return lines, mean_overlap(per_step)
+
+
+def compare_traces(traces: list[tuple[str, list[list[Kernel]]]]) -> list[str]:
+    """One line per trace and profiled step: its figures (step_summary) and, on the clock the traces
+    share (the ranks of one host), when its compiled backward ends and its step's last kernel ends,
+    from the earliest first kernel among them: the rank whose backward ends last is the one the
+    others wait for."""
+    lines = [f"{'trace':28s} {'step':>4s} {'span':>7s} {'busy':>7s} {'NCCL':>6s} {'idle':>6s} "
+             f"{'bwd graph end':>13s} {'last end':>9s}  (ms; the two ends from the earliest start)"]
+    for i in range(max(len(steps) for _, steps in traces)):
+        present = [(name, steps[i]) for name, steps in traces if i < len(steps) and steps[i]]
+        if not present:
+            continue
+        t0 = min(min(k.start for k in ks) for _, ks in present)
+        for name, ks in present:
+            s = step_summary(ks)
+            end = backward_end(ks, graphs_only=True)
+            end_text = "-" if end is None else f"{(end - t0) / 1e3:.2f}"
+            lines.append(f"{name[-28:]:28s} {i + 1:4d} {s['span']:7.2f} {s['busy']:7.2f} {s['nccl_wait']:6.2f} "
+                         f"{s['idle']:6.2f} {end_text:>13s} {(max(k.end for k in ks) - t0) / 1e3:9.2f}")
+    return lines

@@ -161,3 +161,18 @@ def test_a_steps_compute_gaps_split_into_waits_on_nccl_and_idle_time():
     assert s["span"] == pytest.approx(0.050) and s["busy"] == pytest.approx(0.033)
     assert s["nccl_wait"] == pytest.approx(0.015) and s["idle"] == pytest.approx(0.002)
     assert s["nccl_after"] == pytest.approx(0.005)
+
+
+def test_traces_of_several_ranks_line_up_on_their_shared_clock():
+    """The rank whose compiled backward ends last is the one the others wait for: its end is read on the
+    clock the ranks' traces share, from the earliest step start among them."""
+    from dataclasses import replace
+
+    from speedgpt.step_timeline import compare_traces
+
+    steps, _, _ = profiled_steps(load_trace(FIXTURE))
+    late = [[replace(k, start=k.start + 1500, end=k.end + 1500) for k in steps[0]]]  # 1.5 ms behind
+    lines = compare_traces([("rank0", steps), ("rank1", late)])
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert float(rows["rank1"][6]) - float(rows["rank0"][6]) == pytest.approx(1.5, abs=0.01)
+    assert rows["rank0"][2] == rows["rank1"][2]  # each one's own span is the same
