@@ -6,8 +6,8 @@ and nothing else.
     python scripts/cut_trace_fixture.py /work/w8share/profile-A.json.gz tests/fixtures/profile_4gpu_excerpt.json
 
 The source: wave 8's `torchrun --nproc_per_node=4 -m speedgpt bench --preset speedrun-124m --profile 10
---profile-trace DIR` on 4 x H100 (torch 2.11, commit 29d9089), profile-A (reduce-scatters in the parameters' dtypes). Kept, from
-its 2nd profiled step: the first forward graph's first 3 kernels, the last backward graph's last 3, the
+--profile-trace DIR` on 4 x H100 (torch 2.11, commit 29d9089), profile-A (reduce-scatters in the parameters'
+dtypes). Kept, from its 2nd profiled step: the first forward graph's first 3 kernels, the last backward graph's last 3, the
 backward's last kernel (a bucket's packing, outside the graph), the first 2 reduce-scatters, and the
 Muon step's first 2 kernels and first all-gather.
 """
