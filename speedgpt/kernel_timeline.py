@@ -232,10 +232,10 @@ def trace_kernels(events: list[dict]) -> tuple[list[Kernel], list[Span], int]:
 
     Each GPU event carries the "External id" of the op that launched it, Inductor's Triton kernels
     included (each launch is an op named after its kernel, inside the graph's call).
-    No GPU span is needed for a compiled graph: the trace gives none for "## Call CompiledFxGraph"
-    (a cpu_op, not a user annotation), and torch 2.11's FunctionEvent keeps no linked_correlation_id,
-    and a torch whose FunctionEvent keeps no linked_correlation_id links nothing from profiler objects
-    (wave 8, torch 2.11: all 5,562 kernels unlinked, NCCL and memcpy kernels included)."""
+    No GPU span is needed for a compiled graph (the trace gives none for "## Call CompiledFxGraph": a
+    cpu_op, not a user annotation), and no profiler object: a torch whose FunctionEvent keeps no
+    linked_correlation_id links nothing there (wave 8, torch 2.11: all 5,562 kernels unlinked, NCCL
+    and memcpy kernels included)."""
     ops = trace_ops(events)
     windows = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
                      if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE)
