@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .config import Config, apply_overrides, default_preset, resolve
-from .kernel_timeline import covered, device_kernels, kernel_category
+from .kernel_timeline import covered, kernel_category
 from .train.compile_breakdown import PHASES
 
 # compile_rows' rows after compile_compile_s, in the table's order
@@ -58,22 +58,20 @@ def cuda_ms(fn, iters: int = 10, warmup: int = 1) -> float:
     return start.elapsed_time(end) / iters
 
 
-def print_kernel_categories(prof, steps: int, step_ms: float | None = None) -> None:
-    """Per-step GPU time by kernel category, from the profiler's device-side kernel events."""
+def print_kernel_categories(kernels, steps: int, step_ms: float | None = None) -> None:
+    """Per-step GPU time by kernel category, from a trace's GPU kernels and copies (kernel_timeline.Kernel)."""
     from collections import Counter
 
     totals: Counter = Counter()
-    spans = []
-    for evt in device_kernels(prof):
-        totals[kernel_category(evt.name)] += evt.device_time_total / 1e3 / steps
-        spans.append((evt.time_range.start, evt.time_range.end))
+    for k in kernels:
+        totals[kernel_category(k.name)] += (k.end - k.start) / 1e3 / steps
     print(f"GPU time per step by kernel category (ms, {steps} profiled steps):")
     for category, ms in totals.most_common():
         print(f"  {category:28s} {ms:9.1f}")
     print(f"  {'total':28s} {sum(totals.values()):9.1f}")
     # Kernels on several streams (NCCL beside compute) run at once: the sum over-counts the busy time, and
     # the GPU's idle time is the step minus the time some kernel runs (wave 6 printed a negative idle).
-    busy = covered(spans) / 1e3 / steps
+    busy = covered((k.start, k.end) for k in kernels) / 1e3 / steps
     print(f"  {'some kernel running':28s} {busy:9.1f}  (kernels at once: {sum(totals.values()) - busy:.1f})")
     if step_ms is not None:  # the same schedule steps timed without the profiler: the rest is GPU idle
         print(f"  {'step time, unprofiled':28s} {step_ms:9.1f}  (GPU idle ~{step_ms - busy:.1f})")
@@ -177,30 +175,45 @@ def compile_rows(record: dict) -> dict:
     return rows
 
 
-def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trace: Path | None = None) -> dict:
+def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trace: Path | None = None) -> dict | None:
     """Profile the training steps at `positions` and print (on rank 0) the `rows` costliest ops, GPU
     time by kernel category and the communication against compute per step; returns the mean of
-    the latter (kernel_timeline.py). `trace`: rank 0 also writes the profile as a gzipped Chrome trace
-    (chrome://tracing, Perfetto), so a GPU lease's profile can be read again on a machine without one."""
+    the latter (kernel_timeline.py; None on other ranks). The figures are read from the profile's
+    Chrome trace (the one source, benchmarks/trace_report.py reads a saved one the same way):
+    `trace` keeps it (gzipped; chrome://tracing, Perfetto), else it goes to a temporary file; with
+    `trace` every other rank keeps its own too (rank_trace), to find the rank the others wait for."""
     from torch.profiler import ProfilerActivity, profile as torch_profile, record_function
 
-    from .kernel_timeline import STEP_RANGE, describe_overlap, mean_overlap, profiled_steps, step_overlap
+    from .kernel_timeline import STEP_RANGE, load_trace, profiled_steps
+    from .step_timeline import trace_report
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for s in positions:
             with record_function(STEP_RANGE):  # waits for the GPU inside: a step's kernels start in its range
                 trainer.train_step(s)
                 trainer.sync_device()
-    steps, outside, unlinked = profiled_steps(prof)
-    per_step = [step_overlap(kernels) for kernels in steps]
-    if trainer.dist.is_main:
-        print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
-        print_kernel_categories(prof, steps=len(positions), step_ms=step_ms)
-        print("\n".join(describe_overlap(per_step, outside, unlinked)), flush=True)
+    if not trainer.dist.is_main:
         if trace is not None:
-            prof.export_chrome_trace(str(trace))  # a name ending in .gz is written gzipped
-            print(f"profile trace: {trace}", flush=True)
-    return mean_overlap(per_step)
+            prof.export_chrome_trace(str(rank_trace(trace, trainer.dist.rank)))
+        return None
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows))
+    with tempfile.TemporaryDirectory(prefix="speedgpt-trace-") as tmp:
+        path = trace if trace is not None else Path(tmp) / "profile.json"
+        prof.export_chrome_trace(str(path))  # a name ending in .gz is written gzipped
+        events = load_trace(path)
+    if trace is not None:
+        print(f"profile trace: {trace}", flush=True)
+    steps, outside, unlinked = profiled_steps(events)
+    print_kernel_categories([k for s in steps for k in s], steps=len(positions), step_ms=step_ms)
+    lines, mean = trace_report(steps, outside, unlinked)
+    print("\n".join(lines), flush=True)
+    return mean
+
+
+def rank_trace(trace: Path, rank: int) -> Path:
+    """Where rank `rank` writes the trace bench names `trace`: rank 0 there, rank r beside it
+    (profile-A.json.gz, profile-A-rank1.json.gz, ...)."""
+    return trace if rank == 0 else trace.with_name(trace.name.replace(".json", f"-rank{rank}.json", 1))
 
 
 def timed_work(plan, schedule_steps: list[int], flops_per_token) -> dict:
@@ -407,7 +420,7 @@ def profile_traces(p: argparse.ArgumentParser, folder: str | None, profile: int)
     if root.exists() and not root.is_dir():
         p.error(f"--profile-trace {folder}: a file, not a folder; give a folder")
     paths = {label: root / f"profile-{label}.json.gz" for label in ("A", "B")}
-    taken = [str(q) for q in paths.values() if q.exists()]
+    taken = [str(q) for q in paths.values() if q.exists()] + sorted(str(q) for q in root.glob("profile-*-rank*"))
     if taken:
         p.error(f"--profile-trace {folder}: {taken[0]} exists; give a new folder")
     root.mkdir(parents=True, exist_ok=True)
@@ -429,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
                         "and the communication kernels' overlap with compute")
     p.add_argument("--profile-trace", default=None, metavar="DIR",
                    help="with --profile: rank 0 writes each config's profiled steps to DIR/profile-A.json.gz "
-                        "(and -B) as a Chrome trace (Perfetto, chrome://tracing)")
+                        "(and -B) as a Chrome trace (Perfetto, chrome://tracing), rank r to "
+                        "DIR/profile-A-rank<r>.json.gz; benchmarks/trace_report.py reads them")
     p.add_argument("--per-stage", action="store_true",
                    help="time --steps steps inside each stage of the config's stage table (train.stages) and print "
                         "each stage's figures and the run's mean (stages weighted by their steps)")

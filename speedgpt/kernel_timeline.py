@@ -1,18 +1,18 @@
-"""GPU kernels on a timeline, from torch.profiler: how much of the communication (NCCL kernels)
-runs under compute kernels, per training step, and whether it starts inside the backward.
+"""GPU kernels on a timeline, from a torch.profiler Chrome trace: how much of the communication
+(NCCL kernels) runs under compute kernels, per training step, and whether it starts inside the backward.
 
-`speedgpt bench --profile N` prints these figures (docs/distributed.md). The arithmetic is on
-plain (start, end) spans and is unit-tested on synthetic ones; `profiled_steps` is the only part
-that reads profiler events.
+`speedgpt bench --profile N` prints these figures (docs/distributed.md) from the trace it exports, and
+`benchmarks/trace_report.py` from a saved one: the trace is the one source, so a GPU lease's profile
+reads the same on a machine without a GPU. The arithmetic is on plain (start, end) spans.
 
-Which kernel belongs to the backward: the profiler links each GPU kernel to the CPU op that
-launched it (`linked_correlation_id`), and the autograd engine runs every backward node inside a
-CPU range named "autograd::engine::evaluate_function: ...", so a kernel is the backward's when
-that range encloses its launching op. Inductor's Triton kernels link to no op: for them the GPU
-span the profiler gives each compiled graph's call says it (`graph_spans`). Which step a kernel
-belongs to: bench wraps each profiled step in a CPU range named STEP_RANGE and waits for the GPU
-before closing it, so a step's kernels start inside its range (the profiler puts CPU and GPU events
-on one clock).
+Which kernel belongs to the backward: each GPU event in the trace carries the "External id" of the
+op that launched it, and the autograd engine runs every backward node inside a range named
+"autograd::engine::evaluate_function: ...", so a kernel is the backward's when that range encloses
+its launching op on the op's thread (on a GPU the engine's own thread, not the main one). Inductor
+wraps each Triton launch in an op named after its kernel, inside the graph's call, so compiled
+graphs' kernels link like any other. Which step a kernel belongs to: bench wraps each profiled step
+in a range named STEP_RANGE and waits for the GPU before closing it, so a step's kernels start inside
+its range (the trace puts CPU and GPU events on one clock).
 """
 
 from __future__ import annotations
@@ -55,6 +55,12 @@ class Kernel:
     start: float  # µs
     end: float
     backward: bool  # launched by an op of the autograd backward
+    stream: int = 0
+    phase: str = ""  # the outermost labelled range its op ran in: "forward", "backward", "optimizer DistMuon"
+    collective: str = ""  # an NCCL kernel's collective ("_reduce_scatter_base"), as the trace names it
+    launched: float | None = None  # when the host's launch call (cudaLaunchKernel, ...) started, µs
+    nbytes: int = 0  # an NCCL kernel's input in bytes
+    graph: bool = False  # launched inside a compiled graph's call
 
     @property
     def is_comm(self) -> bool:
@@ -144,66 +150,119 @@ def mean_overlap(per_step: list[dict]) -> dict:
 
 # -- reading a profile ---------------------------------------------------------------------------
 
-def device_kernels(prof):
-    """The profiler's GPU-side events that are kernels or copies: not the GPU spans the profiler adds
-    for user ranges (record_function, Inductor's graph calls), which would count their kernels twice."""
-    import torch
-
-    for evt in prof.events():
-        if evt.device_type == torch.autograd.DeviceType.CUDA and not getattr(evt, "is_user_annotation", False) \
-                and evt.name != STEP_RANGE:
-            yield evt
+CPU_RANGES = ("cpu_op", "user_annotation")  # the trace's categories of ops and record_function ranges
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")  # of GPU work; not gpu_user_annotation (a range's span)
+DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Float8_e4m3fn": 1, "Float8_e5m2": 1, "Double": 8, "Int": 4,
+               "Long": 8, "Byte": 1, "Char": 1}  # an NCCL kernel's "dtype" as the trace names it
 
 
-def _is_backward(op) -> bool:
-    while op is not None:
-        if op.name.startswith(BACKWARD_RANGE):
-            return True
-        op = op.cpu_parent
-    return False
+def load_trace(path) -> list[dict]:
+    """The events of a Chrome trace as torch.profiler writes it (`export_chrome_trace`; gzipped when the
+    name ends in .gz). ValueError, one line, for a file that is not one."""
+    import gzip
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt") as f:
+            trace = json.load(f)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable Chrome trace ({type(e).__name__}: {e})") from None
+    events = trace.get("traceEvents") if isinstance(trace, dict) else None
+    if not isinstance(events, list):
+        raise ValueError(f"{path}: no traceEvents list; give a trace written by torch.profiler (bench --profile-trace)")
+    return events
 
 
-def graph_spans(prof, cpu) -> tuple[list[Span], list[Span]]:
-    """The GPU spans of the compiled graphs that ran inside the backward, and of the others. Inductor's
-    kernels link to no CPU op, but the profiler gives each graph call (GRAPH_CALL, named by the graph's
-    cache key) a GPU span too, and the call's CPU range says whether the autograd engine ran it: a name
-    called only there is a backward graph."""
-    import torch
+@dataclass(frozen=True)
+class Op:
+    """A CPU op or record_function range of the trace, and what encloses it on its thread."""
 
-    inside, outside = set(), set()
-    for e in cpu:
-        if e.name.startswith(GRAPH_CALL):
-            (inside if _is_backward(e) else outside).add(e.name)
-    backward, other = [], []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "is_user_annotation", False) \
-                and e.name.startswith(GRAPH_CALL):
-            (backward if e.name in inside - outside else other).append((e.time_range.start, e.time_range.end))
-    return merged(backward), merged(other)
+    name: str
+    start: float
+    end: float
+    backward: bool  # inside the autograd engine's range
+    phase: str  # the outermost labelled range around it (_label), "" in none
+    graph: bool  # inside a compiled graph's call
 
 
-def profiled_steps(prof) -> tuple[list[list[Kernel]], int, int]:
-    """(the kernels of each STEP_RANGE range in `prof`, how many started outside every range, how
-    many could be placed neither by the CPU op that launched it nor by a compiled graph's span: never
-    counted as the backward's)."""
-    import torch
+def _label(name: str) -> str:
+    """The phase a range names: the backward, an optimizer's step, a compiled (forward) graph's call."""
+    if name.startswith(BACKWARD_RANGE):
+        return "backward"
+    if name.startswith("Optimizer.step#"):  # torch.optim's range: Optimizer.step#DistMuon.step
+        return "optimizer " + name.split("#", 1)[1].removesuffix(".step")
+    if name.startswith(GRAPH_CALL):
+        return "forward"
+    return ""
 
-    cpu = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
-    windows = sorted((e.time_range.start, e.time_range.end) for e in cpu if e.name == STEP_RANGE)
-    # Frontend ops (linked to nothing themselves) carry the correlation id their kernels link to.
-    # Id 0 is no correlation (and a torch without linked_correlation_id links nothing).
-    launchers = {e.id: e for e in cpu if e.id and not getattr(e, "linked_correlation_id", 0) and not e.is_async}
-    backward_graphs, other_graphs = graph_spans(prof, cpu)
+
+def trace_ops(events: list[dict]) -> dict[int, Op]:
+    """The trace's CPU ops and ranges by their "External id" (the id their GPU work carries), each
+    with what encloses it: ranges nest by time on one thread. The autograd engine runs the backward
+    on its own thread (pt_autograd_0 on a GPU): its ops nest under the engine's range there."""
+    by_thread: dict[tuple, list[dict]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in CPU_RANGES:
+            by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    ops: dict[int, Op] = {}
+    for thread_events in by_thread.values():
+        stack: list[Op] = []
+        for e in sorted(thread_events, key=lambda e: (e["ts"], -e.get("dur", 0))):
+            start, end = float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))
+            while stack and start >= stack[-1].end:
+                stack.pop()
+            parent = stack[-1] if stack else None
+            label = _label(e["name"])
+            op = Op(e["name"], start, end, backward=label == "backward" or bool(parent and parent.backward),
+                    phase=(parent.phase if parent and parent.phase else label),
+                    graph=e["name"].startswith(GRAPH_CALL) or bool(parent and parent.graph))
+            stack.append(op)
+            ext = (e.get("args") or {}).get("External id")
+            if ext:
+                ops[ext] = op
+    return ops
+
+
+def trace_kernels(events: list[dict]) -> tuple[list[Kernel], list[Span], int]:
+    """(the GPU kernels and copies of the trace, each placed by the op that launched it; the spans of
+    its STEP_RANGE ranges; how many kernels link to no op, never counted as the backward's).
+
+    Each GPU event carries the "External id" of the op that launched it, Inductor's Triton kernels
+    included (each launch is an op named after its kernel, inside the graph's call).
+    No GPU span is needed for a compiled graph (the trace gives none for "## Call CompiledFxGraph": a
+    cpu_op, not a user annotation), and no profiler object: a torch whose FunctionEvent keeps no
+    linked_correlation_id links nothing there (wave 8, torch 2.11: all 5,562 kernels unlinked, NCCL
+    and memcpy kernels included)."""
+    ops = trace_ops(events)
+    windows = sorted((float(e["ts"]), float(e["ts"]) + float(e.get("dur", 0))) for e in events
+                     if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e.get("name") == STEP_RANGE)
+    # the host's launch calls by CUPTI correlation id: how far the GPU runs behind the host
+    launches = {e["args"]["correlation"]: float(e["ts"]) for e in events if e.get("ph") == "X"
+                and e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in (e.get("args") or {})}
     kernels, unlinked = [], 0
-    for evt in device_kernels(prof):
-        op = launchers.get(getattr(evt, "linked_correlation_id", 0) or -1)
-        start, end = evt.time_range.start, evt.time_range.end
-        if op is not None:
-            backward = _is_backward(op)
-        else:  # a compiled graph's kernel (Triton launches link to no op): its graph's span says
-            backward = any(lo <= start < hi for lo, hi in backward_graphs)
-            unlinked += not backward and not any(lo <= start < hi for lo, hi in other_graphs)
-        kernels.append(Kernel(evt.name, start, end, backward))
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in DEVICE_WORK:
+            continue
+        args = e.get("args") or {}
+        op = ops.get(args.get("External id"))
+        unlinked += op is None
+        start = float(e["ts"])
+        nbytes = int(args.get("In msg nelems") or 0) * DTYPE_BYTES.get(args.get("dtype"), 0)
+        kernels.append(Kernel(e["name"], start, start + float(e.get("dur", 0)), backward=bool(op and op.backward),
+                              stream=args.get("stream", e.get("tid", 0)), phase=op.phase if op else "",
+                              collective=args.get("Collective name", ""), nbytes=nbytes, graph=bool(op and op.graph),
+                              launched=launches.get(args.get("correlation"))))
+    kernels.sort(key=lambda k: k.start)
+    return kernels, windows, unlinked
+
+
+def profiled_steps(events: list[dict]) -> tuple[list[list[Kernel]], int, int]:
+    """(the kernels of each STEP_RANGE range of a trace's events, how many started outside every
+    range, how many link to no op)."""
+    kernels, windows, unlinked = trace_kernels(events)
     steps, outside = split_by_step(kernels, windows)
     return steps, outside, unlinked
 

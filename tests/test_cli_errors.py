@@ -289,6 +289,12 @@ def test_bench_profile_trace_paths_reach_each_config_and_bad_folders_are_refused
     assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--profile", "3", "--profile-trace", str(out),
                        "--ab", "--model.depth=3"]) == 0
     assert traces == [out / "profile-A.json.gz", out / "profile-B.json.gz"] and out.is_dir()
+    assert bench.rank_trace(traces[1], 3) == out / "profile-B-rank3.json.gz"
+    assert bench.rank_trace(traces[1], 0) == traces[1]
+    (out / "profile-B-rank3.json.gz").write_bytes(b"")  # another rank's trace of another bench: refused too
+    with pytest.raises(SystemExit):
+        bench.main(["--preset", "tiny-cpu", "--steps", "1", "--profile", "3", "--profile-trace", str(out)])
+    assert "profile-B-rank3.json.gz exists" in capsys.readouterr().err.splitlines()[-1]
     (out / "profile-A.json.gz").write_bytes(b"")  # another bench's trace: never overwritten
     (tmp_path / "file").write_text("x")
     for argv, says in ((["--profile-trace", str(out), "--profile", "3"], "exists; give a new folder"),

@@ -4,13 +4,14 @@ real CPU profile), without a GPU."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import torch
 
-from speedgpt.kernel_timeline import (STEP_RANGE, Kernel, covered, kernel_category, mean_overlap, merged, overlap,
-                                      profiled_steps, split_by_step, step_overlap)
+from speedgpt.kernel_timeline import (STEP_RANGE, Kernel, covered, kernel_category, load_trace, mean_overlap, merged,
+                                      overlap, profiled_steps, split_by_step, step_overlap, trace_kernels, trace_ops)
+from speedgpt.step_timeline import backward_end, trace_report
 
 NCCL = "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
 
@@ -59,104 +60,65 @@ def test_kernels_go_to_the_step_they_start_in():
     assert [[k.name for k in s] for s in steps] == [["a", "b"], ["c"]] and outside == 1
 
 
-@dataclass
-class Range:
-    start: float
-    end: float
+FIXTURE = Path(__file__).parent / "fixtures" / "profile_4gpu_excerpt.json"
 
 
-@dataclass
-class FakeEvent:
-    """The attributes of torch.autograd.profiler_util.FunctionEvent that kernel_timeline reads."""
-
-    name: str
-    device_type: object
-    time_range: Range
-    id: int = 0
-    linked_correlation_id: int = 0
-    cpu_parent: "FakeEvent | None" = None
-    is_async: bool = False
-    is_user_annotation: bool = False
-    children: list = field(default_factory=list)
-
-
-class FakeProfile:
-    def __init__(self, events):
-        self._events = events
-
-    def events(self):
-        return self._events
-
-
-def test_profiled_steps_links_kernels_to_backward_ops_and_skips_gpu_annotations():
-    CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    step1, step2 = FakeEvent(STEP_RANGE, CPU, Range(0, 100)), FakeEvent(STEP_RANGE, CPU, Range(100, 200))
-    fwd = FakeEvent("aten::mm", CPU, Range(1, 2), id=5)
-    engine = FakeEvent("autograd::engine::evaluate_function: CompiledFunctionBackward", CPU, Range(3, 9), id=9)
-    bwd = FakeEvent("triton_launch", CPU, Range(4, 5), id=11, cpu_parent=engine)
-    hook = FakeEvent("c10d::reduce_scatter_", CPU, Range(6, 7), id=12, cpu_parent=engine)
-    launch = FakeEvent("cudaLaunchKernel", CPU, Range(4, 5), id=5, linked_correlation_id=11)  # runtime: not an op
-    events = [step1, step2, fwd, engine, bwd, hook, launch,
-              FakeEvent("triton_fwd", CUDA, Range(10, 30), linked_correlation_id=5),
-              FakeEvent("triton_bwd", CUDA, Range(30, 60), linked_correlation_id=11),
-              FakeEvent(NCCL, CUDA, Range(40, 70), linked_correlation_id=12),
-              FakeEvent("## Call CompiledFxGraph ##", CUDA, Range(10, 60), is_user_annotation=True),
-              FakeEvent(STEP_RANGE, CUDA, Range(10, 70)),
-              FakeEvent("triton_next_step", CUDA, Range(120, 130), linked_correlation_id=99)]  # unlinked
-    steps, outside, unlinked = profiled_steps(FakeProfile(events))
-    assert unlinked == 1 and outside == 0
-    assert [(k.name, k.backward) for k in steps[0]] == [("triton_fwd", False), ("triton_bwd", True), (NCCL, True)]
-    assert [(k.name, k.backward) for k in steps[1]] == [("triton_next_step", False)]
-    s = step_overlap(steps[0])
-    assert s["comm_ms"] == pytest.approx(0.030) and s["overlapped_ms"] == pytest.approx(0.020)
-    assert s["comm_lead_ms"] == pytest.approx(0.020)
+def test_a_real_4gpu_trace_places_compiled_kernels_and_the_reduction():
+    """An excerpt of wave 8's rank-0 trace (scripts/cut_trace_fixture.py; 4 x H100, torch 2.11): the compiled
+    graphs' Triton kernels, the hooks' packing and the reduce-scatters placed by the ops that launched them
+    (the profiler objects placed none of its 5,562 kernels: no backward end, no reduction start)."""
+    steps, outside, unlinked = profiled_steps(load_trace(FIXTURE))
+    assert len(steps) == 1 and outside == 0 and unlinked == 0
+    kernels = steps[0]
+    phases = [(k.phase, k.backward, k.graph) for k in kernels if not k.is_comm]
+    assert phases.count(("forward", False, True)) == 3
+    assert phases.count(("backward", True, True)) == 3  # the compiled backward graph's last kernels
+    assert phases.count(("backward", True, False)) == 1  # a bucket's packing, in a hook on the autograd thread
+    assert phases.count(("optimizer DistMuon", False, False)) == 2
+    comm = [(k.collective, k.backward, k.phase, k.nbytes) for k in kernels if k.is_comm]
+    assert comm == [("_reduce_scatter_base", True, "backward", 77_266_944)] * 2 + [
+        ("_allgather_base", False, "optimizer DistMuon", 9_437_184)]
+    s = step_overlap(kernels)
+    assert s["comm_lead_ms"] == pytest.approx(1.66, abs=0.005)  # starts during the hooks' packing
+    graphs_end = backward_end(kernels, graphs_only=True)
+    first_rs = min(k.start for k in kernels if k.is_comm)
+    assert graphs_end < first_rs < backward_end(kernels)  # ... after the compiled backward graph
+    text = "\n".join(trace_report(steps, outside, unlinked, each=True)[0])
+    assert "+1.66 (starts inside the backward)" in text and "not linked" not in text
+    assert "its compiled graphs' at 172.09" in text and "_allgather_base        x1" in text
 
 
-def test_compiled_graphs_kernels_are_placed_by_their_graphs_gpu_span():
-    """Inductor's Triton kernels link to no op (5,562 of them in wave 6's 4-GPU profile): the GPU span of the
-    graph call they ran in says whether they are the backward's."""
-    CPU, CUDA = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-    fwd_graph, bwd_graph = "## Call CompiledFxGraph f6x ##", "## Call CompiledFxGraph fv3 ##"
-    engine = FakeEvent("autograd::engine::evaluate_function: CompiledFunctionBackward", CPU, Range(3, 9), id=9)
-    hook = FakeEvent("record_param_comms", CPU, Range(6, 7), id=12, cpu_parent=engine)
-    events = [FakeEvent(STEP_RANGE, CPU, Range(0, 100)), engine, hook,
-              FakeEvent(fwd_graph, CPU, Range(1, 2), id=3),
-              FakeEvent(bwd_graph, CPU, Range(4, 8), id=4, cpu_parent=engine),
-              FakeEvent(fwd_graph, CUDA, Range(10, 30), is_user_annotation=True),
-              FakeEvent(bwd_graph, CUDA, Range(30, 60), is_user_annotation=True),
-              FakeEvent("triton_poi_fused_0", CUDA, Range(10, 30)),
-              FakeEvent("triton_red_fused_1", CUDA, Range(30, 45)),
-              FakeEvent("triton_per_fused_2", CUDA, Range(45, 60)),
-              FakeEvent(NCCL, CUDA, Range(50, 80), linked_correlation_id=12),
-              FakeEvent("triton_optimizer_step", CUDA, Range(80, 90))]  # in no graph: unplaced
-    steps, outside, unlinked = profiled_steps(FakeProfile(events))
-    assert unlinked == 1 and outside == 0
-    assert [(k.name, k.backward) for k in steps[0]] == [
-        ("triton_poi_fused_0", False), ("triton_red_fused_1", True), ("triton_per_fused_2", True), (NCCL, True),
-        ("triton_optimizer_step", False)]
-    assert step_overlap(steps[0])["comm_lead_ms"] == pytest.approx(0.010)  # the reduction starts 10 µs early
-    # a graph that also runs outside the backward (a name seen in both) places nothing as the backward's
-    events.append(FakeEvent(bwd_graph, CPU, Range(95, 96), id=7))
-    steps, _, _ = profiled_steps(FakeProfile(events))
-    assert not any(k.backward for k in steps[0] if k.name.startswith("triton"))
+def test_bench_profiles_a_step_through_the_trace_it_keeps_and_nests_the_backwards_ops(tmp_path, capsys):
+    """bench's profile on this torch (CPU): the report read from the trace it writes, whose ops run by the
+    backward nest under the engine's range, the forward's not."""
+    from types import SimpleNamespace
 
+    from speedgpt.bench import profile_steps
 
-def test_a_real_profile_marks_the_autograd_engines_ops_as_backward():
-    """The CPU half of the linking on this torch: ops run by the backward sit under the engine's range."""
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    from speedgpt.kernel_timeline import _is_backward
-
-    layer, x = torch.nn.Linear(8, 8), torch.randn(4, 8)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        with record_function(STEP_RANGE):
-            layer(x).square().sum().backward()
-    events = prof.events()
-    assert [e.name for e in events].count(STEP_RANGE) == 1
-    forward = [e for e in events if e.name == "aten::addmm"]
-    backward = [e for e in events if e.name == "aten::mm"]  # the weight's gradient
+    layer = torch.nn.Linear(8, 8)
+    trainer = SimpleNamespace(train_step=lambda s: layer(torch.randn(4, 8)).square().sum().backward(),
+                              sync_device=lambda: None, dist=SimpleNamespace(is_main=True))
+    mean = profile_steps(trainer, [0], rows=3, step_ms=1.0, trace=tmp_path / "profile-A.json.gz")
+    out = capsys.readouterr().out
+    assert f"profile trace: {tmp_path / 'profile-A.json.gz'}" in out and "step 1: no kernel" in out
+    assert mean["comm_ms"] == 0 and mean["comm_lead_ms"] is None  # no GPU here: no kernel
+    events = load_trace(tmp_path / "profile-A.json.gz")
+    ops = list(trace_ops(events).values())
+    forward = [op for op in ops if op.name == "aten::addmm"]
+    backward = [op for op in ops if op.name == "aten::mm"]  # the weight's gradient
     assert forward and backward
-    assert not any(_is_backward(e) for e in forward) and all(_is_backward(e) for e in backward)
+    assert not any(op.backward for op in forward) and all(op.backward and op.phase == "backward" for op in backward)
+    kernels, windows, unlinked = trace_kernels(events)
+    assert kernels == [] and len(windows) == 1 and unlinked == 0
+
+
+def test_an_unreadable_trace_is_one_line_naming_the_file(tmp_path):
+    (tmp_path / "t.json.gz").write_text("not gzip")
+    (tmp_path / "t.json").write_text('{"traceEvents": 3}')
+    with pytest.raises(ValueError, match=r"t\.json\.gz: not a readable Chrome trace"):
+        load_trace(tmp_path / "t.json.gz")
+    with pytest.raises(ValueError, match="no traceEvents list"):
+        load_trace(tmp_path / "t.json")
 
 
 def test_the_printout_says_where_the_reduction_starts():
@@ -175,12 +137,42 @@ def test_kernel_categories_count_idle_time_against_the_time_some_kernel_runs(cap
     minus the busy time (wave 6 printed -28.8 ms of idle from the sum)."""
     from speedgpt.bench import print_kernel_categories
 
-    CUDA = torch.autograd.DeviceType.CUDA
-    kernels = [FakeEvent("nvjet_sm90_tst_gemm", CUDA, Range(0, 100_000)), FakeEvent(NCCL, CUDA, Range(50_000, 150_000))]
-    for k in kernels:
-        k.device_time_total = k.time_range.end - k.time_range.start
-    print_kernel_categories(FakeProfile(kernels), steps=1, step_ms=180.0)
+    kernels = [Kernel("nvjet_sm90_tst_gemm", 0, 100_000, False), Kernel(NCCL, 50_000, 150_000, True)]
+    print_kernel_categories(kernels, steps=1, step_ms=180.0)
     out = capsys.readouterr().out
     assert "total                            200.0" in out
     assert "some kernel running              150.0  (kernels at once: 50.0)" in out
     assert "(GPU idle ~30.0)" in out
+
+
+def test_a_steps_compute_gaps_split_into_waits_on_nccl_and_idle_time():
+    from speedgpt.step_timeline import segments, step_summary
+
+    kernels = [Kernel("triton_fwd", 0, 10, False, phase="forward"),
+               Kernel("triton_bwd", 12, 30, True, phase="backward", launched=2),  # 2 µs idle before it
+               Kernel(NCCL, 28, 40, True, phase="backward", collective="_reduce_scatter_base"),
+               Kernel("adam", 40, 45, False, phase="optimizer DistAdam"),  # 10 µs waiting while NCCL runs
+               Kernel("ncclDevKernel_AllGather", 45, 50, False, phase="optimizer DistAdam")]  # after compute: waited
+    segs = segments(kernels)
+    assert [(s.phase, s.start, s.end, s.busy, s.nccl_wait, s.idle) for s in segs] == [
+        ("forward", 0, 10, 10, 0, 0), ("backward", 10, 30, 18, 0, 2), ("optimizer DistAdam", 30, 45, 5, 10, 0)]
+    assert segs[1].lag == 10  # the kernel started 10 µs after its launch call
+    s = step_summary(kernels)
+    assert s["span"] == pytest.approx(0.050) and s["busy"] == pytest.approx(0.033)
+    assert s["nccl_wait"] == pytest.approx(0.015) and s["idle"] == pytest.approx(0.002)
+    assert s["nccl_after"] == pytest.approx(0.005)
+
+
+def test_traces_of_several_ranks_line_up_on_their_shared_clock():
+    """The rank whose compiled backward ends last is the one the others wait for: its end is read on the
+    clock the ranks' traces share, from the earliest step start among them."""
+    from dataclasses import replace
+
+    from speedgpt.step_timeline import compare_traces
+
+    steps, _, _ = profiled_steps(load_trace(FIXTURE))
+    late = [[replace(k, start=k.start + 1500, end=k.end + 1500) for k in steps[0]]]  # 1.5 ms behind
+    lines = compare_traces([("rank0", steps), ("rank1", late)])
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert float(rows["rank1"][6]) - float(rows["rank0"][6]) == pytest.approx(1.5, abs=0.01)
+    assert rows["rank0"][2] == rows["rank1"][2]  # each one's own span is the same
