@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
 from speedgpt.bench import timed_steps  # noqa: E402
+from speedgpt.config.errors import ConfigError  # noqa: E402
 from speedgpt.config.overrides import resolve  # noqa: E402
 from speedgpt.data.shards import find_shards  # noqa: E402
 from speedgpt.model.attention import build_context  # noqa: E402
@@ -94,12 +95,13 @@ class RankWork:
 def summarize(name: str, per_step: list[list[float]], ms_per_block: float | None) -> None:
     world = len(per_step[0])
     ratio = [max(w) / statistics.mean(w) for w in per_step]
-    heaviest = Counter(max(range(world), key=w.__getitem__) for w in per_step)
+    heaviest = Counter(max(range(world), key=w.__getitem__) if max(w) > min(w) else "tie" for w in per_step)
     share = [statistics.mean(w[r] / statistics.mean(w) for w in per_step) for r in range(world)]
     print(f"{name}: {len(per_step)} steps, {world} ranks")
     print(f"  max/mean per step: mean {statistics.mean(ratio):.4f}, median {statistics.median(ratio):.4f}, "
           f"max {max(ratio):.4f}")
-    print("  heaviest rank (steps): " + ", ".join(f"r{r} {heaviest[r]}" for r in range(world)))
+    print("  heaviest rank (steps): " + ", ".join(f"r{r} {heaviest[r]}" for r in range(world))
+          + f", all equal {heaviest['tie']}")
     print("  rank's work / step mean, averaged: " + ", ".join(f"r{r} {x:.4f}" for r, x in enumerate(share)))
     if ms_per_block:
         lost = [(max(w) - statistics.mean(w)) * ms_per_block for w in per_step]
@@ -110,7 +112,7 @@ def summarize(name: str, per_step: list[list[float]], ms_per_block: float | None
               + ", ".join(f"r{r} {x:.2f}" for r, x in enumerate(waits)))
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="speedrun-124m")
     p.add_argument("--data", required=True, help="training shards (directory or glob)")
@@ -119,12 +121,22 @@ def main() -> None:
     p.add_argument("--train-steps", type=int, default=300, help="the run's steps (its window schedule)")
     p.add_argument("--bench", type=int, default=0, help="also replay `bench --steps N` (its windows, its data)")
     p.add_argument("--attn-ms", type=float, default=36.9, help="flex attention GPU ms per step of one rank")
-    p.add_argument("--calibrate", default="1525,1610", help="schedule positions (of the preset's own steps) "
-                   "of the profiled steps that --attn-ms was measured at; they take bench's batches N, N+1")
+    p.add_argument("--calibrate", default=None, help="schedule positions (of the preset's own steps) of the "
+                   "profiled steps --attn-ms was measured at (default: bench's, its last two timed positions); "
+                   "they take bench's batches N and N+1, as `bench --profile` does")
     p.add_argument("--partial-weight", type=float, default=1.0,
                    help="a partial block's cost in full blocks (it evaluates the mask per element)")
     p.add_argument("overrides", nargs="*", help="--section.key=value")
     a = p.parse_args()
+    try:
+        measure(a)
+    except (ConfigError, FileNotFoundError, ValueError) as e:  # bad preset, override, data path or world size
+        print(f"rank_balance: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def measure(a: argparse.Namespace) -> None:
     base = [f"--data.train_files={a.data}", "--train.compile=false", *a.overrides]
 
     ms_per_block = None
@@ -133,11 +145,12 @@ def main() -> None:
         total = work.plan.steps
         positions = timed_steps(total, a.bench, None, work.plan.cfg.optim.adam_every)
         timed = [work.step(s) for s in positions]
-        calib = [work.step(s) for s in map(int, a.calibrate.split(","))]
+        profiled = [int(x) for x in a.calibrate.split(",")] if a.calibrate else positions[-2:]
+        calib = [work.step(s) for s in profiled]
         ms_per_block = a.attn_ms / statistics.mean(statistics.mean(w) for w in calib)
         print(f"calibration: {a.attn_ms} ms of flex attention per rank-step = "
               f"{statistics.mean(statistics.mean(w) for w in calib):,.0f} head-blocks "
-              f"(bench's profiled batches at steps {a.calibrate} of {total}): {ms_per_block * 1e6:.1f} ns a head-block")
+              f"(bench's profiled batches at steps {profiled} of {total}): {ms_per_block * 1e6:.1f} ns a head-block")
         summarize(f"{a.preset} `bench --steps {a.bench}` (first {a.bench} batches, windows of steps "
                   f"{positions[0]}..{positions[-1]} of {total})", timed, ms_per_block)
     work = RankWork(resolve(a.preset, overrides=[*base, f"--train.steps={a.train_steps}"]), a.world,
@@ -147,4 +160,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
