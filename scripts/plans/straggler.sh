@@ -23,9 +23,9 @@ clocks_throttle_reasons.active --format=csv -l 2 > '$W/logs/smi.csv' & smi=\$!
     rc=0; for p in \"\${pids[@]}\"; do wait \$p || rc=1; done
     kill \$smi; exit \$rc"
 # The 4-GPU bench with every rank's table tagged by its local rank (B = A: --ab only makes every rank print), on two
-# device orders
+# device orders, each with every rank's profile trace (benchmarks/trace_report.py lines the ranks' backward ends up)
 for order in 0,1,2,3 1,2,3,0; do
     phase "order-${order//,/}" 420 env CUDA_VISIBLE_DEVICES=$order $TR --tee 3 --log-dir "$W/ranks-${order//,/}" \
         -m speedgpt bench --preset speedrun-124m --steps 20 --data.train_files="$DATA" \
-        --ab=--parallel.grad_comm_dtype=param
+        --profile 10 --profile-trace "$W/trace-${order//,/}" --ab=--parallel.grad_comm_dtype=param
 done
