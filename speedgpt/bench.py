@@ -149,6 +149,9 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if comm_ms:
         out["comm_wait_ms_per_step"] = statistics.mean(comm_ms)
         out["comm_exposed_frac"] = statistics.mean(comm_ms) / 1e3 / mean_s
+    if trainer.dist.world_size > 1:
+        # The rank that waits least is the one the others wait for (wave 8: 7.6 / 6.8 / 2.8 / 7.7 ms).
+        out["comm_wait_ms_by_rank"] = by_rank(statistics.mean(comm_ms) if comm_ms else float("nan"))
     if trainer.peak:
         out["mfu_datasheet"] = tok_s * flops / (trainer.peak * trainer.dist.world_size)
         for row in stage_rows or ():
@@ -208,6 +211,15 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trac
     lines, mean = trace_report(steps, outside, unlinked)
     print("\n".join(lines), flush=True)
     return mean
+
+
+def by_rank(value: float) -> str:
+    """Every rank's `value` in rank order, "v0/v1/..." (a collective: every rank calls it)."""
+    import torch.distributed as dist
+
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return "/".join(f"{v:.1f}" for v in values)
 
 
 def rank_trace(trace: Path, rank: int) -> Path:
@@ -382,7 +394,8 @@ KEY_WIDTH = 30  # the table's first column: its longest key, compile_first_call_
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet",
             "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
-            "strategy", "grad_comm_dtype", "loader_ms_per_step", "comm_wait_ms_per_step", "comm_exposed_frac",
+            "strategy", "grad_comm_dtype", "loader_ms_per_step", "comm_wait_ms_per_step", "comm_wait_ms_by_rank",
+            "comm_exposed_frac",
             "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
             "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<{KEY_WIDTH}}" + "".join(f"{name:>18}" for name, _ in rows)]
@@ -394,7 +407,7 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
                 v = r["model_tflops_per_s"] * 1e12 / (measured_peak * r["world_size"])
             vals.append("-" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)))
         if any(v != "-" for v in vals):
-            lines.append(f"{key:<{KEY_WIDTH}}" + "".join(f"{v:>18}" for v in vals))
+            lines.append(f"{key:<{KEY_WIDTH}}" + "".join(f" {v:>17}" for v in vals))  # a space even past 17
     if len(rows) == 2:
         a, b = rows[0][1]["tok_per_s"], rows[1][1]["tok_per_s"]
         lines.append(f"{'B / A throughput':<{KEY_WIDTH}}{b / a:>18.3f}")
@@ -459,14 +472,15 @@ def main(argv: list[str] | None = None) -> int:
     if not preset and not args.config:
         preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
+    rank = int(os.environ.get("RANK", "0"))
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage, traces["A"]))]
     if args.ab:
-        print(f"A: {format_results(rows, None)}", flush=True)  # kept even if B fails or times out
+        if not rank:  # kept even if B fails or times out; every rank's wait is in comm_wait_ms_by_rank
+            print(f"A: {format_results(rows, None)}", flush=True)
         rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step,
                                        args.profile, args.per_stage, traces["B"])))
     from .parallel.dist import barrier, teardown
 
-    rank = int(os.environ.get("RANK", "0"))
     barrier()  # no rank tears the group down while another still talks through it
     teardown()
     if rank:

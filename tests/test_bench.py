@@ -130,3 +130,25 @@ def test_time_steps_reads_each_steps_communication_waits_after_the_step():
     assert steps_run == [3, 5, 7] and len(step_times) == 3
     assert comm_ms == [3.0, 5.0, 7.0]  # each step's own wait; none lost to the next step's clearing
     assert sync.comm_wait_ms() is None  # handed over: nothing left behind
+
+
+def _bench_two_ranks(rank, world_size, cfg, out):
+    from speedgpt.bench import bench_config
+    from speedgpt.parallel.dist import teardown
+
+    row = bench_config(cfg, steps=2)
+    teardown()
+    if rank == 0:
+        out.write_text(row["comm_wait_ms_by_rank"])
+
+
+def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path):
+    """The rank that waits least on the collectives is the one the others wait for: bench's table
+    names every rank's wait, not rank 0's alone (two gloo ranks)."""
+    from distkit import spawn_local
+
+    cfg = apply_overrides(tiny_cfg, ["--train.steps=4", "--train.val_every=0", "--train.compile=false"])
+    out = tmp_path / "waits.txt"
+    spawn_local(_bench_two_ranks, 2, cfg, out)
+    waits = out.read_text().split("/")
+    assert len(waits) == 2 and all(float(w) >= 0 for w in waits)

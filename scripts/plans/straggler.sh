@@ -4,8 +4,8 @@
 # rank 3 less, not more), so: one slower GPU, or one slower host process? About 8 device-minutes on 4 x H100:
 #   setsid scripts/lease.sh /tmp/w9s scripts/plans/straggler.sh > /tmp/w9s.log 2>&1 < /dev/null &
 # Then: grep -H step_ms_mean /tmp/w9s/logs/gpu-*.log (the same work on each GPU alone, at once; a slow GPU shows
-# here) and grep comm_wait_ms_per_step /tmp/w9s/logs/order-*.log (each line tagged [defaultN]: local rank N; the
-# low-wait rank is the slow one: does it follow the device when the order rotates, or keep its rank number?).
+# here) and grep comm_wait_ms_by_rank /tmp/w9s/logs/order-*.log (every rank's wait in rank order; the low-wait rank
+# is the slow one: does it follow the device when the order rotates, or keep its rank number?).
 # Sourced by scripts/lease.sh ($W $PY $DATA $TR, phase).
 # shellcheck shell=bash disable=SC2086,SC2154
 
@@ -22,10 +22,11 @@ clocks_throttle_reasons.active --format=csv -l 2 > '$W/logs/smi.csv' & smi=\$!
     done
     rc=0; for p in \"\${pids[@]}\"; do wait \$p || rc=1; done
     kill \$smi; exit \$rc"
-# The 4-GPU bench with every rank's table tagged by its local rank (B = A: --ab only makes every rank print), on two
-# device orders, each with every rank's profile trace (benchmarks/trace_report.py lines the ranks' backward ends up)
+# The 4-GPU bench (its comm_wait_ms_by_rank row: every rank's wait; --tee keeps each rank's output tagged too), on
+# two device orders, each with every rank's profile trace (benchmarks/trace_report.py lines the ranks' backward ends
+# up)
 for order in 0,1,2,3 1,2,3,0; do
     phase "order-${order//,/}" 420 env CUDA_VISIBLE_DEVICES=$order $TR --tee 3 --log-dir "$W/ranks-${order//,/}" \
         -m speedgpt bench --preset speedrun-124m --steps 20 --data.train_files="$DATA" \
-        --profile 10 --profile-trace "$W/trace-${order//,/}" --ab=--parallel.grad_comm_dtype=param
+        --profile 10 --profile-trace "$W/trace-${order//,/}"
 done
