@@ -213,13 +213,16 @@ def profile_steps(trainer, positions: list[int], rows: int, step_ms: float, trac
     return mean
 
 
-def by_rank(value: float) -> str:
-    """Every rank's `value` in rank order, "v0/v1/..." (a collective: every rank calls it)."""
+def by_rank(value: float) -> str | None:
+    """Every rank's `value` in rank order, "v0/v1/..." (a collective: every rank calls it); None where no
+    rank has one (nan: fsdp times no waits)."""
+    import math
+
     import torch.distributed as dist
 
     values = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
-    return "/".join(f"{v:.1f}" for v in values)
+    return None if all(math.isnan(v) for v in values) else "/".join(f"{v:.1f}" for v in values)
 
 
 def rank_trace(trace: Path, rank: int) -> Path:
