@@ -227,6 +227,24 @@ def test_a_run_stopped_by_its_time_budget_is_finished_and_says_so(tmp_path):
         ("finished", "time budget", 7, 4.0)
 
 
+
+def test_a_runs_start_compile_and_warmup_is_its_own_column(tmp_path):
+    """Time to target leaves out the compile; the table says how long the start took beside it."""
+    from speedgpt.ab.summary import format_table, summarize
+
+    plan = plan_for(tmp_path)
+    for i, run in enumerate(plan.runs):
+        run.run_dir.mkdir(parents=True)
+        records = [{"event": "warmup", "step": 0, "tokens": 0, "time_s": 0.0, "warmup_s": 10.0 + i},
+                   {"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 5.0},
+                   {"step": run.steps, "tokens": 70, "time_s": 9.0, "val_loss": 4.0}]
+        (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    summary = summarize(plan, "4.5")
+    starts = [r["start_s"] for k in ("a", "b") for r in summary["arms"][k]["runs"]]
+    assert sorted(starts) == [10.0 + i for i in range(len(plan.runs))]
+    table = format_table(summary)
+    assert "start s" in table.splitlines()[0] and "  10.0  finished" in table and "compile + warmup" in table
+
 class FinishingProcess:
     """Stands in for a training subprocess on a GPU: logs its launch (with the GPU it was given) and its
     wait, and leaves a finished run's metrics (validation at steps 0 and 100, final loss by arm and seed)."""
