@@ -292,6 +292,9 @@ def analyze(out: Path, echo=print) -> dict:
     return data
 
 
+# The sweep's preset on a GPU when none is named: one whose layer-indexed switches hold at every depth of a
+# ladder (speedrun-latest, train's GPU default, names layers of its 12: at depth 8 its paired-head list fails).
+SWEEP_GPU_PRESET = "speedrun-124m"
 _EXAMPLES = {"--depths": "4,6,8", "--flops": "1e15,3e15", "--tokens-per-param": "4,10,20"}
 _FLAGS = {"flops_budget": "--flops", "tokens_per_param": "--tokens-per-param"}
 
@@ -315,7 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--tokens-per-param", help="comma-separated training tokens per scaling parameter")
     budget.add_argument("--flops", help="comma-separated training FLOP budgets, e.g. 1e15,3e15")
-    p.add_argument("--preset", help="preset of every run (default: the train command's default)")
+    p.add_argument("--preset", help=f"preset of every run (default: tiny-cpu without a GPU, {SWEEP_GPU_PRESET} "
+                                    "with one)")
     p.add_argument("--dry-run", action="store_true", help="print each run's derived size, batch, steps and FLOPs")
     p.add_argument("--analyze", action="store_true", help="only analyze the finished runs in --out")
     args, overrides = p.parse_known_args(argv)
@@ -336,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
         kind = "tokens_per_param" if args.tokens_per_param else "flops_budget"
         budgets = _numbers(args.tokens_per_param or args.flops, _FLAGS[kind], float)
         points = grid(depths, budgets, kind)
-        preset = args.preset or default_preset()
+        preset = args.preset or default_preset(gpu=SWEEP_GPU_PRESET)
         plan(points, kind, preset, overrides)  # every run's config resolves before any starts
         if args.dry_run:
             return 0

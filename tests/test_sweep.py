@@ -125,3 +125,16 @@ def test_a_sweep_point_below_one_step_is_refused_before_any_run(tmp_path, capsys
     assert "the smallest --flops for depth 4 is" in err and not (tmp_path / "s").exists()
     assert main(["--out", str(tmp_path / "s"), "--depths", "4", "--flops", "0"]) == 2
     assert "give positive numbers, e.g. --flops 1e15,3e15" in capsys.readouterr().err
+
+
+def test_on_a_gpu_a_sweep_without_a_preset_plans_a_depth_ladder(tmp_path, capsys, monkeypatch):
+    """train's GPU default (speedrun-latest) names layers of a 12-layer model, so it cannot be a depth ladder's
+    base: the sweep keeps its own GPU default, whose switches hold at every depth."""
+    import torch
+
+    from speedgpt.sweep import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert main(["--out", str(tmp_path / "s"), "--depths", "8,12", "--flops", "1e17", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "d8-c1e17" in out and "d12-c1e17" in out

@@ -16,19 +16,20 @@ from .parse import config_from_dict
 from .sections import Config
 
 
-# The preset `speedgpt train` (and bench, sweep) runs when none is named: the GPU default is the fastest
-# recipe to a target loss that the A/Bs in docs/experiments.md support: speedrun-latest since wave 8 (record
-# #28's 300-step loss in 140 s of training against speedrun-124m's 183 s, 2 paired seeds on one H100, p = 0.02; it
-# compiles 2-3x longer, issue 33).
+# The preset `speedgpt train` (and bench) runs when none is named (sweep has its own GPU default, sweep.py): the
+# GPU default is the fastest recipe to a target loss that the A/Bs in docs/experiments.md support: speedrun-latest
+# since wave 8 (record #28's 300-step loss in 140 s of training against speedrun-124m's 183 s, 2 paired seeds on
+# one H100, p = 0.02; it compiles 2-3x longer, issue 33).
 GPU_DEFAULT_PRESET = "speedrun-latest"
 CPU_DEFAULT_PRESET = "tiny-cpu"
 
 
-def default_preset() -> str:
-    """The preset for this machine when none is named (reads the device at call time, never at import)."""
+def default_preset(gpu: str = GPU_DEFAULT_PRESET) -> str:
+    """The preset for this machine when none is named (reads the device at call time, never at import);
+    `gpu`: a command's own GPU default instead of train's."""
     import torch
 
-    return GPU_DEFAULT_PRESET if torch.cuda.is_available() else CPU_DEFAULT_PRESET
+    return gpu if torch.cuda.is_available() else CPU_DEFAULT_PRESET
 
 
 def preset_names() -> list[str]:
