@@ -23,6 +23,8 @@ if [ -z "${DATA:-}" ]; then  # built once here: parallel benches must not build 
         || { echo "building the local corpus failed: see $OUT/data.txt"; exit 1; }
 fi
 data=("--data.train_files=$DATA")
+# shellcheck source=scripts/lib/artifacts.sh
+source "$(dirname "$0")/lib/artifacts.sh"  # artifacts_only
 ngpu=$(nvidia-smi -L | wc -l)
 
 one() {  # preset, gpu, label, cache folder, extra overrides...
@@ -38,11 +40,7 @@ for preset in $PRESETS; do
         # shellcheck disable=SC2086
         one "$preset" "$i" cold "$OUT/cache-$preset-cold" ${EXTRA:-}
         # a fresh machine: only the portable artifact files travel, into an otherwise empty cache folder
-        for f in "$OUT/cache-$preset-cold"/*/artifacts-*; do
-            [ -e "$f" ] || continue
-            d="$OUT/cache-$preset-warm/$(basename "$(dirname "$f")")"
-            mkdir -p "$d" && cp "$f" "$d/"
-        done
+        artifacts_only "$OUT/cache-$preset-cold" "$OUT/cache-$preset-warm"
         # per stage where the preset has a table: stage 1's step time with its MTP weights padded to 3
         stages=(); [ "$preset" = speedrun-latest ] && stages=(--per-stage)
         # shellcheck disable=SC2086

@@ -50,14 +50,8 @@ phase() {  # name, timeout seconds, command...: runs unless done, notes "name rc
     return $rc
 }
 
-artifacts_only() {  # copy the artifact files of cache folder $1 into a new cache folder $2 (a fresh machine)
-    local f d
-    for f in "$1"/*/artifacts-*; do
-        [ -e "$f" ] || continue
-        d="$2/$(basename "$(dirname "$f")")"
-        mkdir -p "$d" && cp "$f" "$d/"
-    done
-}
+# shellcheck source=scripts/lib/artifacts.sh
+source "$(dirname "$0")/lib/artifacts.sh"  # artifacts_only, for the plans
 
 # shellcheck disable=SC1090
 source "$MODE"
