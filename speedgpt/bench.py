@@ -291,31 +291,28 @@ def time_steps(trainer, schedule_steps: list[int]) -> tuple[list[float], list[fl
         return out
 
     trainer.loader.next_batch = timed_next_batch
-    step_times, comm_ms = [], []
+    step_times, waits = [], []  # waits: each step's communication waits, read after the window (reading syncs)
     try:
         if cuda:
             barrier()
             torch.cuda.synchronize(trainer.device)
             marks = [torch.cuda.Event(enable_timing=True) for _ in range(len(schedule_steps) + 1)]
-            waits = []
             marks[0].record()
             for i, s in enumerate(schedule_steps):
                 trainer.train_step(s)
                 marks[i + 1].record()
-                waits.append(trainer.grad_sync.take_timers())  # read after the window: reading syncs
+                waits.append(trainer.grad_sync.take_timers())
             marks[-1].synchronize()
             step_times = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
         else:
-            waits = []
             for s in schedule_steps:
                 t = time.perf_counter()
                 trainer.train_step(s)
                 step_times.append(time.perf_counter() - t)
                 waits.append(trainer.grad_sync.take_timers())
-        comm_ms = [ms for ms in map(wait_ms, waits) if ms is not None]
     finally:
         trainer.loader.next_batch = next_batch  # unwrapped: a later call wraps it afresh
-    return step_times, comm_ms, loader_s[0]
+    return step_times, [ms for ms in map(wait_ms, waits) if ms is not None], loader_s[0]
 
 
 def dynamo_compiles() -> int:

@@ -97,7 +97,8 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
     if d.long_docs not in ("split", "crop", "mix"):
         raise ConfigError(f"data.long_docs='{d.long_docs}' must be split, crop or mix")
     if d.long_docs == "mix" and d.packing != "greedy":
-        # speedrun-124m and speedrun-latest mix (waves 5 and 7): a user asking for another packing there wants its rows instead
+        # speedrun-124m and speedrun-latest mix (waves 5 and 7): a user asking for another packing there wants
+        # its rows instead
         raise ConfigError(f"data.long_docs=mix works with data.packing=greedy only, not {d.packing}; "
                           f"add --data.packing=greedy, or for {d.packing}'s own rows --data.long_docs=split "
                           f"--data.max_doc_len=0")
