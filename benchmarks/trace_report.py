@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     read = []
     for trace in args.traces:  # all read before any printout: a bad one fails alone, at once
         if not Path(trace).is_file():
-            p.error(f"{trace}: no such file; give a trace written by bench --profile-trace DIR")
+            what = "a folder, not a trace file" if Path(trace).is_dir() else "no such file"
+            p.error(f"{trace}: {what}; give a trace written by bench --profile-trace DIR (DIR/profile-A.json.gz)")
         try:
             events = load_trace(trace)
         except ValueError as e:

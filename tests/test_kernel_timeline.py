@@ -176,3 +176,18 @@ def test_traces_of_several_ranks_line_up_on_their_shared_clock():
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert float(rows["rank1"][6]) - float(rows["rank0"][6]) == pytest.approx(1.5, abs=0.01)
     assert rows["rank0"][2] == rows["rank1"][2]  # each one's own span is the same
+
+
+def test_trace_report_refuses_a_missing_path_and_a_folder_in_one_line(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "trace_report.py"
+    spec = importlib.util.spec_from_file_location("trace_report", script)
+    trace_report_cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trace_report_cli)
+    for path, what in ((tmp_path / "none.json.gz", "no such file"), (tmp_path, "a folder, not a trace file")):
+        with pytest.raises(SystemExit) as e:
+            trace_report_cli.main([str(path)])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"{path}: {what}" in err and "Traceback" not in err
