@@ -84,6 +84,10 @@ def test_sweep_errors_name_the_fix(tmp_path, capsys):
     assert main(["--out", str(tmp_path), "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu",
                  "--model.value_embeds=3"]) == 2
     assert "model.value_embeds=3 needs depth >= 6" in capsys.readouterr().err
+    for data, message in ((tmp_path / "none", "no files match"), (tmp_path, "has no train shards")):
+        assert main(["--out", str(tmp_path / "s"), "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu",
+                     f"--data.train_files={data}"]) == 2
+        assert message in capsys.readouterr().err and not (tmp_path / "s").exists()
 
 
 def test_ended_by_reads_steps_time_budget_or_unfinished():

@@ -268,3 +268,17 @@ def find_shards(pattern_or_dir: str | os.PathLike, split: str | None = "train") 
             "or `speedgpt data fineweb`, or point to the right path"
         )
     return files
+
+
+def given_shards(data, read_headers: bool = False) -> tuple[list[Path], list[Path]] | None:
+    """The training and validation shards `data.train_files` / `data.val_files` name (FileNotFoundError when
+    none match; `read_headers`: every header read too, ShardError for a file that is no shard); None when
+    none are named: the run builds the default corpus itself. ab and sweep call it before launching runs, so
+    a wrong path is one line, not a crash in every run."""
+    if not data.train_files:
+        return None
+    train, val = find_shards(data.train_files, "train"), find_shards(data.val_files or data.train_files, "val")
+    if read_headers:
+        for path in (*train, *val):
+            read_shard_info(path)
+    return train, val

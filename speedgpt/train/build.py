@@ -16,13 +16,12 @@ from ..plan import RunPlan
 
 
 def resolve_data_files(cfg: Config, dist_info: DistInfo, log) -> tuple[list[Path], list[Path]]:
-    from ..data.shards import find_shards
+    from ..data.shards import find_shards, given_shards
 
     d = cfg.data
-    if d.train_files:
-        train_files = find_shards(d.train_files, "train")
-        val_files = find_shards(d.val_files or d.train_files, "val")
-        return train_files, val_files
+    given = given_shards(d)
+    if given is not None:
+        return given
     from ..data.tokenize import ensure_local_python_corpus
 
     out = d.default_corpus_dir()
