@@ -103,7 +103,8 @@ def test_batched_muon_step_equals_per_matrix_updates():
         opt.step()
         with torch.no_grad():
             for r in ref:
-                ref_opt.apply_update(r, ref_opt.update_for(r, r.grad, ref_opt.param_groups[0]), ref_opt.param_groups[0])
+                (update,) = ref_opt.updates_for([r], [r.grad], ref_opt.param_groups[0])  # a batch of one
+                ref_opt.apply_update(r, update, ref_opt.param_groups[0])
     for p, r in zip(params, ref):
         assert torch.allclose(p, r, atol=1e-5), p.shape
 

@@ -195,8 +195,8 @@ def test_muon_with_polar_express_steps_by_the_orthogonalized_momentum():
 
 
 def test_batched_step_equals_per_matrix_updates_with_every_switch():
-    """Muon.step batches same-shaped (incl. transposed) matrices; update_for is the per-matrix path
-    DistMuon uses. Both must agree with all switches on."""
+    """Muon.step batches same-shaped (incl. transposed) matrices; updates_for on one matrix at a time is
+    the unbatched math. Both must agree with all switches on."""
     kw = dict(lr=0.02, momentum=0.9, weight_decay=0.5, ortho="polar_express", normuon=True, cautious_wd=True)
     init, grads = params_and_grads(SHAPES)
     batched, _ = run(lambda ps: Muon(ps, **kw), init, grads)
@@ -205,7 +205,8 @@ def test_batched_step_equals_per_matrix_updates_with_every_switch():
     with torch.no_grad():
         for step_grads in grads:
             for r, gr in zip(ref, step_grads):
-                opt.apply_update(r, opt.update_for(r, gr.clone(), opt.param_groups[0]), opt.param_groups[0])
+                (update,) = opt.updates_for([r], [gr.clone()], opt.param_groups[0])
+                opt.apply_update(r, update, opt.param_groups[0])
     for a, b in zip(batched, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=str(a.shape))
 
@@ -469,6 +470,42 @@ def _dist_step(opt, ref_opt, ws, ref, rank, step_grads):
     ref_opt.step()
 
 
+def _batching_check(rank, world):
+    """A rank's matrices of one shape, transposed ones included, are orthogonalized in one batch per step
+    (per chunk, each rank's host issued ~50 small launches a matrix; wave 9), and the result is Muon's."""
+    import speedgpt.optim.muon as muon_mod
+
+    shapes = [(32, 16)] * 2 * world + [(16, 32)] * world  # 2 chunks + 1 chunk: 3 matrices a rank, one batch
+    g = torch.Generator().manual_seed(7)
+    init = [torch.randn(s, generator=g) for s in shapes]
+    ws = [torch.nn.Parameter(t.clone()) for t in init]
+    ref = [torch.nn.Parameter(t.clone()) for t in init]
+    sync = GradSync(world, rank, torch.device("cpu"))
+    opt, ref_opt = DistMuon(ws, sync, lr=0.02), Muon(ref, lr=0.02)
+    batches = []
+    real = muon_mod.orthogonalize
+
+    def spy(G, *args, **kwargs):
+        batches.append(G.shape[0])
+        return real(G, *args, **kwargs)
+
+    muon_mod.orthogonalize = spy
+    try:
+        for step in range(2):
+            grads = [torch.randn(world, *s, generator=g) for s in shapes]
+            for w, r, G in zip(ws, ref, grads):
+                w.grad, r.grad = G[rank].clone(), G.mean(0)
+            batches.clear()
+            opt.step()
+            assert batches == [3], f"rank {rank}: orthogonalize called with batches {batches}, want one of 3"
+            ref_opt.step()
+            for w, r in zip(ws, ref):
+                torch.testing.assert_close(w, r, atol=2e-5, rtol=0)
+    finally:
+        muon_mod.orthogonalize = real
+    sync.remove_hooks()
+
+
 def _switches_worker(rank, world, out):
     init_distributed("cpu")
     cpu = torch.device("cpu")
@@ -511,6 +548,7 @@ def _switches_worker(rank, world, out):
         if name == "all" and rank == 0:
             torch.save({"params": [r.detach().clone() for r in ref]}, f"{out}/ref_after.pt")
         sync.remove_hooks()
+    _batching_check(rank, world)
     # build_optimizers hands the switches to DistMuon too.
     cfg = apply_overrides(load_preset("tiny-cpu"), [
         "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",

@@ -129,6 +129,13 @@ def muon_lr_scale(shape: torch.Size, transposed: bool = False) -> float:
     return max(1.0, rows / cols) ** 0.5
 
 
+def batch_key(p: torch.Tensor) -> tuple:
+    """Matrices with equal keys share one batched orthogonalization (Muon.updates_for): same shape up to
+    transposition, dtype and device."""
+    m, n = p.shape[-2:]
+    return min(m, n), max(m, n), p.dtype, p.device
+
+
 class Muon(torch.optim.Optimizer):
     """Single-process Muon. Parameters of any rank >= 2; leading dims are a batch of matrices.
 
@@ -178,11 +185,21 @@ class Muon(torch.optim.Optimizer):
             state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=update.device)
         return normuon_normalize(update, state["second_momentum_buffer"], group["normuon_beta2"])
 
-    def update_for(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
-        """Momentum + orthogonalization (+ NorMuon) for one parameter; returns the step direction."""
-        ortho = orthogonalize(self.momentum_direction(p, grad, group), group["ortho"], group["ns_steps"],
-                              group.get("ns_fused", False))
-        return self.normalize(p, ortho, group)
+    def updates_for(self, params: list[torch.Tensor], grads: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
+        """Momentum + orthogonalization (+ NorMuon) for matrices of one shape up to transposition; returns
+        each one's step direction in its own layout. One batched orthogonalization for all of them: a few
+        large launches instead of ns_steps iterations x three matmuls per matrix (the norm and the
+        products are per matrix, so batching changes no matrix's math)."""
+        dirs = [self.momentum_direction(p, g, group) for p, g in zip(params, grads)]
+        wide = [d.reshape(-1, *d.shape[-2:]) for d in dirs]
+        wide = [w.mT if w.size(-2) > w.size(-1) else w for w in wide]
+        ortho = orthogonalize(torch.cat(wide), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
+        out = []
+        for p, d, chunk in zip(params, dirs, ortho.split([w.size(0) for w in wide])):
+            chunk = chunk.mT if d.size(-2) > d.size(-1) else chunk
+            # NorMuon's rows are the parameter's own rows, so it runs after transposing back.
+            out.append(self.normalize(p, chunk.reshape(p.shape), group))
+        return out
 
     def apply_update(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
         lr = group["lr"]
@@ -199,23 +216,14 @@ class Muon(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        # Matrices of one shape (up to transposition) share one batched orthogonalization: a few
-        # large launches instead of five iterations x three matmuls per matrix.
         for group in self.param_groups:
             by_shape: dict[tuple, list[torch.Tensor]] = defaultdict(list)
             for p in group["params"]:
                 if p.grad is not None:
-                    m, n = p.shape[-2:]
-                    by_shape[(min(m, n), max(m, n), p.dtype, p.device)].append(p)
+                    by_shape[batch_key(p)].append(p)
             for params in by_shape.values():
-                dirs = [self.momentum_direction(p, p.grad, group) for p in params]
-                wide = [d.reshape(-1, *d.shape[-2:]) for d in dirs]
-                wide = [w.mT if w.size(-2) > w.size(-1) else w for w in wide]
-                ortho = orthogonalize(torch.cat(wide), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
-                for p, d, chunk in zip(params, dirs, ortho.split([w.size(0) for w in wide])):
-                    chunk = chunk.mT if d.size(-2) > d.size(-1) else chunk
-                    # NorMuon's rows are the parameter's own rows, so it runs after transposing back.
-                    self.apply_update(p, self.normalize(p, chunk.reshape(p.shape), group), group)
+                for p, update in zip(params, self.updates_for(params, [p.grad for p in params], group)):
+                    self.apply_update(p, update, group)
 
     def load_state_dict(self, state_dict: dict) -> None:
         """torch's load, keeping NorMuon's second moments in fp32 (torch casts every state tensor to
@@ -238,11 +246,11 @@ class DistMuon(Muon):
     last chunk padded with empty slots. Slot r of every chunk belongs to rank r. Per chunk, one
     reduce-scatter (launched from the backward hooks, parallel/ddp.py) hands rank r the averaged
     gradient of its matrix; rank r runs momentum + orthogonalization (+ NorMuon) and the update on
-    it alone and keeps that matrix's state (momentum and NorMuon buffers); one all-gather of the
-    updated matrices completes the step everywhere. With W = 1 every chunk is one matrix and no
-    communication happens: the math is exactly Muon's. `state_dict()` is the full, unsharded Muon
-    state (collective); `load_state_dict()` accepts a full state from any world size and keeps
-    this rank's buffers.
+    its matrices (those of one shape batched, as Muon does) and keeps their state (momentum and
+    NorMuon buffers); one all-gather per chunk of the updated matrices completes the step everywhere.
+    With W = 1 every chunk is one matrix and no communication happens: the math is exactly Muon's.
+    `state_dict()` is the full, unsharded Muon state (collective); `load_state_dict()` accepts a full
+    state from any world size and keeps this rank's buffers.
     """
 
     def __init__(self, params, grad_sync, lr: float = 0.05, momentum: float = 0.95, nesterov: bool = True,
@@ -294,19 +302,35 @@ class DistMuon(Muon):
     def step(self, closure=None):
         if self.world_size == 1:
             return super().step(closure)
+        # This rank's matrices are batched as Muon batches them: one `updates_for` per param group and shape
+        # (up to transposition), not one per chunk. Per chunk, a rank's update was ~50 small launches, and
+        # wave 9's 4-GPU profile had the host issuing them slower than the GPU ran them (20-40 ms of host
+        # time a step under the profiler, for ~3.5 ms of GPU work): the rank whose host fell behind held
+        # everyone's all-gathers.
+        # A batch waits for its chunks' reduce-scatters, so batches run in the order their last chunk was
+        # launched; each batch's all-gathers start when it is done and overlap the next batch's work.
+        batches: dict[tuple, list] = {}
+        ready_at: dict[tuple, int] = {}
+        for i, (gi, ps, b) in enumerate(self._mine()):
+            key = (gi, batch_key(ps[0]))
+            batches.setdefault(key, []).append((ps, b))
+            ready_at[key] = i
         gathers = []
-        for gi, ps, b in self._mine():
-            group = self.param_groups[gi]
-            g = self.grad_sync.wait(b)
-            if self.rank < len(ps):
-                p = ps[self.rank]
-                new = p.detach().clone()
-                self.apply_update(new, self.update_for(p, g, group), group)  # same ops as Muon, off-place
-            else:
-                new = g  # an empty slot: send anything, nobody reads it
-            # In the parameters' dtype even with grad_comm_dtype=bf16: every rank must hold the same weights.
-            full = torch.empty((self.world_size, *new.shape), dtype=new.dtype, device=new.device)
-            gathers.append((ps, b, full, new, all_gather(full.view(-1), new.reshape(-1), async_op=True)))
+        for key in sorted(batches, key=ready_at.__getitem__):
+            group = self.param_groups[key[0]]
+            chunks = batches[key]
+            grads = [self.grad_sync.wait(b) for _, b in chunks]
+            owned = [(ps[self.rank], g) for (ps, _), g in zip(chunks, grads) if self.rank < len(ps)]
+            updates = iter(self.updates_for([p for p, _ in owned], [g for _, g in owned], group) if owned else [])
+            for (ps, b), g in zip(chunks, grads):
+                if self.rank < len(ps):
+                    new = ps[self.rank].detach().clone()
+                    self.apply_update(new, next(updates), group)  # the same ops as Muon, off-place
+                else:
+                    new = g  # an empty slot: send anything, nobody reads it
+                # In the parameters' dtype even with grad_comm_dtype=bf16: every rank must hold the same weights.
+                full = torch.empty((self.world_size, *new.shape), dtype=new.dtype, device=new.device)
+                gathers.append((ps, b, full, new, all_gather(full.view(-1), new.reshape(-1), async_op=True)))
         for ps, b, full, new, work in gathers:
             self.grad_sync.wait_work(work)
             for j, p in enumerate(ps):
