@@ -101,6 +101,20 @@ def test_each_rank_keeps_a_file_of_its_own(tmp_path):
     assert "nothing saved for this config yet" in r1.load()  # rank 1 never reads rank 0's file
 
 
+def test_ranks_write_triton_kernels_into_folders_of_their_own(tmp_path, monkeypatch):
+    """Ranks that loaded their artifacts into one Triton folder raced on the same kernels (wave 9)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # put back after the test
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    cfg, cpu = Config().to_dict(), torch.device("cpu")
+    seen = set()
+    for r in (0, 1):
+        cache = CompileCache.for_run(str(tmp_path), cfg, 2, cpu, rank=r)
+        cache.activate()
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache.folder / "inductor")  # shared: keys hold cuda:r
+        seen.add(os.environ["TRITON_CACHE_DIR"])
+    assert len(seen) == 2
+
+
 def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch):
     from speedgpt.parallel.dist import DistInfo
     from speedgpt.train.compile import open_compile_cache

@@ -114,8 +114,13 @@ class CompileCache:
     def activate(self) -> str:
         """Point Inductor's and Triton's on-disk caches into the folder (before the first compile); returns
         a line for the log. Set, not defaulted: Inductor sets both itself at its first compile, so a second
-        run in one process (bench --ab) would otherwise keep the first's. train.compile_cache=off leaves them."""
-        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
+        run in one process (bench --ab) would otherwise keep the first's. train.compile_cache=off leaves them.
+        Under torchrun each rank gets a Triton folder of its own, as torch's default layout keys it by device:
+        ranks loading their artifacts into one folder raced to write the same kernels, and each loser logged
+        "Directory ... is not empty - skipping!" and left its copy behind as a tmp.* folder (wave 9: 70 lines
+        in one 4-GPU start)."""
+        triton = "triton" if self.rank is None else f"triton/rank{self.rank}"
+        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", triton)):
             os.environ[var] = str(self.folder / sub)
         return f"compile cache: {self.folder} (config {self.digest})"
 
