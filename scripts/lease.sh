@@ -22,10 +22,21 @@ if [ "$MODE" = status ]; then
     exit 0
 fi
 if [ "$MODE" = collect ]; then
-    tar -czf "${3:?collect needs a TAR path}" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' \
-        --exclude='*.distcp' --exclude='cc*' --exclude='xdg' --exclude='cache-*' --exclude='*.bin' \
-        --exclude='profile-*.json.gz' "$(basename "$W")"
-    exit $?
+    # Caches by where plans put them, anchored at OUT_DIR's top (an unanchored 'acf*' dropped wave 9's
+    # logs/acf-*.log with its acf1/ cache); heavy file kinds anywhere.
+    B=$(basename "$W")
+    TAR=${3:?collect needs a TAR path}
+    tar -czf "$TAR" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' --exclude='*.distcp' \
+        --exclude='*.bin' --exclude='profile-*.json.gz' \
+        --anchored --exclude="$B/xdg" --exclude="$B/cc*" --exclude="$B/acf*" --exclude="$B/cb*/cache-*" "$B" \
+        || exit $?
+    # The device tool brings back files up to its size limit (16 MiB): name what made one too big.
+    if [ "$(stat -c %s "$TAR")" -gt $((15 * 2**20)) ]; then
+        echo "lease.sh collect: $TAR is $(du -h "$TAR" | cut -f1), past what the device tool brings back;" \
+            "the largest folders under $W:"
+        du -x --max-depth=2 "$W" 2>/dev/null | sort -rn | head -6
+    fi
+    exit 0
 fi
 [ -f "$MODE" ] || { echo "lease.sh: no plan file '$MODE' (see scripts/plans/)"; exit 2; }
 PY=${PY:-python3}
