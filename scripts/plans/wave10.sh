@@ -1,0 +1,54 @@
+# The next 4-GPU lease (issues 34, 33), in priority order, about 26 device-minutes of work with the machine's start:
+# cut it where the budget ends (the later phases stay in docs/experiments.md's owed table). Run from the repository
+# root of the device copy:
+#   setsid scripts/lease.sh /tmp/w10 scripts/plans/wave10.sh > /tmp/w10.log 2>&1 < /dev/null &
+# then poll `grep -q "^PHASE " /tmp/w10/status` in calls of at most ~540 s (a call cut by its limit collects nothing)
+# and end each call with `scripts/lease.sh /tmp/w10 collect $OUT/w10.tgz`.
+# Sourced by scripts/lease.sh ($W $PY $DATA $TR $C, phase, artifacts_only).
+# shellcheck shell=bash disable=SC2086,SC2154
+phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
+# Issue 34 (1), the scaling's missing percent. Wave 9's traces: on the late rank the host issued DistMuon's ~630
+# launches slower than its GPU ran them (idle 13-17 ms in the optimizer's span), and the others waited for that
+# rank's all-gathers. 61d24db batches a rank's matrices of one shape (15 orthogonalizations a rank -> 3). The 4-GPU
+# bench of speedrun-124m with DistMuon per chunk (the tree before, 6e1e7a3) and batched (this tree), alternated
+# twice: step_ms_mean and comm_wait_ms_by_rank of each. Both trees compile the same graphs (one Inductor cache).
+PREV=/tmp/prev-6e1e7a3
+phase prev-tree 60 bash -c "rm -rf $PREV && mkdir -p $PREV && cp -r speedgpt pyproject.toml $PREV/ &&
+    git show 6e1e7a3:speedgpt/optim/muon.py > $PREV/speedgpt/optim/muon.py"
+B4="-m speedgpt bench --preset speedrun-124m --steps 30 --data.train_files=$DATA"
+for round in 1 2; do
+    phase "muon-chunk-$round" 300 bash -c "cd $PREV && PYTHONPATH=$PREV $TR $B4"
+    phase "muon-batch-$round" 300 $TR $B4
+done
+# The scaling by training time on this machine (wave 8's measure: 3.848x / 3.847x), 300 steps of speedrun-124m,
+# seeds 1337 and 1338: on 4 GPUs, then on one GPU each (the two at once, on GPUs 0 and 1).
+for seed in 1337 1338; do
+    phase "scale4-$seed" 300 $TR -m speedgpt train --preset speedrun-124m --run-dir "$W/runs/dp4-124m-$seed" \
+        --train.seed=$seed --train.save_final_checkpoint=false --run.report=false $C
+done
+phase scale1 420 bash -c "
+    for i in 0 1; do
+        CUDA_VISIBLE_DEVICES=\$i $PY -m speedgpt train --preset speedrun-124m --run-dir '$W/runs/one-124m-'\$((1337 + i)) \
+            --train.seed=\$((1337 + i)) --train.save_final_checkpoint=false --run.report=false $C \
+            > '$W/logs/scale1-'\$i'.log' 2>&1 & pids+=(\$!)
+    done
+    rc=0; for p in \"\${pids[@]}\"; do wait \$p || rc=1; done; exit \$rc"
+# Issue 33 (warm start <= 20 s), owed again: wave 9 ran it (acf-cold 138 s, acf-fresh 56 s of phase time) but its
+# collect dropped the logs. speedrun-124m with AOTAutograd's cache allowed for the FP8 paths' custom autograd
+# Functions, cold into a new cache, then a fresh machine's start from that cache's artifacts alone; its start log
+# says "aot autograd cache N/M hits" and the compile seconds per phase.
+ACF="env TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD=1 CUDA_VISIBLE_DEVICES=0"
+phase acf-cold 300 $ACF $PY -m speedgpt bench --preset speedrun-124m --steps 6 --data.train_files="$DATA" \
+    --train.compile_cache="$W/acf1"
+artifacts_only "$W/acf1" "$W/acf2"
+phase acf-fresh 200 $ACF $PY -m speedgpt bench --preset speedrun-124m --steps 6 --data.train_files="$DATA" \
+    --train.compile_cache="$W/acf2"
+# Issue 33 (5): the run-plan refactor's step time, b064051 against this tree, one GPU, same call.
+OLD=/tmp/tree-b064051
+phase old-tree 60 bash -c "rm -rf $OLD && mkdir -p $OLD && git archive b064051 | tar -x -C $OLD"
+for preset in speedrun-124m speedrun-latest; do
+    phase "plan-old-$preset" 400 bash -c "cd $OLD && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLD $PY -m speedgpt bench \
+        --preset $preset --steps 10 --data.train_files=$DATA"
+    phase "plan-new-$preset" 400 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset $preset --steps 10 \
+        --data.train_files="$DATA"
+done
