@@ -1,4 +1,4 @@
-# The next 4-GPU lease (issues 34, 33), in priority order, about 26 device-minutes of work with the machine's start:
+# The next 4-GPU lease (issues 34, 33), in priority order, about 33 device-minutes of work with the machine's start:
 # cut it where the budget ends (the later phases stay in docs/experiments.md's owed table). Run from the repository
 # root of the device copy:
 #   setsid scripts/lease.sh /tmp/w10 scripts/plans/wave10.sh > /tmp/w10.log 2>&1 < /dev/null &
@@ -43,6 +43,12 @@ phase acf-cold 300 $ACF $PY -m speedgpt bench --preset speedrun-124m --steps 6 -
 artifacts_only "$W/acf1" "$W/acf2"
 phase acf-fresh 200 $ACF $PY -m speedgpt bench --preset speedrun-124m --steps 6 --data.train_files="$DATA" \
     --train.compile_cache="$W/acf2"
+# Issue 32 (time to target): more open documents. speedrun-latest mixes pieces of 1,024 open documents (wave 5: more
+# documents a step learned faster, 64 was worse; larger K never tried); 8,192 spreads a file's pieces over 8x the
+# rows, nearer the fully shuffled pre-cut pieces that set the issue's 0.27x on the old corpus. One run per GPU,
+# cold compile of four latest runs at once (~4 min) + 300 steps (~2.7 min).
+phase mixk 600 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" --seeds 2 \
+    --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C
 # Issue 33 (5): the run-plan refactor's step time, b064051 against this tree, one GPU, same call.
 OLD=/tmp/tree-b064051
 phase old-tree 60 bash -c "rm -rf $OLD && mkdir -p $OLD && git archive b064051 | tar -x -C $OLD"
