@@ -471,8 +471,9 @@ def _dist_step(opt, ref_opt, ws, ref, rank, step_grads):
 
 
 def _batching_check(rank, world):
-    """A rank's matrices of one shape, transposed ones included, are orthogonalized in one batch per step
-    (per chunk, each rank's host issued ~50 small launches a matrix; wave 9), and the result is Muon's."""
+    """A rank's matrices of one shape, transposed ones included, are orthogonalized in one batch and
+    all-gathered in one collective per step (per chunk, each rank's host issued ~50 small launches a
+    matrix; wave 9), and the result is Muon's."""
     import speedgpt.optim.muon as muon_mod
 
     shapes = [(32, 16)] * 2 * world + [(16, 32)] * world  # 2 chunks + 1 chunk: 3 matrices a rank, one batch
@@ -482,27 +483,33 @@ def _batching_check(rank, world):
     ref = [torch.nn.Parameter(t.clone()) for t in init]
     sync = GradSync(world, rank, torch.device("cpu"))
     opt, ref_opt = DistMuon(ws, sync, lr=0.02), Muon(ref, lr=0.02)
-    batches = []
-    real = muon_mod.orthogonalize
+    batches, gathers = [], []
+    real, real_gather = muon_mod.orthogonalize, muon_mod.all_gather
 
     def spy(G, *args, **kwargs):
         batches.append(G.shape[0])
         return real(G, *args, **kwargs)
 
-    muon_mod.orthogonalize = spy
+    def spy_gather(out, inp, *args, **kwargs):
+        gathers.append(inp.numel())
+        return real_gather(out, inp, *args, **kwargs)
+
+    muon_mod.orthogonalize, muon_mod.all_gather = spy, spy_gather
     try:
         for step in range(2):
             grads = [torch.randn(world, *s, generator=g) for s in shapes]
             for w, r, G in zip(ws, ref, grads):
                 w.grad, r.grad = G[rank].clone(), G.mean(0)
             batches.clear()
+            gathers.clear()
             opt.step()
             assert batches == [3], f"rank {rank}: orthogonalize called with batches {batches}, want one of 3"
+            assert gathers == [3 * 32 * 16], f"rank {rank}: all-gathers of {gathers} elements, want one of the batch"
             ref_opt.step()
             for w, r in zip(ws, ref):
                 torch.testing.assert_close(w, r, atol=2e-5, rtol=0)
     finally:
-        muon_mod.orthogonalize = real
+        muon_mod.orthogonalize, muon_mod.all_gather = real, real_gather
     sync.remove_hooks()
 
 

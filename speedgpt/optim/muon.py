@@ -247,7 +247,7 @@ class DistMuon(Muon):
     reduce-scatter (launched from the backward hooks, parallel/ddp.py) hands rank r the averaged
     gradient of its matrix; rank r runs momentum + orthogonalization (+ NorMuon) and the update on
     its matrices (those of one shape batched, as Muon does) and keeps their state (momentum and
-    NorMuon buffers); one all-gather per chunk of the updated matrices completes the step everywhere.
+    NorMuon buffers); one all-gather per batch of the updated matrices completes the step everywhere.
     With W = 1 every chunk is one matrix and no communication happens: the math is exactly Muon's.
     `state_dict()` is the full, unsharded Muon state (collective); `load_state_dict()` accepts a full
     state from any world size and keeps this rank's buffers.
@@ -322,20 +322,31 @@ class DistMuon(Muon):
             grads = [self.grad_sync.wait(b) for _, b in chunks]
             owned = [(ps[self.rank], g) for (ps, _), g in zip(chunks, grads) if self.rank < len(ps)]
             updates = iter(self.updates_for([p for p, _ in owned], [g for _, g in owned], group) if owned else [])
-            for (ps, b), g in zip(chunks, grads):
+            # One all-gather for the batch, not one per chunk: rank r sends its slot of every chunk back to back,
+            # updated in place in the send buffer (in the parameters' dtype even with grad_comm_dtype=bf16:
+            # every rank must hold the same weights). An empty slot is sent as it is; nobody reads it.
+            sizes = [ps[0].numel() for ps, _ in chunks]
+            p0 = chunks[0][0][0]
+            send = torch.empty(sum(sizes), dtype=p0.dtype, device=p0.device)
+            for (ps, _), part in zip(chunks, send.split(sizes)):
                 if self.rank < len(ps):
-                    new = ps[self.rank].detach().clone()
+                    p = ps[self.rank]
+                    new = part.view(p.shape)
+                    new.copy_(p)
                     self.apply_update(new, next(updates), group)  # the same ops as Muon, off-place
-                else:
-                    new = g  # an empty slot: send anything, nobody reads it
-                # In the parameters' dtype even with grad_comm_dtype=bf16: every rank must hold the same weights.
-                full = torch.empty((self.world_size, *new.shape), dtype=new.dtype, device=new.device)
-                gathers.append((ps, b, full, new, all_gather(full.view(-1), new.reshape(-1), async_op=True)))
-        for ps, b, full, new, work in gathers:
+            full = torch.empty((self.world_size, send.numel()), dtype=send.dtype, device=send.device)
+            gathers.append((chunks, sizes, full, send, all_gather(full.view(-1), send, async_op=True)))
+        for chunks, sizes, full, send, work in gathers:
             self.grad_sync.wait_work(work)
-            for j, p in enumerate(ps):
-                p.copy_(full[j])
-            self.grad_sync.release(b)
+            params, parts = [], []
+            for j in range(self.world_size):
+                for (ps, _), part in zip(chunks, full[j].split(sizes)):
+                    if j < len(ps):
+                        params.append(ps[j])
+                        parts.append(part.view(ps[j].shape))
+            torch._foreach_copy_(params, parts)  # one multi-tensor launch for the batch's matrices
+            for _, b in chunks:
+                self.grad_sync.release(b)
 
     def state_dict(self) -> dict:
         """Collective when sharded: every rank must call it; every rank gets the full state."""
