@@ -198,7 +198,7 @@ def test_batched_step_equals_per_matrix_updates_with_every_switch():
     """Muon.step batches same-shaped (incl. transposed) matrices; updates_for on one matrix at a time is
     the unbatched math. Both must agree with all switches on."""
     kw = dict(lr=0.02, momentum=0.9, weight_decay=0.5, ortho="polar_express", normuon=True, cautious_wd=True)
-    init, grads = params_and_grads(SHAPES)
+    init, grads = params_and_grads(SHAPES + [(32, 96), (3, 32, 32)])  # two of a shape: NorMuon's stacked path
     batched, _ = run(lambda ps: Muon(ps, **kw), init, grads)
     ref = [torch.nn.Parameter(t.clone()) for t in init]
     opt = Muon(ref, **kw)

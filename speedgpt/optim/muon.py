@@ -159,14 +159,19 @@ class Muon(torch.optim.Optimizer):
                         ns_fused=ns_fused, shape_transposed=False)
         super().__init__(params, defaults)
 
-    def momentum_direction(self, p: torch.Tensor, grad: torch.Tensor, group: dict) -> torch.Tensor:
-        """Update the momentum buffer; return the (Nesterov) direction to orthogonalize."""
-        state = self.state[p]
-        if "momentum_buffer" not in state:
-            state["momentum_buffer"] = torch.zeros_like(grad)
-        buf = state["momentum_buffer"]
-        buf.lerp_(grad, 1 - group["momentum"])
-        return grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+    def momentum_directions(self, params: list[torch.Tensor], grads: list[torch.Tensor], group: dict) -> list:
+        """Update the parameters' momentum buffers; return the (Nesterov) directions to orthogonalize.
+        Multi-tensor ops: one launch for all of them, not two per matrix."""
+        bufs = []
+        for p, g in zip(params, grads):
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(g)
+            bufs.append(state["momentum_buffer"])
+        if not bufs:
+            return []
+        torch._foreach_lerp_(bufs, list(grads), 1 - group["momentum"])
+        return list(torch._foreach_lerp(list(grads), bufs, group["momentum"])) if group["nesterov"] else bufs
 
     @staticmethod
     def state_layout(p: torch.Tensor) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -174,32 +179,51 @@ class Muon(torch.optim.Optimizer):
         return {"momentum_buffer": (tuple(p.shape), p.dtype),
                 "second_momentum_buffer": ((*p.shape[:-1], 1), torch.float32)}
 
-    def normalize(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> torch.Tensor:
-        """NorMuon's per-row normalization of p's orthogonalized update (identity when it is off)."""
+    def normalize(self, params: list[torch.Tensor], updates: list[torch.Tensor], group: dict) -> list:
+        """NorMuon's per-row normalization of each parameter's orthogonalized update (identity when it is off).
+        The updates of one shape go through it stacked: one set of launches for a batch, not one a matrix
+        (the reductions are per row and per matrix, so stacking changes no matrix's math)."""
         if not group["normuon"]:
-            return update
+            return list(updates)
+        out = list(updates)
+        by_shape: dict[tuple, list[int]] = defaultdict(list)
+        for i, u in enumerate(updates):
+            by_shape[tuple(u.shape)].append(i)
+        for idx in by_shape.values():
+            moments = [self._second_moment(params[i], updates[i]) for i in idx]
+            if len(idx) == 1:
+                out[idx[0]] = normuon_normalize(updates[idx[0]], moments[0], group["normuon_beta2"])
+                continue
+            stacked = torch.stack(moments)  # the EMAs move in the stack, then back into each one's state
+            done = normuon_normalize(torch.stack([updates[i] for i in idx]), stacked, group["normuon_beta2"])
+            torch._foreach_copy_(moments, list(stacked.unbind(0)))
+            for i, u in zip(idx, done.unbind(0)):
+                out[i] = u
+        return out
+
+    def _second_moment(self, p: torch.Tensor, update: torch.Tensor) -> torch.Tensor:
         state = self.state[p]
         if "second_momentum_buffer" not in state:
             shape, dtype = self.state_layout(p)["second_momentum_buffer"]
             # On the update's device: under FSDP (ShardedMuon) p is a shard and the update a whole matrix.
             state["second_momentum_buffer"] = torch.zeros(shape, dtype=dtype, device=update.device)
-        return normuon_normalize(update, state["second_momentum_buffer"], group["normuon_beta2"])
+        return state["second_momentum_buffer"]
 
     def updates_for(self, params: list[torch.Tensor], grads: list[torch.Tensor], group: dict) -> list[torch.Tensor]:
         """Momentum + orthogonalization (+ NorMuon) for matrices of one shape up to transposition; returns
         each one's step direction in its own layout. One batched orthogonalization for all of them: a few
         large launches instead of ns_steps iterations x three matmuls per matrix (the norm and the
         products are per matrix, so batching changes no matrix's math)."""
-        dirs = [self.momentum_direction(p, g, group) for p, g in zip(params, grads)]
+        dirs = self.momentum_directions(params, grads, group)
         wide = [d.reshape(-1, *d.shape[-2:]) for d in dirs]
         wide = [w.mT if w.size(-2) > w.size(-1) else w for w in wide]
         ortho = orthogonalize(torch.cat(wide), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
         out = []
         for p, d, chunk in zip(params, dirs, ortho.split([w.size(0) for w in wide])):
             chunk = chunk.mT if d.size(-2) > d.size(-1) else chunk
-            # NorMuon's rows are the parameter's own rows, so it runs after transposing back.
-            out.append(self.normalize(p, chunk.reshape(p.shape), group))
-        return out
+            out.append(chunk.reshape(p.shape))
+        # NorMuon's rows are the parameter's own rows, so it runs after transposing back.
+        return self.normalize(params, out, group)
 
     def apply_update(self, p: torch.Tensor, update: torch.Tensor, group: dict) -> None:
         lr = group["lr"]
@@ -286,7 +310,8 @@ class DistMuon(Muon):
             else:
                 # sum of grad/W = mean; scaled in the gradient's dtype, then cast into buf's
                 torch.mul(p.grad, 1.0 / self.world_size, out=buf[j])
-        buf[len(ps):].zero_()  # empty slots
+        if len(ps) < self.world_size:
+            buf[len(ps):].zero_()  # empty slots
         bucket.out = self.grad_sync.comm_buffer(p0.shape, p0)  # grad_sync.wait returns it in p0's dtype
         return reduce_scatter(bucket.out.view(-1), buf.view(-1), async_op=True)
 

@@ -36,11 +36,11 @@ class ShardedMuon(Muon):
     def step(self, closure=None):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            dirs = [self.momentum_direction(p, p.grad, group) for p in params]  # on the shards
+            dirs = self.momentum_directions(params, [p.grad for p in params], group)  # on the shards
             if group["normuon"] or not all(is_sharded(p) for p in params):
                 for p, d in zip(params, dirs):
                     whole = orthogonalize(full_tensor(d), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
-                    update = self.normalize(p, whole, group)
+                    (update,) = self.normalize([p], [whole], group)
                     self.apply_update(p, shard_like(update.to(p.dtype), p) if is_sharded(p) else update, group)
                 continue
             for start in range(0, len(params), self._world(params)):

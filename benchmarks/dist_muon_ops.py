@@ -1,0 +1,93 @@
+"""The operations one DistMuon step issues on each rank, counted on the CPU (issue 34).
+
+On 4 H100s the sharded Muon step was host-bound on whichever rank's host fell behind: its GPU idled
+while the host issued the step's ~630 small kernels one by one (docs/distributed.md, wave 9). Every
+aten operation that is not a view is roughly one kernel launch on a GPU, and the count does not depend
+on the matrices' sizes, so this counts them per rank for a preset's real set of Muon matrices (its
+kinds and their numbers) at a small width, on gloo:
+
+    PYTHONPATH=. torchrun --standalone --nproc_per_node=4 benchmarks/dist_muon_ops.py --preset speedrun-124m
+
+It prints one line per rank: operations (views excluded) in the second step (the first also creates
+the momentum buffers), collectives among them (the reduce-scatters too: the step launches them, as no
+backward hook did), and the orthogonalizations' batch sizes; then rank 0's most frequent operations.
+PYTHONPATH picks the tree: another checkout's (`git archive REV speedgpt | tar -x -C DIR`) counts its step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten operations that run under it, views left out (they launch nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not func.is_view:
+            self.ops[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset", default="speedrun-124m")
+    ap.add_argument("--width", type=int, default=128, help="model_dim for the count (default 128; the count "
+                    "does not depend on it)")
+    args = ap.parse_args()
+
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.model.build import build_model
+    from speedgpt.optim import muon as muon_mod
+    from speedgpt.parallel.ddp import GradSync
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(1)
+    cfg = apply_overrides(load_preset(args.preset), [f"--model.model_dim={args.width}", "--model.head_dim=32"])
+    shapes = [tuple(p.shape) for p in build_model(cfg.model, 64, "cpu").param_groups()["matrix"]]
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
+    o = cfg.optim
+    opt = muon_mod.DistMuon(params, GradSync(world, rank, torch.device("cpu")), lr=o.muon_lr,
+                            momentum=o.muon_momentum, ortho=o.muon_ortho, normuon=o.normuon,
+                            cautious_wd=o.cautious_wd, weight_decay=o.muon_weight_decay, ns_fused=o.muon_ns_fused)
+    batches = []
+    real = muon_mod.orthogonalize
+
+    def spy(G, *a, **kw):
+        batches.append(G.shape[0])
+        return real(G, *a, **kw)
+
+    muon_mod.orthogonalize = spy
+    for step in range(2):
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + rank))
+        batches.clear()
+        counter = CountOps()
+        with counter:
+            opt.step()
+    muon_mod.orthogonalize = real
+    total = sum(counter.ops.values())
+    comm = sum(n for name, n in counter.ops.items() if "gather" in name or "scatter" in name)
+    line = (f"rank {rank}: {total} operations in one DistMuon step ({comm} collectives), "
+            f"{len(batches)} orthogonalization(s) of {batches} matrices; {len(shapes)} matrices on {world} ranks")
+    lines = [None] * world
+    dist.all_gather_object(lines, line)
+    if rank == 0:
+        print(f"{args.preset}: Muon matrices {collections.Counter(shapes)}")
+        print("\n".join(lines))
+        print("rank 0's most frequent:", ", ".join(f"{name} {n}" for name, n in counter.ops.most_common(12)))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
