@@ -9,9 +9,10 @@
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
 # Issue 34 (1), the scaling's missing percent. Wave 9's traces: on the late rank the host issued DistMuon's ~630
 # launches slower than its GPU ran them (idle 13-17 ms in the optimizer's span), and the others waited for that
-# rank's all-gathers. 61d24db batches a rank's matrices of one shape (15 orthogonalizations a rank -> 3). The 4-GPU
-# bench of speedrun-124m with DistMuon per chunk (the tree before, 6e1e7a3) and batched (this tree), alternated
-# twice: step_ms_mean and comm_wait_ms_by_rank of each. Both trees compile the same graphs (one Inductor cache).
+# rank's all-gathers. 61d24db..07cad93 batch a rank's matrices of one shape (821 operations a rank-step -> 390,
+# benchmarks/dist_muon_ops.py). The 4-GPU bench of speedrun-124m with DistMuon per chunk (the tree before, 6e1e7a3)
+# and batched (this tree), alternated twice: step_ms_mean and comm_wait_ms_by_rank of each. Both trees compile the
+# same graphs (one Inductor cache).
 PREV=/tmp/prev-6e1e7a3
 phase prev-tree 60 bash -c "rm -rf $PREV && mkdir -p $PREV && cp -r speedgpt pyproject.toml $PREV/ &&
     git show 6e1e7a3:speedgpt/optim/muon.py > $PREV/speedgpt/optim/muon.py"
