@@ -58,7 +58,8 @@ def main() -> None:
     params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
     o = cfg.optim
     opt = muon_mod.DistMuon(params, GradSync(world, rank, torch.device("cpu")), lr=o.muon_lr,
-                            momentum=o.muon_momentum, ortho=o.muon_ortho, normuon=o.normuon,
+                            momentum=o.muon_momentum, nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps,
+                            ortho=o.muon_ortho, normuon=o.normuon, normuon_beta2=o.normuon_beta2,
                             cautious_wd=o.cautious_wd, weight_decay=o.muon_weight_decay, ns_fused=o.muon_ns_fused)
     batches = []
     real = muon_mod.orthogonalize

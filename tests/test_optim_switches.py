@@ -194,10 +194,26 @@ def test_muon_with_polar_express_steps_by_the_orthogonalized_momentum():
     torch.testing.assert_close(p.detach(), expected, atol=1e-6, rtol=0)
 
 
-def test_batched_step_equals_per_matrix_updates_with_every_switch():
-    """Muon.step batches same-shaped (incl. transposed) matrices; updates_for on one matrix at a time is
-    the unbatched math. Both must agree with all switches on."""
-    kw = dict(lr=0.02, momentum=0.9, weight_decay=0.5, ortho="polar_express", normuon=True, cautious_wd=True)
+def reference_update(opt, p, grad, group):
+    """Muon's per-matrix math written out step by step, apart from the batched code it checks (momentum,
+    Nesterov, orthogonalization, NorMuon; the decay and the step are apply_update's, per matrix anyway)."""
+    state = opt.state[p]
+    buf = state.setdefault("momentum_buffer", torch.zeros_like(grad))
+    buf.lerp_(grad, 1 - group["momentum"])
+    d = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+    u = orthogonalize(d, group["ortho"], group["ns_steps"], group["ns_fused"])
+    if group["normuon"]:
+        moment = state.setdefault("second_momentum_buffer", torch.zeros(*p.shape[:-1], 1))
+        u = normuon_normalize(u, moment, group["normuon_beta2"])
+    opt.apply_update(p, u, group)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+def test_batched_step_equals_per_matrix_updates_with_every_switch(nesterov):
+    """Muon.step batches same-shaped (incl. transposed) matrices: multi-tensor momentum, one orthogonalization,
+    NorMuon on stacks of one shape. The result must be the per-matrix math with all switches on."""
+    kw = dict(lr=0.02, momentum=0.9, nesterov=nesterov, weight_decay=0.5, ortho="polar_express", normuon=True,
+              cautious_wd=True)
     init, grads = params_and_grads(SHAPES + [(32, 96), (3, 32, 32)])  # two of a shape: NorMuon's stacked path
     batched, _ = run(lambda ps: Muon(ps, **kw), init, grads)
     ref = [torch.nn.Parameter(t.clone()) for t in init]
@@ -205,8 +221,7 @@ def test_batched_step_equals_per_matrix_updates_with_every_switch():
     with torch.no_grad():
         for step_grads in grads:
             for r, gr in zip(ref, step_grads):
-                (update,) = opt.updates_for([r], [gr.clone()], opt.param_groups[0])
-                opt.apply_update(r, update, opt.param_groups[0])
+                reference_update(opt, r, gr.clone(), opt.param_groups[0])
     for a, b in zip(batched, ref):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=str(a.shape))
 
@@ -454,6 +469,7 @@ DIST_CONFIGS = {
     "normuon": dict(normuon=True, normuon_beta2=0.9),
     "cautious_wd": dict(cautious_wd=True, weight_decay=0.5),
     "all": dict(ortho="polar_express", normuon=True, cautious_wd=True, weight_decay=0.5),
+    "no_nesterov": dict(nesterov=False, normuon=True),
 }
 
 
@@ -474,15 +490,22 @@ def _batching_check(rank, world):
     """A rank's matrices of one shape, transposed ones included, are orthogonalized in one batch and
     all-gathered in one collective per step (per chunk, each rank's host issued ~50 small launches a
     matrix; wave 9), and the result is Muon's."""
+    # 2 + 1 + 1 chunks of one batch key, the last of 3-D matrices (two each): 5 matrices a rank in one batch, and
+    # one all-gather of chunks of two sizes
+    shapes = [(32, 16)] * 2 * world + [(16, 32)] * world + [(2, 16, 32)] * world
+    for kw in ({}, dict(nesterov=False, normuon=True, cautious_wd=True, weight_decay=0.5)):
+        _batching_case(rank, world, shapes, kw)
+
+
+def _batching_case(rank, world, shapes, kw):
     import speedgpt.optim.muon as muon_mod
 
-    shapes = [(32, 16)] * 2 * world + [(16, 32)] * world  # 2 chunks + 1 chunk: 3 matrices a rank, one batch
     g = torch.Generator().manual_seed(7)
     init = [torch.randn(s, generator=g) for s in shapes]
     ws = [torch.nn.Parameter(t.clone()) for t in init]
     ref = [torch.nn.Parameter(t.clone()) for t in init]
     sync = GradSync(world, rank, torch.device("cpu"))
-    opt, ref_opt = DistMuon(ws, sync, lr=0.02), Muon(ref, lr=0.02)
+    opt, ref_opt = DistMuon(ws, sync, lr=0.02, **kw), Muon(ref, lr=0.02, **kw)
     batches, gathers = [], []
     real, real_gather = muon_mod.orthogonalize, muon_mod.all_gather
 
@@ -503,8 +526,9 @@ def _batching_check(rank, world):
             batches.clear()
             gathers.clear()
             opt.step()
-            assert batches == [3], f"rank {rank}: orthogonalize called with batches {batches}, want one of 3"
-            assert gathers == [3 * 32 * 16], f"rank {rank}: all-gathers of {gathers} elements, want one of the batch"
+            assert batches == [5], f"rank {rank}: orthogonalize called with batches {batches}, want one of 5"
+            want = 3 * 32 * 16 + 2 * 16 * 32
+            assert gathers == [want], f"rank {rank}: all-gathers of {gathers} elements, want one of {want}"
             ref_opt.step()
             for w, r in zip(ws, ref):
                 torch.testing.assert_close(w, r, atol=2e-5, rtol=0)

@@ -131,7 +131,8 @@ def muon_lr_scale(shape: torch.Size, transposed: bool = False) -> float:
 
 def batch_key(p: torch.Tensor) -> tuple:
     """Matrices with equal keys share one batched orthogonalization (Muon.updates_for): same shape up to
-    transposition, dtype and device."""
+    transposition, dtype and device. The device differs between ranks (cuda:r): DistMuon groups by this key
+    but orders its batches by the agreed launch order, never by the key."""
     m, n = p.shape[-2:]
     return min(m, n), max(m, n), p.dtype, p.device
 
@@ -170,8 +171,15 @@ class Muon(torch.optim.Optimizer):
             bufs.append(state["momentum_buffer"])
         if not bufs:
             return []
-        torch._foreach_lerp_(bufs, list(grads), 1 - group["momentum"])
-        return list(torch._foreach_lerp(list(grads), bufs, group["momentum"])) if group["nesterov"] else bufs
+        grads = list(grads)
+        torch._foreach_lerp_(bufs, grads, 1 - group["momentum"])
+        if not group["nesterov"]:
+            return bufs
+        # grad.lerp(buf, momentum) as a copy, then in place: torch 2.11's DTensor (ShardedMuon under FSDP) has
+        # sharding rules for _foreach_mul and _foreach_lerp_, none for the out-of-place _foreach_lerp.
+        dirs = list(torch._foreach_mul(grads, 1.0))
+        torch._foreach_lerp_(dirs, bufs, group["momentum"])
+        return dirs
 
     @staticmethod
     def state_layout(p: torch.Tensor) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

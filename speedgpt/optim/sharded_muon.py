@@ -36,7 +36,9 @@ class ShardedMuon(Muon):
     def step(self, closure=None):
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
-            dirs = self.momentum_directions(params, [p.grad for p in params], group)  # on the shards
+            # On the shards, one parameter at a time: multi-tensor ops refuse a list that mixes DTensors and
+            # plain tensors (the unsharded branch below); the FSDP step is not short of launches.
+            dirs = [self.momentum_directions([p], [p.grad], group)[0] for p in params]
             if group["normuon"] or not all(is_sharded(p) for p in params):
                 for p, d in zip(params, dirs):
                     whole = orthogonalize(full_tensor(d), group["ortho"], group["ns_steps"], group.get("ns_fused", False))
