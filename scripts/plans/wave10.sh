@@ -7,6 +7,11 @@
 # Sourced by scripts/lease.sh ($W $PY $DATA $TR $C, phase, artifacts_only).
 # shellcheck shell=bash disable=SC2086,SC2154
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
+# ShardedMuon (FSDP) on torch 2.11's DTensor after the Muon batching (07cad93, 9e76ac4): three eager steps of d12
+# under fsdp on 4 GPUs; the CPU tests run torch 2.13, whose DTensor registers more multi-tensor ops (~1 min).
+phase fsdp-smoke 240 $TR -m speedgpt train --preset d12 --parallel.strategy=fsdp --model.attn_backend=sdpa \
+    --train.compile=false --train.steps=3 --train.val_every=0 --train.save_final_checkpoint=false \
+    --run.report=false --run.sample_tokens=0 --data.train_files="$DATA" --run-dir "$W/runs/fsdp-smoke"
 # Issue 34 (1), the scaling's missing percent. Wave 9's traces: on the late rank the host issued DistMuon's ~630
 # launches slower than its GPU ran them (idle 13-17 ms in the optimizer's span), and the others waited for that
 # rank's all-gathers. 61d24db..07cad93 batch a rank's matrices of one shape (821 operations a rank-step -> 390,
