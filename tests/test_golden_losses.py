@@ -31,8 +31,8 @@ a seed, so the losses depend only on the code, the PyTorch build and the CPU.
   3x above it and 4x to 13x below the lr change; their head and loss cost 12x the blocks.)
 
 The losses were recorded on 2026-11-27 (issue 37: the synthetic documents' 64 ids and their BOS as
-the vocabulary) and again on 2026-11-28 (07cad93: NorMuon on a stacked copy of a shape's updates reorders its
-row sums; the switches run moved 1.6e-7 relative in float32, 2.0e-7 in float64). A legitimate numerics change re-records both with
+the vocabulary) and again on 2026-11-28 (07cad93: NorMuon on a stacked copy of a shape's updates
+reorders its row sums; the switches run moved 1.6e-7 relative in float32, 2.0e-7 in float64). A legitimate numerics change re-records both with
 `PYTHONPATH=. python tests/test_golden_losses.py --record` and says why in its commit; the recording
 machine becomes the one that ran it.
 """
