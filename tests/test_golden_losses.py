@@ -32,7 +32,8 @@ a seed, so the losses depend only on the code, the PyTorch build and the CPU.
 
 The losses were recorded on 2026-11-27 (issue 37: the synthetic documents' 64 ids and their BOS as
 the vocabulary) and again on 2026-11-28 (07cad93: NorMuon on a stacked copy of a shape's updates
-reorders its row sums; the switches run moved 1.6e-7 relative in float32, 2.0e-7 in float64). A legitimate numerics change re-records both with
+reorders its row sums; the switches run moved 1.6e-7 relative in float32, 2.0e-7 in float64).
+A legitimate numerics change re-records both with
 `PYTHONPATH=. python tests/test_golden_losses.py --record` and says why in its commit; the recording
 machine becomes the one that ran it.
 """
