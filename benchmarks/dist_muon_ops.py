@@ -3,14 +3,15 @@
 On 4 H100s the sharded Muon step was host-bound on whichever rank's host fell behind: its GPU idled
 while the host issued the step's ~630 small kernels one by one (docs/distributed.md, wave 9). Every
 aten operation that is not a view is roughly one kernel launch on a GPU, and the count does not depend
-on the matrices' sizes, so this counts them per rank for a preset's real set of Muon matrices (its
-kinds and their numbers) at a small width, on gloo:
+on the matrices' sizes, so this counts them per rank for a preset's own optimizers (its Muon matrices,
+settings and param groups, as build_optimizers makes them) at a small width, on gloo:
 
     PYTHONPATH=. torchrun --standalone --nproc_per_node=4 benchmarks/dist_muon_ops.py --preset speedrun-124m
 
-It prints one line per rank: operations (views excluded) in the second step (the first also creates
-the momentum buffers), collectives among them (the reduce-scatters too: the step launches them, as no
-backward hook did), and the orthogonalizations' batch sizes; then rank 0's most frequent operations.
+It prints one line per rank: operations (views excluded) in Muon's second step (the first also creates
+the momentum buffers), the collectives among them (all-gathers: Adam's step, first, launches every
+bucket's reduce-scatter, as the backward hooks would), and the orthogonalizations' batch sizes; then
+rank 0's most frequent operations.
 PYTHONPATH picks the tree: another checkout's (`git archive REV speedgpt | tar -x -C DIR`) counts its step.
 """
 
@@ -47,39 +48,40 @@ def main() -> None:
     from speedgpt.config import apply_overrides, load_preset
     from speedgpt.model.build import build_model
     from speedgpt.optim import muon as muon_mod
-    from speedgpt.parallel.ddp import GradSync
+    from speedgpt.optim.build import build_optimizers
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
     cfg = apply_overrides(load_preset(args.preset), [f"--model.model_dim={args.width}", "--model.head_dim=32"])
-    shapes = [tuple(p.shape) for p in build_model(cfg.model, 64, "cpu").param_groups()["matrix"]]
-    g = torch.Generator().manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
-    o = cfg.optim
-    opt = muon_mod.DistMuon(params, GradSync(world, rank, torch.device("cpu")), lr=o.muon_lr,
-                            momentum=o.muon_momentum, nesterov=o.muon_nesterov, ns_steps=o.muon_ns_steps,
-                            ortho=o.muon_ortho, normuon=o.normuon, normuon_beta2=o.normuon_beta2,
-                            cautious_wd=o.cautious_wd, weight_decay=o.muon_weight_decay, ns_fused=o.muon_ns_fused)
+    # The trainer's own optimizers: the preset's Muon settings and param groups (shape_transposed included).
+    # Both step (they share one gradient sync, which resets after every bucket is released); Muon's is counted.
+    model = build_model(cfg.model, 64, "cpu")
+    opts = build_optimizers(model, cfg.optim, torch.device("cpu"))
+    muon = opts.muon
+    shapes = [tuple(p.shape) for group in muon.param_groups for p in group["params"]]
     batches = []
-    real = muon_mod.orthogonalize
+    real, muon_step = muon_mod.orthogonalize, muon.step
 
     def spy(G, *a, **kw):
         batches.append(G.shape[0])
         return real(G, *a, **kw)
 
-    muon_mod.orthogonalize = spy
+    def counted_step(*a, **kw):
+        with counter:
+            return muon_step(*a, **kw)
+
+    muon_mod.orthogonalize, muon.step = spy, counted_step
     for step in range(2):
-        for p in params:
-            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + rank))
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + rank)).to(p.dtype)
         batches.clear()
         counter = CountOps()
-        with counter:
-            opt.step()
+        opts.step(step)
     muon_mod.orthogonalize = real
     total = sum(counter.ops.values())
     comm = sum(n for name, n in counter.ops.items() if "gather" in name or "scatter" in name)
-    line = (f"rank {rank}: {total} operations in one DistMuon step ({comm} collectives), "
+    line = (f"rank {rank}: {total} operations in one DistMuon step ({comm} all-gathers), "
             f"{len(batches)} orthogonalization(s) of {batches} matrices; {len(shapes)} matrices on {world} ranks")
     lines = [None] * world
     dist.all_gather_object(lines, line)

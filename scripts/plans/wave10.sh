@@ -14,7 +14,7 @@ phase fsdp-smoke 240 $TR -m speedgpt train --preset d12 --parallel.strategy=fsdp
     --run.report=false --run.sample_tokens=0 --data.train_files="$DATA" --run-dir "$W/runs/fsdp-smoke"
 # Issue 34 (1), the scaling's missing percent. Wave 9's traces: on the late rank the host issued DistMuon's ~630
 # launches slower than its GPU ran them (idle 13-17 ms in the optimizer's span), and the others waited for that
-# rank's all-gathers. 61d24db..07cad93 batch a rank's matrices of one shape (821 operations a rank-step -> 390,
+# rank's all-gathers. 61d24db..07cad93 batch a rank's matrices of one shape (704 operations a rank-step -> 320,
 # benchmarks/dist_muon_ops.py). The 4-GPU bench of speedrun-124m with DistMuon per chunk (the tree before, 6e1e7a3)
 # and batched (this tree), alternated twice: step_ms_mean and comm_wait_ms_by_rank of each. Both trees compile the
 # same graphs (one Inductor cache).
