@@ -365,7 +365,7 @@ def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo
     """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
     from .budget import BudgetBelowOneStep, describe
     from .config import resolve
-    from .data.shards import ShardError, given_shards
+    from .data.shards import given_shards_problem
     from .planner import plan_run
 
     for pt in points:
@@ -376,10 +376,9 @@ def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo
             raise SweepError(f"{flag} {pt.budget:g} is less than one training step at depth {pt.depth} ({pt.name}); "
                              f"the smallest {flag} for depth {pt.depth} is {e.smallest:.3g}") from None
         if pt is points[0]:  # every point reads the same data: a wrong path is one line, not a crash per run
-            try:
-                given_shards(run_plan.cfg.data, read_headers=True)
-            except (FileNotFoundError, ShardError) as e:
-                raise SweepError(str(e)) from None
+            problem = given_shards_problem(run_plan.cfg.data)
+            if problem:
+                raise SweepError(problem)
         b = describe(run_plan.cfg)
         echo(f"sweep: {pt.name}: {b.scaling_params:,} scaling params, batch {b.batch_tokens:,}, {b.steps:,} steps, "
              f"{b.tokens:,} tokens, {b.flops:.3g} FLOPs")

@@ -106,16 +106,6 @@ def _config_without_seed_and_dir(cfg) -> dict:
     return d
 
 
-def _check_data(cfg) -> None:
-    """An arm's named shards exist and are shards: else one line now, not a crashed run per seed."""
-    from ..data.shards import ShardError, given_shards
-
-    try:
-        given_shards(cfg.data, read_headers=True)
-    except (FileNotFoundError, ShardError) as e:
-        raise AbError(str(e)) from None
-
-
 def make_plan(*, preset: str, common: list[str], a: str, b: str, seeds: int, out: Path,
               allow_same: bool = False, seed_base: int | None = None, save_checkpoint: bool = True) -> Plan:
     if seeds < 2:
@@ -126,8 +116,12 @@ def make_plan(*, preset: str, common: list[str], a: str, b: str, seeds: int, out
         if any(o.lstrip("-").split("=", 1)[0] in ("train.seed", "run.dir") for o in arm.overrides):
             raise AbError(f"--{arm.name} sets train.seed or run.dir; ab sets them (paired seeds, one dir per run)")
     cfgs = {k: _resolve(arm, common) for k, arm in arms.items()}
-    for cfg in cfgs.values():
-        _check_data(cfg)
+    from ..data.shards import given_shards_problem
+
+    for cfg in cfgs.values():  # an arm's named shards are usable: else one line now, not a crashed run per seed
+        problem = given_shards_problem(cfg.data)
+        if problem:
+            raise AbError(problem)
     if not allow_same and _config_without_seed_and_dir(cfgs["a"]) == _config_without_seed_and_dir(cfgs["b"]):
         raise AbError("arms A and B resolve to the same configuration; give them different overrides, or pass "
                       "--allow-same for an A/A test of the noise")

@@ -282,3 +282,13 @@ def given_shards(data, read_headers: bool = False) -> tuple[list[Path], list[Pat
         for path in (*train, *val):
             read_shard_info(path)
     return train, val
+
+
+def given_shards_problem(data) -> str | None:
+    """What is wrong with the shards `data` names, as one line (every header read); None when they are usable
+    or none are named. ab and sweep check this before launching any run."""
+    try:
+        given_shards(data, read_headers=True)
+    except (FileNotFoundError, ShardError) as e:
+        return str(e)
+    return None
