@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 
 import torch
 import torch.distributed as dist
@@ -44,16 +45,22 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=128, help="model_dim for the count (default 128; the count "
                     "does not depend on it)")
     args = ap.parse_args()
+    if "RANK" not in os.environ:
+        ap.error("run it under torchrun: PYTHONPATH=. torchrun --standalone --nproc_per_node=4 "
+                 "benchmarks/dist_muon_ops.py")
 
-    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.config import ConfigError, apply_overrides, load_preset
     from speedgpt.model.build import build_model
     from speedgpt.optim import muon as muon_mod
     from speedgpt.optim.build import build_optimizers
 
+    try:
+        cfg = apply_overrides(load_preset(args.preset), [f"--model.model_dim={args.width}", "--model.head_dim=32"])
+    except ConfigError as e:
+        ap.error(str(e))
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(1)
-    cfg = apply_overrides(load_preset(args.preset), [f"--model.model_dim={args.width}", "--model.head_dim=32"])
     # The trainer's own optimizers: the preset's Muon settings and param groups (shape_transposed included).
     # Both step (they share one gradient sync, which resets after every bucket is released); Muon's is counted.
     model = build_model(cfg.model, 64, "cpu")
