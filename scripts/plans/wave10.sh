@@ -18,9 +18,13 @@ phase fsdp-smoke 240 $TR -m speedgpt train --preset d12 --parallel.strategy=fsdp
 # benchmarks/dist_muon_ops.py). The 4-GPU bench of speedrun-124m with DistMuon per chunk (the tree before, 6e1e7a3)
 # and batched (this tree), alternated twice: step_ms_mean and comm_wait_ms_by_rank of each. Both trees compile the
 # same graphs (one Inductor cache).
-PREV=/tmp/prev-6e1e7a3
-phase prev-tree 60 bash -c "rm -rf $PREV && mkdir -p $PREV && cp -r speedgpt pyproject.toml $PREV/ &&
-    git show 6e1e7a3:speedgpt/optim/muon.py > $PREV/speedgpt/optim/muon.py"
+# The device copy has no .git: both older trees travel in .carry (git-ignored), made here by
+#   mkdir -p .carry/prev-6e1e7a3 && cp -r speedgpt pyproject.toml .carry/prev-6e1e7a3/ && for f in muon sharded_muon;
+#   do git show 6e1e7a3:speedgpt/optim/$f.py > .carry/prev-6e1e7a3/speedgpt/optim/$f.py; done
+#   mkdir -p .carry/tree-b064051 && git archive b064051 | tar -x -C .carry/tree-b064051
+# and the call names .carry in carry.
+PREV=$PWD/.carry/prev-6e1e7a3
+phase prev-tree 30 test -f $PREV/speedgpt/optim/muon.py
 B4="-m speedgpt bench --preset speedrun-124m --steps 30 --data.train_files=$DATA"
 for round in 1 2; do
     phase "muon-chunk-$round" 300 bash -c "cd $PREV && PYTHONPATH=$PREV $TR $B4"
@@ -56,8 +60,8 @@ phase acf-fresh 200 $ACF $PY -m speedgpt bench --preset speedrun-124m --steps 6 
 phase mixk 600 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" --seeds 2 \
     --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C
 # Issue 33 (5): the run-plan refactor's step time, b064051 against this tree, one GPU, same call.
-OLD=/tmp/tree-b064051
-phase old-tree 60 bash -c "rm -rf $OLD && mkdir -p $OLD && git archive b064051 | tar -x -C $OLD"
+OLD=$PWD/.carry/tree-b064051
+phase old-tree 30 test -f $OLD/speedgpt/__main__.py
 for preset in speedrun-124m speedrun-latest; do
     phase "plan-old-$preset" 400 bash -c "cd $OLD && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLD $PY -m speedgpt bench \
         --preset $preset --steps 10 --data.train_files=$DATA"
