@@ -170,7 +170,8 @@ DESCRIPTIONS: dict[str, str] = {
                                 "flex's guards)",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
-    "train.compile_cache": "folder that keeps compiled code for the next run (same GPU and versions); empty: "
+    "train.compile_cache": "folder that keeps compiled code for the next run (same GPU, versions and FP8 code; "
+                           "AOTAutograd's cache then keeps the FP8 graphs too); empty: "
                            "$XDG_CACHE_HOME/speedgpt/compile; off: none",
     "train.coordinate_descent_tuning": "Inductor tunes its kernels' launch configs: slower compile, faster steps",
     "train.persistent_reductions_upto": "keep reduction rows up to this many elements in registers; 0: Inductor's choice",

@@ -14,6 +14,7 @@ import torch
 from torch.compiler._cache import CacheArtifactManager
 
 from speedgpt.config import Config, apply_overrides
+from speedgpt.train import compile_cache
 from speedgpt.train.compile_cache import CompileCache, config_digest, default_root, folder_name, versions
 
 KEY = "speedgpt-test/kernel.best_config"  # an autotune entry: a JSON file under Inductor's cache dir
@@ -78,7 +79,8 @@ def test_cache_folder_and_config_digest(tmp_path, monkeypatch):
     default = CompileCache.for_run("", Config().to_dict(), 1, cpu)
     assert default.folder.parent == default_root() and torch.__version__.split("+")[0] in default.folder.name
     assert CompileCache.for_run("off", Config().to_dict(), 1, cpu) is None
-    assert "/" not in folder_name({"torch": "2.13.0+cu130", "triton": "3.6", "python": "3.11", "device": "A/B C"})
+    assert "/" not in folder_name({"torch": "2.13.0+cu130", "triton": "3.6", "python": "3.11", "device": "A/B C",
+                                   "autograd_functions": "0123456789ab"})
     base = Config()
     same = apply_overrides(base, ["--run.name=other", "--train.seed=7", "--data.train_files=/elsewhere"])
     assert config_digest(same.to_dict(), 1) == config_digest(base.to_dict(), 1)
@@ -224,3 +226,176 @@ def test_a_save_that_torch_cannot_serialize_is_one_line_not_a_failed_run(tmp_pat
     line = cache.save()
     assert line.startswith("compile cache: nothing saved: torch could not serialize") and "cannot pickle" in line
     assert not cache.artifacts.exists()
+
+
+# ---- AOTAutograd's cache and the FP8 paths' custom autograd Functions --------------------------------------------
+
+SWITCH = compile_cache.CUSTOM_FUNCTIONS_SWITCH
+
+
+class Square(torch.autograd.Function):
+    """A custom autograd Function, as the FP8 paths are (AOTAutograd's cache refuses these by default)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad
+
+
+class WithFunction(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, inputs):
+        return Square.apply(self.proj(inputs)).mean()
+
+
+def test_a_run_with_a_cache_lets_aotautograds_cache_keep_custom_function_graphs(tmp_path, monkeypatch):
+    """The graph of a model with a custom autograd Function, judged at its compile by the check that AOTAutograd's
+    cache makes before it keys a graph: cacheable in a run with a cache, bypassed with train.compile_cache=off;
+    torch's switch is on only while the compiled forward runs."""
+    from torch._functorch._aot_autograd.autograd_cache import BypassAOTAutogradCache, check_cacheable
+
+    from speedgpt.parallel.dist import DistInfo
+    from speedgpt.train.compile import compiled_forward, open_compile_cache
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # activate() sets both
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    verdicts = []
+
+    def judging_backend(gm, example_inputs):
+        try:
+            check_cacheable(gm)
+            verdicts.append("cached")
+        except BypassAOTAutogradCache:
+            verdicts.append("bypassed")
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: real_compile(model, **{**kw, "backend": judging_backend}))
+    dist = DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    on = apply_overrides(Config(), ["--train.compile=true", f"--train.compile_cache={tmp_path / 'c'}"])
+    config = torch._functorch.config
+    try:
+        for cfg in (on, apply_overrides(on, ["--train.compile_cache=off"])):
+            torch._dynamo.reset()
+            cache = open_compile_cache(cfg, dist, lambda line: None)
+            forward = compiled_forward(cfg, WithFunction(), "ddp", lambda line: None, cache)
+            forward(torch.randn(4, 8)).backward()
+            assert getattr(config, SWITCH) is False  # scoped: torch's own setting outside the forward
+    finally:
+        torch._dynamo.reset()
+    assert verdicts == ["cached", "bypassed"]
+
+
+def test_a_torch_without_the_switch_changes_nothing_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setattr(compile_cache, "CUSTOM_FUNCTIONS_SWITCH", "no_such_switch_in_this_torch")
+    cache = cache_in(tmp_path)
+    line = cache.activate()
+    assert "this torch has no torch._functorch.config.no_such_switch_in_this_torch" in line and "\n" not in line
+
+    def forward(x):
+        return x
+
+    assert cache.with_custom_functions(forward) is forward
+
+
+READ_SOURCE = compile_cache._module_source  # the reader itself, before any test patches it
+
+
+def edited(target: str):
+    """A source reader that sees module `target` edited and every other module as it is on disk."""
+    return lambda name: READ_SOURCE(name) + (b"\n# edited\n" if name == target else b"")
+
+
+def test_the_folder_follows_the_custom_functions_source_and_nothing_else(tmp_path, monkeypatch):
+    cpu, cfg = torch.device("cpu"), Config().to_dict()
+    read = []
+    monkeypatch.setattr(compile_cache, "_module_source", lambda name: read.append(name) or READ_SOURCE(name))
+    before = CompileCache.for_run(str(tmp_path), cfg, 1, cpu)
+    assert tuple(read) == compile_cache.AUTOGRAD_FUNCTION_MODULES
+    assert before.folder.name.endswith("_fn-" + before.versions["autograd_functions"])
+    for module in compile_cache.AUTOGRAD_FUNCTION_MODULES:
+        monkeypatch.setattr(compile_cache, "_module_source", edited(module))
+        after = CompileCache.for_run(str(tmp_path), cfg, 1, cpu)
+        assert after.folder != before.folder and after.digest == before.digest
+    for module in ("speedgpt.model.gpt", "speedgpt.train.loop"):  # the rest of the model, the trainer
+        monkeypatch.setattr(compile_cache, "_module_source", edited(module))
+        assert CompileCache.for_run(str(tmp_path), cfg, 1, cpu).folder == before.folder
+
+
+def test_unreadable_function_source_keeps_the_switch_off(tmp_path, monkeypatch):
+    def unreadable(name):
+        raise OSError("no source")
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.setattr(compile_cache, "_module_source", unreadable)
+    cache = cache_in(tmp_path)
+    assert cache.versions["autograd_functions"] == compile_cache.UNREADABLE
+    assert "could not be read" in cache.activate()
+
+    def forward(x):
+        return x
+
+    assert cache.with_custom_functions(forward) is forward
+
+
+def test_artifacts_of_other_fp8_code_are_ignored_with_one_line(tmp_path, monkeypatch, fresh_artifacts):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "first"))
+    old = cache_in(tmp_path)
+    CacheArtifactManager.record_artifact("autotune", KEY, {"XBLOCK": 64})
+    old.save()
+    monkeypatch.setattr(compile_cache, "_module_source", edited(compile_cache.AUTOGRAD_FUNCTION_MODULES[0]))
+    new = cache_in(tmp_path)
+    assert "nothing saved for this config yet" in new.load()  # a folder of its own: a cold compile
+    new.folder.mkdir(parents=True)
+    for path in (old.artifacts, old.meta):  # the old files copied in by hand
+        (new.folder / path.name).write_bytes(path.read_bytes())
+    fresh = tmp_path / "second"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(fresh))
+    line = new.load()
+    assert line.startswith("compile cache: ignoring") and "the FP8 code changed" in line and "\n" not in line
+    assert "speedgpt/model/fp8_linear.py" in line and not (fresh / KEY).exists()
+
+
+FUNCTION_BASES = {"torch.autograd.Function", "autograd.Function", "torch.autograd.function.Function",
+                  "autograd.function.Function", "Function"}
+
+
+def autograd_function_classes(source: str) -> list[str]:
+    """Classes in `source` that subclass torch.autograd.Function (as torch.autograd.Function, autograd.Function,
+    or a `Function` imported from torch.autograd)."""
+    import ast
+
+    tree = ast.parse(source)
+    imported = any(isinstance(node, ast.ImportFrom) and node.module in ("torch.autograd", "torch.autograd.function")
+                   and any(alias.name == "Function" for alias in node.names) for node in ast.walk(tree))
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(ast.unparse(base) in FUNCTION_BASES and (ast.unparse(base) != "Function" or imported)
+                    for base in node.bases)]
+
+
+def test_every_custom_autograd_function_is_in_a_module_the_cache_is_keyed_on():
+    """A new torch.autograd.Function subclass in speedgpt outside AUTOGRAD_FUNCTION_MODULES would be cached by
+    AOTAutograd with no key on its code: the tuple must name its module."""
+    assert autograd_function_classes("import torch\nclass A(torch.autograd.Function): pass\n"
+                                      "from torch.autograd import Function\nclass B(Function): pass\n"
+                                      "class C(torch.nn.Module): pass") == ["A", "B"]
+    assert autograd_function_classes("class Function: pass\nclass B(Function): pass") == []
+    root = Path(compile_cache.__file__).parents[1]
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        classes = autograd_function_classes(text) if "Function" in text else []  # parse only the candidates
+        if classes:
+            found[".".join(path.relative_to(root.parent).with_suffix("").parts)] = classes
+    assert set(found) == set(compile_cache.AUTOGRAD_FUNCTION_MODULES), found

@@ -62,8 +62,9 @@ def open_compile_cache(cfg: Config, dist, log):
     return cache
 
 
-def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
-    """The model under torch.compile (with this run's Inductor settings), or the model itself."""
+def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
+    """The model under torch.compile (with this run's Inductor settings), or the model itself; with `cache` (the
+    run's CompileCache) its compiles may keep the FP8 paths' graphs in AOTAutograd's cache (compile_cache.py)."""
     if cfg.train.compile:
         import torch._inductor.config as inductor_config
 
@@ -92,5 +93,7 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log):
     backend = cfg.train.compile_backend
     if cfg.train.compile_scope == "block" or strategy == "fsdp":  # reductions then start inside the backward
         compile_blocks(model, backend=backend)
-        return model
-    return torch.compile(model, dynamic=False, backend=backend)
+        forward = model
+    else:
+        forward = torch.compile(model, dynamic=False, backend=backend)
+    return forward if cache is None else cache.with_custom_functions(forward)

@@ -2,7 +2,7 @@
 a folder so that the next run of it, on this machine or on another with the same GPU and versions,
 starts warm.
 
-Two layers, both under one folder per (torch, Triton, Python, device) key:
+Two layers, both under one folder per (torch, Triton, Python, device, FP8 code) key:
 - Inductor's and Triton's own on-disk caches (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR point there):
   a second run on the same machine finds its kernels without any help;
 - torch's portable cache artifacts (`torch.compiler.save_cache_artifacts`, one file per config
@@ -13,16 +13,25 @@ Two layers, both under one folder per (torch, Triton, Python, device) key:
   waited ~90 s at the first collectives for ranks 1-3's cold compiles).
 A file made by other versions or another device (copied in by hand, say) or one that does not read
 back is ignored with one line: a cache can make a start faster, never fail a run.
+
+The FP8 paths are custom torch.autograd.Functions. AOTAutograd's cache leaves out every graph with one
+(its key does not cover the Function's Python code) unless torch's switch CUSTOM_FUNCTIONS_SWITCH is on:
+without it every warm start traced and partitioned speedrun-124m's training graphs again, 15 s of its 27 s
+compiling (one H200, docs/benchmarks.md). So the folder's key also holds a digest of the source of the modules that
+define speedgpt's Functions (AUTOGRAD_FUNCTION_MODULES): an edit of one starts cold in a new folder, and
+with that key in place the switch is on while a run with a cache compiles (with_custom_functions).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +43,14 @@ FORMAT = "speedgpt.compile_cache/1"
 # Keys of a config that change nothing torch.compile builds: a run of the same config under another
 # name, seed, data or length reuses the first one's artifacts.
 NOT_COMPILED = {"run": None, "data": ("train_files", "val_files", "cache_dir"), "train": ("seed", "compile_cache")}
+# The modules of speedgpt that define custom torch.autograd.Functions: the cache's folder is keyed on their source
+# (tests/test_compile_cache.py fails when a Function subclass appears in a module missing here).
+AUTOGRAD_FUNCTION_MODULES = ("speedgpt.model.fp8_linear", "speedgpt.model.fp8_head")
+# torch._functorch.config's switch that lets AOTAutograd's cache keep graphs with custom autograd Functions
+# (pytorch/pytorch#149751; in torch 2.11 and 2.13, off by default). Its env var
+# TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD, when set, decides instead: torch reads it first.
+CUSTOM_FUNCTIONS_SWITCH = "autograd_cache_allow_custom_autograd_functions"
+UNREADABLE = "unreadable"  # the functions' digest when their source cannot be read: the switch then stays off
 
 
 def default_root() -> Path:
@@ -42,8 +59,38 @@ def default_root() -> Path:
     return Path(base) / "speedgpt" / "compile"
 
 
+def _module_source(name: str) -> bytes:
+    """The source file of module `name`, found without importing it."""
+    return Path(importlib.util.find_spec(name).origin).read_bytes()
+
+
+def autograd_functions_digest() -> str:
+    """12 hex digits of the source of AUTOGRAD_FUNCTION_MODULES (UNREADABLE when a file cannot be read)."""
+    h = hashlib.sha256()
+    try:
+        for name in AUTOGRAD_FUNCTION_MODULES:
+            h.update(name.encode() + b"\0" + _module_source(name) + b"\0")
+    except Exception:  # noqa: BLE001: not found, no source file: the key cannot vouch for the Functions' code
+        return UNREADABLE
+    return h.hexdigest()[:12]
+
+
+def _function_files() -> str:
+    return ", ".join(name.replace(".", "/") + ".py" for name in AUTOGRAD_FUNCTION_MODULES)
+
+
+def custom_functions_switch():
+    """torch._functorch.config when this torch has CUSTOM_FUNCTIONS_SWITCH, else None."""
+    try:
+        from torch._functorch import config
+    except ImportError:
+        return None
+    return config if hasattr(config, CUSTOM_FUNCTIONS_SWITCH) else None
+
+
 def versions(device: torch.device) -> dict[str, str]:
-    """What a compiled artifact depends on besides the config: torch, Triton, Python and the device."""
+    """What a compiled artifact depends on besides the config: torch, Triton, Python, the device and the code of
+    speedgpt's custom autograd Functions (AOTAutograd's cache key does not cover it)."""
     try:
         import triton
 
@@ -56,12 +103,12 @@ def versions(device: torch.device) -> dict[str, str]:
     else:
         device_name = f"{device.type} {platform.machine()}"
     return {"torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
-            "device": device_name}
+            "device": device_name, "autograd_functions": autograd_functions_digest()}
 
 
 def folder_name(v: dict[str, str]) -> str:
-    """A file-system-safe folder name for a versions dict (torch-2.13.0_triton-3.5_py-3.11.9_NVIDIA-H100...)."""
-    raw = f"torch-{v['torch']}_triton-{v['triton']}_py-{v['python']}_{v['device']}"
+    """A file-system-safe folder name for a versions dict (torch-2.13.0_triton-3.5_py-3.11.9_NVIDIA-H100..._fn-...)."""
+    raw = f"torch-{v['torch']}_triton-{v['triton']}_py-{v['python']}_{v['device']}_fn-{v['autograd_functions']}"
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", raw)
 
 
@@ -122,7 +169,33 @@ class CompileCache:
         triton = "triton" if self.rank is None else f"triton/rank{self.rank}"
         for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", triton)):
             os.environ[var] = str(self.folder / sub)
-        return f"compile cache: {self.folder} (config {self.digest})"
+        line = f"compile cache: {self.folder} (config {self.digest})"
+        if self.versions["autograd_functions"] == UNREADABLE:
+            return (f"{line}; AOTAutograd's cache skips the custom autograd Functions' graphs: the source of "
+                    f"{_function_files()} could not be read to key the cache on")
+        if custom_functions_switch() is None:
+            return (f"{line}; AOTAutograd's cache skips the custom autograd Functions' graphs: this torch has no "
+                    f"torch._functorch.config.{CUSTOM_FUNCTIONS_SWITCH}")
+        return line
+
+    def with_custom_functions(self, forward: Callable) -> Callable:
+        """`forward` with AOTAutograd's cache open to graphs of custom autograd Functions (the FP8 paths) while it
+        runs: the folder's key covers their code. Scoped, not process-wide: torch reads the switch only where a
+        graph is compiled, when AOTAutograd computes its cache key at the graph's first call, in the thread that
+        calls it (the lazily compiled backward, in autograd's thread, does not read it); the rest of the process
+        (a run without a cache in the same `bench --ab`, say) keeps torch's setting. One patch object for all
+        calls: entering it costs ~7 us a call, a new one each call ~40 us (2 shared vCPUs). Unchanged when this
+        torch lacks the switch or the Functions' source could not be read (activate() says so)."""
+        config = custom_functions_switch()
+        if config is None or self.versions["autograd_functions"] == UNREADABLE:
+            return forward
+        patch = config.patch(**{CUSTOM_FUNCTIONS_SWITCH: True})
+
+        def call(*args, **kwargs):
+            with patch:
+                return forward(*args, **kwargs)
+
+        return call
 
     def load(self) -> str:
         """Write this config's saved artifacts back into the local caches; returns a line for the log:
@@ -135,8 +208,11 @@ class CompileCache:
             return f"compile cache: ignoring {self.artifacts.name}: its {self.meta.name} is missing or unreadable"
         if meta.get("format") != FORMAT or meta.get("versions") != self.versions:
             made = meta.get("versions", {})
+            ours = self.versions["autograd_functions"]
+            changed = ("" if made.get("autograd_functions", ours) == ours else
+                       f"; the FP8 code changed: the custom autograd Functions of {_function_files()}")
             return (f"compile cache: ignoring {self.artifacts.name}: made with {_describe(made)}, "
-                    f"this is {_describe(self.versions)} (cold compile; saved again after the warmup)")
+                    f"this is {_describe(self.versions)}{changed} (cold compile; saved again after the warmup)")
         try:
             info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
         except Exception as e:  # noqa: BLE001: a broken cache must not fail the run it was meant to speed up
@@ -166,7 +242,7 @@ class CompileCache:
 
 def _describe(v: dict) -> str:
     return (f"torch {v.get('torch', '?')}, triton {v.get('triton', '?')}, python {v.get('python', '?')} "
-            f"on {v.get('device', '?')}")
+            f"on {v.get('device', '?')}, FP8 code {v.get('autograd_functions', '?')}")
 
 
 def _count(info) -> int:

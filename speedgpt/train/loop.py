@@ -138,7 +138,7 @@ class Trainer:
         # Before the first compile: the cache's folders in place and its saved artifacts loaded
         self.compile_cache = open_compile_cache(cfg, dist, self.log)
         self.compile_watch = CompileWatch(enabled=cfg.train.compile)
-        self.forward = compiled_forward(cfg, self.model, self.strategy, self.log)
+        self.forward = compiled_forward(cfg, self.model, self.strategy, self.log, self.compile_cache)
         self.inputs = StepInputs(self.plan, self.device)
         self.step = 0
         self.tokens = 0
