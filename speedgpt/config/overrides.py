@@ -1,4 +1,5 @@
-"""Command-line overrides (`--section.key=value`) and `resolve`: preset or config file, then overrides."""
+"""Command-line overrides (`--section.key=value`) and `resolve`: preset or config file, then overrides.
+What the command line says about the horizon (steps or a budget) beats what the file says."""
 
 from __future__ import annotations
 
