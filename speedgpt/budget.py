@@ -4,7 +4,9 @@ Users who want the best model a budget buys at a chosen depth name the budget, n
 count (the recipe of nanochat's depth ladder; the rules below are documented in docs/scaling.md):
 
 * Horizon. ``train.tokens_per_param`` (D = ratio x scaling parameters) or ``train.flops_budget``
-  (D = FLOPs / training FLOPs per token) gives the training tokens D; steps = D / batch.
+  (D = FLOPs / training FLOPs per token) gives the training tokens D; steps = D / batch. With
+  ``train.horizon = "steps"`` (what ``--train.steps=N`` over a budget writes, config/overrides.py)
+  ``train.steps`` is the horizon instead and D only derives the batch.
   Scaling parameters are the transformer's matrices plus the lm_head: the count whose loss
   curves line up best across depths (embeddings and scalars excluded).
 * Batch. ``train.batch_tokens = 0`` derives the batch from D, not from the parameters:
@@ -140,6 +142,9 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
     for key in ("tokens_per_param", "flops_budget"):
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off)")
+    if t.horizon not in ("auto", "steps"):
+        raise ConfigError(f"train.horizon='{t.horizon}' must be auto (a budget when one is set, else train.steps) "
+                          f"or steps")
     if t.tokens_per_param and t.flops_budget:
         raise ConfigError("train.tokens_per_param and train.flops_budget both set the horizon; set one of them to 0")
     if t.batch_tokens < 0:
@@ -167,14 +172,16 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
             key, value, per_token = "flops_budget", t.flops_budget, training_flops_per_token(cfg)
             tokens = t.flops_budget / per_token
             source = f"{t.flops_budget:.3g} FLOPs / {per_token:,.0f} FLOPs/token"
-        least = smallest_horizon(cfg)
+        by_steps = t.horizon == "steps"  # the budget derives the batch only (overrides.py: --train.steps=N)
+        least = 0 if by_steps else smallest_horizon(cfg)
         if tokens < least * (1 - 1e-9):  # the float product of a budget given back from this message
             smallest = _up(least * per_token)
             raise BudgetBelowOneStep(
                 f"train.{key}={value:g} is {tokens:,.4g} training tokens at depth {cfg.model.depth}, less than one "
                 f"step ({least:,} tokens); the smallest train.{key} for this depth is {smallest:.3g} (one step)",
                 key, smallest)
-        if t.batch_tokens == 0:
+        derived = t.batch_tokens == 0
+        if derived:
             t.batch_tokens = optimal_batch_tokens(tokens, cfg.model)
             if t.batch_tokens % cfg.data.seq_len:
                 raise ConfigError(f"the derived batch of {t.batch_tokens:,} tokens is not a whole number of rows of "
@@ -183,11 +190,20 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
             lines.append(f"budget: batch {t.batch_tokens:,} tokens (2^{int(math.log2(t.batch_tokens))}, derived "
                          f"from {tokens:,.0f} tokens as B ~ D^{BATCH_EXPONENT} anchored at d{ANCHOR_DEPTH} = "
                          f"2^{int(math.log2(ANCHOR_BATCH_TOKENS))})")
-        t.steps = max(1, round(tokens / t.batch_tokens))
-        lines.append(f"budget: {t.steps:,} steps x {t.batch_tokens:,} tokens = {t.steps * t.batch_tokens:,} tokens "
-                     f"({source}; {t.steps * t.batch_tokens / n_params:.2f} tokens/param)")
+        budget_steps = max(1, round(tokens / t.batch_tokens))
+        if by_steps:
+            role = "derives the batch only" if derived else "is not used, the batch being given"
+            lines.append(f"budget: train.steps={t.steps:,} sets the horizon (train.horizon=steps): {t.steps:,} steps x "
+                         f"{t.batch_tokens:,} tokens = {t.steps * t.batch_tokens:,} tokens "
+                         f"({t.steps * t.batch_tokens / n_params:.2f} tokens/param); train.{key}={value:g} {role} "
+                         f"(as the horizon it would train {budget_steps:,} steps)")
+        else:
+            t.steps = budget_steps
+            lines.append(f"budget: train.{key}={value:g} sets the horizon: {t.steps:,} steps x {t.batch_tokens:,} "
+                         f"tokens = {t.steps * t.batch_tokens:,} tokens ({source}; "
+                         f"{t.steps * t.batch_tokens / n_params:.2f} tokens/param)")
         change = t.steps * t.batch_tokens / tokens - 1
-        if abs(change) > ROUNDING_WARN:
+        if not by_steps and abs(change) > ROUNDING_WARN:
             lines.append(f"warning: whole steps change the budget by {change:+.0%}: train.{key}={value:g} asks for "
                          f"{tokens:,.0f} tokens, {t.steps:,} steps of {t.batch_tokens:,} train "
                          f"{t.steps * t.batch_tokens:,}")

@@ -142,10 +142,13 @@ DESCRIPTIONS: dict[str, str] = {
     "schedule.short_window_frac": "short ('S') layers' window as a fraction of the long one",
     "schedule.window_rule": "long-window growth: linear (round) | record28 (ceil(x (end - block/2) / block) blocks)",
     # train
-    "train.steps": "optimizer steps (ignored when tokens_per_param or flops_budget sets the horizon)",
+    "train.steps": "optimizer steps: the horizon unless a budget (tokens_per_param, flops_budget) sets it; "
+                   "--train.steps=N over a budget makes it the horizon again (train.horizon=steps)",
     "train.batch_tokens": "global tokens per optimizer step (the same on any number of GPUs); 0: derived from the budget",
     "train.tokens_per_param": "horizon as training tokens per scaling parameter; steps follow (0: off)",
     "train.flops_budget": "horizon as training FLOPs; steps follow (0: off; at most one of the two budgets)",
+    "train.horizon": "what sets the horizon: auto (a budget when one is set, else steps) | steps (train.steps; a "
+                     "budget then only derives a batch of 0); --train.steps=N over a budget writes steps",
     "train.micro_batch_size": "rows per micro-step per rank; 0: the largest that fits batch_tokens in one go",
     "train.val_every": "validate every this many steps (and at the end)",
     "train.log_every": "log the train loss every this many steps",

@@ -181,3 +181,45 @@ def test_rounding_to_whole_steps_is_said_when_it_moves_the_budget():
     assert any(line.startswith("warning: whole steps change the budget by -29%") for line in lines), lines
     _, lines = resolve_budget(apply_overrides(base, [f"--train.flops_budget={40.4 * per_step}"]))
     assert not any(line.startswith("warning") for line in lines)  # 1% off
+
+
+def test_steps_given_on_the_command_line_beat_the_presets_budget(tmp_path):
+    """`--preset d12 --train.steps=3` is a 3-step smoke test of d12's own batch, not its 2,828-step budget."""
+    own = resolve_budget(load_preset("d12"))[0].train
+    cfg, lines = resolve_budget(apply_overrides(load_preset("d12"), ["--train.steps=3"]))
+    assert (cfg.train.steps, own.steps) == (3, 2828)
+    assert (cfg.train.batch_tokens, cfg.train.horizon) == (own.batch_tokens, "steps")
+    said = next(line for line in lines if "sets the horizon" in line)
+    assert said.startswith("budget: train.steps=3 sets the horizon") and "tokens_per_param=12 derives the batch" in said
+    save_toml(cfg, tmp_path / "config.toml")  # the saved config reproduces the run: 3 steps, not the budget's
+    assert resolve_budget(load_toml(tmp_path / "config.toml"))[0].to_dict() == cfg.to_dict()
+    # a budget key of 0 beside the steps (sweep's other budget) names no budget
+    assert resolve_budget(apply_overrides(load_preset("d12"), ["--train.steps=3", "--train.flops_budget=0"]))[
+        0].train.steps == 3
+
+
+def test_steps_and_a_budget_in_one_command_are_refused_in_one_line(capsys):
+    from speedgpt.cli import main
+
+    with pytest.raises(ConfigError, match=r"^--train.steps=3 and --train.tokens_per_param=20 both set the horizon; "
+                                          r"give one of them, or add --train.horizon=steps"):
+        apply_overrides(load_preset("d12"), ["--train.steps=3", "--train.tokens_per_param=20"])
+    assert main(["train", "--preset", "tiny-cpu", "--train.flops_budget=1e12", "--train.steps=5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("speedgpt train: config error: --train.steps=5 and --train.flops_budget=1e+12 both set")
+    assert "\n" not in err
+    # --train.horizon=steps says what to do with both: the budget derives the batch, the steps are the horizon
+    cfg, _ = resolve_budget(apply_overrides(load_preset("d12"), ["--train.steps=3", "--train.tokens_per_param=48",
+                                                                 "--train.horizon=steps"]))
+    assert (cfg.train.steps, cfg.train.batch_tokens) == (3, 2**20)
+
+
+def test_a_budget_on_the_command_line_beats_the_presets_steps():
+    base = load_preset("speedrun-124m")
+    cfg, lines = resolve_budget(apply_overrides(base, ["--train.tokens_per_param=12"]))
+    assert cfg.train.steps == round(12 * scaling_params(cfg.model) / base.train.batch_tokens) != base.train.steps
+    assert any(line.startswith("budget: train.tokens_per_param=12 sets the horizon") for line in lines)
+    # and over a config whose steps an earlier command set (train.horizon=steps, e.g. an extended run's)
+    steps_run = apply_overrides(load_preset("d12"), ["--train.steps=3"])
+    again = apply_overrides(steps_run, ["--train.tokens_per_param=24"])
+    assert again.train.horizon == "auto" and resolve_budget(again)[0].train.steps > 3

@@ -93,3 +93,23 @@ def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
     assert main(["train", "--resume", str(run), "--train.steps=3", "--extend"]) == 0
     logged = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
     assert [(r["step"], round(r["lr"], 4)) for r in logged] == [(3, 0.0383)]  # step 2's lr, as announced
+
+
+def test_a_finished_budget_run_extends_to_the_step_count_given(tmp_path, small_vocab_cfg):
+    """A budget run's config keeps its budget: `--resume RUN --train.steps=N --extend` must train to N, not
+    derive the run's own step count from the budget again (and call the run complete)."""
+    from speedgpt.budget import scaling_params
+    from speedgpt.config import apply_overrides, load_toml, resolve
+    from speedgpt.planner import plan_run
+    from speedgpt.train.loop import train
+
+    run = tmp_path / "run"
+    ratio = 2 * 512 / scaling_params(small_vocab_cfg.model)  # two steps of the 512-token batch
+    budget_run = apply_overrides(small_vocab_cfg, ["--train.val_every=0", f"--train.tokens_per_param={ratio!r}"])
+    assert train(budget_run, run_dir=run, quiet=True).steps == 2
+    # what `speedgpt train --resume RUN --train.steps=4 --extend` does with the run's config.toml
+    extended = resolve(None, str(run / "config.toml"), ["--train.steps=4"])
+    assert train(extended, run_dir=run, resume=True, extend=True, quiet=True).steps == 4
+    saved = load_toml(run / "config.toml")
+    assert (saved.train.steps, saved.train.horizon, saved.train.batch_tokens) == (4, "steps", 512)
+    assert plan_run(saved).cfg.train.steps == 4  # the saved config reproduces the extended run

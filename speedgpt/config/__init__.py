@@ -9,7 +9,8 @@ itself; each lives in a module with one job:
 - model.py, optim.py, sections.py: the dataclasses (`ModelConfig`, `OptimConfig`, the other
   sections, `Config` and `SECTIONS`);
 - parse.py: building a Config from plain dicts, with type checks that name the key;
-- files.py: presets and config.toml files; overrides.py: `--section.key=value` and `resolve`;
+- files.py: presets and config.toml files; overrides.py: `--section.key=value` (a step count given there
+  beats a budget from the file: train.horizon) and `resolve`;
 - validate.py (every section), model_checks.py (model section), switch_bases.py (switches that
   would silently do nothing without their base): one-line `ConfigError`s naming the fix. The whole
   run's validation, stage table included, is speedgpt.plan.validate (it builds on this package).

@@ -1,4 +1,5 @@
-"""Command-line overrides (`--section.key=value`) and `resolve`: preset or config file, then overrides."""
+"""Command-line overrides (`--section.key=value`) and `resolve`: preset or config file, then overrides.
+What the command line says about the horizon (steps or a budget) beats what the file says."""
 
 from __future__ import annotations
 
@@ -28,7 +29,31 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
         key, raw = text.split("=", 1)
         section, name = key.split(".", 1)
         nested.setdefault(section, {})[name] = _parse_value(raw)
-    return config_from_dict(nested, base=cfg)
+    return _horizon_of_overrides(config_from_dict(nested, base=cfg), nested.get("train", {}))
+
+
+BUDGET_KEYS = ("tokens_per_param", "flops_budget")
+
+
+def _horizon_of_overrides(cfg: Config, named: dict[str, Any]) -> Config:
+    """The horizon the user asked for on the command line beats the one the preset or config file set
+    (nanochat's precedence: an explicit step count over a FLOPs target over a tokens:params ratio).
+    `--train.steps=N` over a budget makes train.steps the horizon (the budget then derives only a batch
+    of 0: `d12 --train.steps=3` is 3 steps of d12's own batch); a budget override over a file's steps
+    sets the horizon again. Both at once is ambiguous; `--train.horizon` itself is taken as given."""
+    if "horizon" in named:
+        return cfg
+    t = cfg.train
+    budgets = [f"--train.{k}={getattr(t, k):g}" for k in BUDGET_KEYS if k in named and getattr(t, k)]
+    if "steps" in named and budgets:
+        raise ConfigError(f"--train.steps={t.steps} and {' and '.join(budgets)} both set the horizon; give one of "
+                          f"them, or add --train.horizon=steps to train {t.steps} steps "
+                          f"of the batch the budget derives")
+    if "steps" in named and (t.tokens_per_param or t.flops_budget):
+        t.horizon = "steps"
+    elif budgets:
+        t.horizon = "auto"
+    return cfg
 
 def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> Config:
     """Build a Config from a preset or a saved config file, then overrides."""

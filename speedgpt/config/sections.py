@@ -117,12 +117,15 @@ class StageConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 1000  # ignored when tokens_per_param or flops_budget sets the horizon
+    steps: int = 1000  # the horizon, unless a budget below sets it (horizon = "auto")
     batch_tokens: int = 524_288  # global tokens per optimizer step; 0: derived from the horizon (budget.py)
     # The horizon as a budget (0: off; at most one of the two): training tokens = tokens_per_param x scaling
     # parameters (transformer matrices + lm_head), or flops_budget / training FLOPs per token; steps follow.
     tokens_per_param: float = 0.0
     flops_budget: float = 0.0
+    # What sets the horizon: auto (a budget when one is set, else steps) | steps (train.steps; a budget then
+    # only derives a batch of 0). An override --train.steps=N over a budget writes "steps" (overrides.py).
+    horizon: str = "auto"
     micro_batch_size: int = 0  # rows per micro-step per rank; 0: the largest that fits batch_tokens in one go
     val_every: int = 125
     log_every: int = 10

@@ -79,7 +79,7 @@ def _check_yarn_growth(cfg: Config, plan: StagePlan, windows_at: Callable[[int],
 
 def _check_adam_every(cfg: Config) -> None:
     o, t = cfg.optim, cfg.train
-    if t.tokens_per_param or t.flops_budget:  # train.steps is not the horizon yet (budget.py sets it)
+    if (t.tokens_per_param or t.flops_budget) and t.horizon != "steps":  # budget.py sets train.steps later
         return
     if o.adam_every > t.steps:
         raise ConfigError(f"optim.adam_every={o.adam_every} exceeds train.steps={t.steps}: Adam would never step; "
