@@ -257,3 +257,46 @@ def test_a_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert got == [{"step": 3, "signal": signal.SIGTERM}] * 2
     assert [p.name for p in list_checkpoints(tmp_path / "run" / "checkpoints")] == ["step_000003"]
+
+
+@pytest.mark.parametrize("resumed", [False, True])
+def test_a_start_that_fails_after_a_stop_signal_is_reported_as_the_stop(cfg, tmp_path, monkeypatch, inject,
+                                                                        resumed):
+    """A process-group SIGTERM (timeout, Slurm) also kills torch.compile's compiler workers, so the compile raises
+    (CppCompileError on the 2-core VM): the run must say it was stopped (exit 143), not fail with the compile error."""
+    from speedgpt.train.loop import Trainer
+    from speedgpt.train.preempt import StoppedMidStep
+
+    run = tmp_path / "run"
+    if resumed:  # a run stopped at step 4 with its checkpoint
+        inject("sigterm@3")
+        with pytest.raises(TrainingStopped):
+            train(cfg, run_dir=run, quiet=True)
+        inject("")
+
+    def killed_compile(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise RuntimeError("C++ compile error\nCommand: g++ ...")
+
+    monkeypatch.setattr(Trainer, "warmup_then_reset", killed_compile)
+    with pytest.raises(StoppedMidStep) as e:
+        train(cfg, run_dir=run, resume=resumed, quiet=True)
+    step = 4 if resumed else 0
+    assert e.value.exit_code == 128 + signal.SIGTERM and e.value.step == step
+    assert f"stopped by SIGTERM before step {step + 1} finished" in str(e.value)
+    assert "RuntimeError: C++ compile error" in str(e.value) and "\n" not in str(e.value)
+    tail = f"resume with: speedgpt train --resume {run}" if resumed else "nothing was saved: run the same command again"
+    assert str(e.value).endswith(tail)
+    assert _records(run)[-1] | {"time_s": 0} == {"event": "stopped", "step": step, "tokens": _records(run)[-1]["tokens"],
+                                                 "time_s": 0, "signal": signal.SIGTERM, "error": "RuntimeError"}
+
+
+def test_an_error_without_a_stop_signal_stays_that_error(cfg, tmp_path, monkeypatch):
+    from speedgpt.train.loop import Trainer
+
+    def broken_compile(self):
+        raise RuntimeError("C++ compile error")
+
+    monkeypatch.setattr(Trainer, "warmup_then_reset", broken_compile)
+    with pytest.raises(RuntimeError, match="C.. compile error"):
+        train(cfg, run_dir=tmp_path / "run", quiet=True)

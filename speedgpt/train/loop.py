@@ -43,7 +43,7 @@ from .control import RunControl
 from .guard import NumericsGuard
 from .hardware import peak_flops
 from .nonfinite import Rollbacks
-from .preempt import StopRequest, TrainingStopped
+from .preempt import StoppedMidStep, StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
@@ -297,7 +297,20 @@ class Trainer:
     def run(self) -> TrainResult:
         self.setup()
         with self.stop_request:
-            return self._run()
+            try:
+                return self._run()
+            except TrainingStopped:
+                raise
+            except Exception as e:
+                if not self.stop_request.signum:
+                    raise
+                # The signal's own doing, most likely (preempt.StoppedMidStep): say it was a stop, exit 128 + N.
+                self.metrics.log({"event": "stopped", "step": self.step, "tokens": self.tokens,
+                                  "time_s": self.train_time, "signal": self.stop_request.signum,
+                                  "error": type(e).__name__})
+                self.metrics.close()
+                raise StoppedMidStep(self.stop_request.signum, self.step, self.run_dir, e,
+                                     bool(self.rundir.list_checkpoints())) from e
 
     def _run(self) -> TrainResult:
         t = self.cfg.train

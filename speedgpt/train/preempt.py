@@ -35,6 +35,23 @@ class TrainingStopped(Exception):
                          f"speedgpt train --resume {run_dir}")
 
 
+class StoppedMidStep(TrainingStopped):
+    """A stop signal came, and the step or start under way then failed instead of finishing. The usual cause is
+    the signal itself: Slurm, Kubernetes and `timeout` signal the whole process group, so torch.compile's compiler
+    workers die with it and the compile raises (wave 10: `CppCompileError` during a start). Nothing is saved
+    after such a failure; the newest checkpoint, if any, is the one `--resume` picks."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path, cause: BaseException, has_checkpoint: bool):
+        super().__init__(signum, step, None, run_dir)
+        name = signal.Signals(signum).name
+        first = next((line for line in str(cause).splitlines() if line.strip()), "")
+        failed = f"{type(cause).__name__}{': ' + first[:160] if first else ''}"
+        after = (f"resume with: speedgpt train --resume {run_dir}" if has_checkpoint
+                 else "nothing was saved: run the same command again")
+        self.args = (f"stopped by {name} before step {step + 1} finished (then it failed with {failed}, "
+                     f"as the signal also ends the compiler's worker processes); {after}",)
+
+
 class StopRequest:
     """Installs the stop handlers for the duration of a `with` block (main thread only: Python
     delivers signals there; elsewhere, e.g. a test's worker thread, it does nothing)."""
