@@ -37,9 +37,9 @@ class TrainingStopped(Exception):
 
 class StoppedMidStep(TrainingStopped):
     """A stop signal came, and the step or start under way then failed instead of finishing. The usual cause is
-    the signal itself: Slurm, Kubernetes and `timeout` signal the whole process group, so torch.compile's compiler
-    workers die with it and the compile raises (seen on the CPU: Inductor's `CppCompileError` during a start). Nothing is saved
-    after such a failure; the newest checkpoint, if any, is the one `--resume` picks."""
+    the signal itself: Slurm, Kubernetes and `timeout` signal the whole process group, so torch.compile's
+    compiler workers die with it and the compile raises (seen on the CPU: Inductor's `CppCompileError` during a
+    start). Nothing is saved after such a failure; the newest checkpoint, if any, is the one `--resume` picks."""
 
     def __init__(self, signum: int, step: int, run_dir: Path, cause: BaseException, has_checkpoint: bool):
         super().__init__(signum, step, None, run_dir)
