@@ -47,3 +47,7 @@ done
 # set against plan-new-speedrun-latest (one GPU, per stage) for the scaling of each stage.
 phase latest4-bench 420 $TR -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
     --data.train_files="$DATA" --train.compile_cache="$W/l4a"
+# Where stage 0's 4-GPU step loses its time (131,072 tokens: 32,768 a rank; 546M parameters, 400M of them embeddings
+# whose gradients are reduce-scattered whole every step): the costliest ops and the collectives' overlap, steps at 20.
+phase latest4-prof0 420 $TR -m speedgpt bench --preset speedrun-latest --at-step 20 --steps 6 --profile 12 \
+    --data.train_files="$DATA" --train.compile_cache="$W/l4a"
