@@ -7,19 +7,26 @@ Per mode (`--train.compile_precompile=false|true`, the switch that sets torch._d
   fresh    a new folder holding only the cold start's artifact files (a fresh machine of the same versions);
 and with precompile on, starts of a changed config (`--changed`, e.g. another seq_len or depth) in a copy of the
 fresh start's whole folder, where dynamo's saved package of GPT.forward now sits: its entries load but their
-guards must fail, so the changed config traces again and trains as an eager run of it does (loss compared).
-Per start it prints compile + warmup and process seconds, trace / aot / inductor / kernels seconds, graphs and
-frames dynamo compiled (warmup; "late": graphs compiled after the warmup, i.e. a guard that failed at the
-second step), dynamo cache hits / misses / errors, the FX-graph and AOTAutograd caches' hits, guards dropped
-by caching precompile (by type), torch's "Backend not found" warnings, and the train / val loss (fresh against
-cold: to the bit).
+guards must fail, so the changed config traces again and trains as a compiled run of it without the cache does
+(`--train.compile_cache=off`; losses compared to the bit).
+Per start: `start s` = `load` (the cache's load and torch.compile's call: with precompile the saved package is
+installed there, its backends loaded and their kernels built, before the warmup that the start log watches) +
+`c+w` (compile + warmup, as the log prints it); `proc`, the whole process; the warmup's trace / aot / inductor /
+kernels seconds (train/compile_breakdown.py); graphs / frames dynamo compiled in the warmup and `late` (after it:
+a guard that failed at a later step); dynamo cache hits / misses / errors; the FX-graph and AOTAutograd caches'
+hits / misses; `drop`: guards caching precompile dropped (by type below the table); `bnf`: torch's "Backend not
+found" warnings; train and val loss (a fresh start's against its cold start's: to the bit).
 
-Usage (CPU, ~6 min on 2 cores; the figures: docs/benchmarks.md, "Dynamo's trace on a warm start"):
-  python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set --model.depth=2 ...] [--modes off on]
-      [--changed "--data.seq_len=64" "--model.depth=3"] [--keep DIR]
-`--set` replaces the default small-model overrides; on a GPU name the preset's own (e.g. `--preset speedrun-124m
---set --train.steps=8 --train.warmup_steps=1`). A model with flex attention runs with precompile turned off by
-the trainer (one log line: torch 2.13 cannot restore flex's saved guards, benchmarks/precompile_probe.py).
+Usage (CPU, ~8 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
+  python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set="OVERRIDES"] [--modes off on]
+      [--changed=--data.seq_len=64 --changed=--model.depth=3 | --changed=none] [--force] [--guards-in-trace]
+      [--keep DIR]
+`--set` replaces the default small-model overrides (SMALL below); on a GPU give the preset's own, e.g.
+`--preset speedrun-124m --set="--train.steps=4 --train.warmup_steps=2 --train.val_every=0 --data.val_tokens=262144
+--data.train_files=DIR --run.report=false --run.sample_tokens=0"`. The trainer keeps precompile off with flex
+attention (torch cannot restore flex's saved guards: benchmarks/precompile_probe.py); `--force` sets dynamo's switch
+in the process instead, and `--guards-in-trace` applies the probe's workaround (a patch of torch internals), which
+a flex model's fresh start needs.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -43,6 +51,7 @@ MARK = "DYNAMO_PRECOMPILE_RESULT "
 # the build_context_eagerly graph break, validation's no-grad recompile).
 SMALL = ["--model.depth=2", "--train.steps=3", "--train.warmup_steps=1", "--train.val_every=0",
          "--data.val_tokens=1024", "--run.report=false", "--run.sample_tokens=0"]
+INSTALL_TIMERS = ("after_deserialization", "precompile_load_guards", "precompile_build_guards")  # _dynamo/package.py
 FORCE, GUARDS_IN_TRACE = "DYNAMO_PRECOMPILE_FORCE", "DYNAMO_PRECOMPILE_GUARDS_IN_TRACE"
 DROPPED = re.compile(r"\] (\w+) guard on .* is dropped with caching_precompile=True")
 
@@ -83,9 +92,13 @@ def child(argv: list[str]) -> int:
     loop.open_compile_cache = timing("load", loop.open_compile_cache)
     loop.compiled_forward = timing("install", loop.compiled_forward)
     status = speedgpt_main(argv)
+    from torch._dynamo.utils import compilation_time_metrics
+
     print(MARK + json.dumps({
         "status": status,
         "timed": timed,
+        # torch's own timers inside a package's install: its backends, then its guards read and built
+        "install_timers": {k: sum(compilation_time_metrics.get(k, ())) for k in INSTALL_TIMERS},
         "dynamo_cache": dict(counters["dynamo_cache"]),
         "caching_precompile": torch._dynamo.config.caching_precompile,
         "bundled_autograd_cache": should_bundle_autograd_cache(),
@@ -94,11 +107,12 @@ def child(argv: list[str]) -> int:
     return status
 
 
-def start(label: str, preset: str, overrides: list[str], cache: Path | None, run_dir: Path,
+def start(label: str, preset: str, overrides: list[str], cache: Path | str, run_dir: Path,
           env_extra: dict | None = None) -> dict:
-    """A fresh process's start; what it compiled and loaded, from its metrics.jsonl, its log and its counters."""
-    args = ["train", "--preset", preset, *overrides, "--run-dir", str(run_dir)]
-    args += ["--train.compile=false"] if cache is None else ["--train.compile=true", f"--train.compile_cache={cache}"]
+    """A fresh process's start (compiled; cache "off": without the compile cache); what it compiled and loaded,
+    from its metrics.jsonl, its log and its counters."""
+    args = ["train", "--preset", preset, *overrides, "--run-dir", str(run_dir), "--train.compile=true",
+            f"--train.compile_cache={cache}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), **(env_extra or {}))
     env.pop("TORCH_LOGS", None)
     t0 = time.perf_counter()
@@ -171,10 +185,12 @@ def main() -> int:
         return child(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="tiny-cpu")
-    ap.add_argument("--set", nargs="+", default=SMALL, help="overrides of every start (default: a small CPU model)")
+    ap.add_argument("--set", default=" ".join(SMALL),
+                    help="the overrides of every start, one string (default: a small CPU model)")
     ap.add_argument("--modes", nargs="+", choices=("off", "on"), default=["off", "on"])
-    ap.add_argument("--changed", nargs="*", default=["--data.seq_len=64", "--model.depth=3"],
-                    help="one override per changed-config start (precompile on)")
+    ap.add_argument("--changed", action="append",
+                    help="a changed config's override (repeat for more; 'none': no such start; default: "
+                         "--data.seq_len=64 and --model.depth=3)")
     ap.add_argument("--force", action="store_true",
                     help="precompile on by setting torch._dynamo.config.caching_precompile in the process, not by "
                          "the trainer's switch (which keeps it off with flex attention)")
@@ -183,6 +199,8 @@ def main() -> int:
                          "of torch's bug: patches torch internals; what a flex model's fresh start needs)")
     ap.add_argument("--keep", help="a folder for the caches, run dirs and logs (default: a temporary one, removed)")
     args = ap.parse_args()
+    args.set = shlex.split(args.set)
+    args.changed = [c for c in args.changed or ["--data.seq_len=64", "--model.depth=3"] if c != "none"]
     if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
         print(f"--keep {args.keep} is not empty: name a new folder (each start needs a cache of its own)")
         return 2
@@ -220,10 +238,13 @@ def main() -> int:
                 moved = start(f"on: {change}", args.preset, [*flags, change], folder, root / mode / f"run-changed{i}",
                               env)
                 print(row(moved), flush=True)
-                ref = start(f"   eager {change}", args.preset, [*args.set, change], None, root / mode / f"run-eager{i}")
+                ref = start(f"   uncached {change}", args.preset, [*args.set, change], "off",
+                            root / mode / f"run-uncached{i}")
                 if "error" not in moved and "error" not in ref:
-                    gap = max(abs(moved["train_loss"] - ref["train_loss"]), abs(moved["val_loss"] - ref["val_loss"]))
-                    print(f"{'':26} against an eager run of it: |loss difference| <= {gap:.2e}")
+                    same = (moved["train_loss"], moved["val_loss"]) == (ref["train_loss"], ref["val_loss"])
+                    print(f"{'':26} its losses {'equal' if same else 'DIFFER from'} those of a compiled run of it "
+                          f"without the cache{' to the bit' if same else ''} ({ref['train_loss']!r:.12}, "
+                          f"{ref['val_loss']!r:.12})")
                 results += [moved, ref]
         for line in {r["precompile_off_line"] for r in results if r.get("precompile_off_line")}:
             print(line)
@@ -246,7 +267,8 @@ def describe_install(r: dict) -> str:
     t = r["timed"].get("install")
     if not t:
         return "-"
-    return f"{t['wall_s']:.1f} s (inductor {seconds(t['inductor_s'])}, kernels {seconds(t['kernels_s'])} s)"
+    timers = ", ".join(f"{k} {seconds(v)}" for k, v in r.get("install_timers", {}).items())
+    return f"{t['wall_s']:.1f} s (inductor {seconds(t['inductor_s'])}, kernels {seconds(t['kernels_s'])} s; {timers} s)"
 
 
 if __name__ == "__main__":
