@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -44,6 +45,9 @@ class Linear(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(16, 16)
+        # what compiled_forward reads of a GPT; "sdpa" for every case, flex's too: the trainer keeps precompile off
+        # with flex attention, and this probe is about what torch then does
+        self.runtime = SimpleNamespace(attn_backend="sdpa")
 
     def forward(self, x):
         return torch.relu(self.proj(x)).square().mean()
