@@ -17,7 +17,7 @@ a guard that failed at a later step); dynamo cache hits / misses / errors; the F
 hits / misses; `drop`: guards caching precompile dropped (by type below the table); `bnf`: torch's "Backend not
 found" warnings; train and val loss (a fresh start's against its cold start's: to the bit).
 
-Usage (CPU, ~8 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
+Usage (CPU, ~10 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
   python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set="OVERRIDES"] [--modes off on]
       [--changed=--data.seq_len=64 --changed=--model.depth=3 | --changed=none] [--force] [--guards-in-trace]
       [--keep DIR]
