@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -44,6 +45,9 @@ class Linear(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(16, 16)
+        # what compiled_forward reads of a GPT; "sdpa" for every case, flex's too: the trainer keeps precompile off
+        # with flex attention, and this probe is about what torch then does
+        self.runtime = SimpleNamespace(attn_backend="sdpa")
 
     def forward(self, x):
         return torch.relu(self.proj(x)).square().mean()
@@ -102,6 +106,23 @@ class FlexNested(Flex):
         return _nested(q, q, q, None, 0.25)
 
 
+def unpickle_guards_in_a_trace() -> None:
+    """torch 2.13 unpickles a saved package's guards outside any trace, and flex's guard asks for the tracing
+    context there; this process unpickles them inside a throwaway one (pytorch/pytorch#187736's idea). A probe of
+    torch's bug, patching torch internals: benchmarks only, not something speedgpt does."""
+    import torch._dynamo.package as package
+    from torch._guards import TracingContext, tracing
+
+    unpickle = package.load_guards_state
+
+    def load_guards_state(state):
+        ctx = TracingContext(None)
+        with tracing(ctx), ctx.guards_context.skip_guard_install():
+            return unpickle(state)
+
+    package.load_guards_state = load_guards_state
+
+
 def child(case: str, cache_dir: str) -> None:
     """One machine's start: the saved artifacts loaded, CALLS calls, the artifacts saved; one JSON line."""
     from torch._dynamo.utils import counters
@@ -114,17 +135,7 @@ def child(case: str, cache_dir: str) -> None:
     torch.set_num_threads(1)
     attention.FUSED_FLEX_DEVICES = ("cuda", "cpu")
     if os.environ.get("PROBE_GUARDS_IN_TRACE"):
-        import torch._dynamo.package as package
-        from torch._guards import TracingContext, tracing
-
-        unpickle = package.load_guards_state
-
-        def load_guards_state(state):
-            ctx = TracingContext(None)
-            with tracing(ctx), ctx.guards_context.skip_guard_install():
-                return unpickle(state)
-
-        package.load_guards_state = load_guards_state
+        unpickle_guards_in_a_trace()
     cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
                                      f"--train.compile_cache={cache_dir}"])
     cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
