@@ -117,6 +117,28 @@ def test_ranks_write_triton_kernels_into_folders_of_their_own(tmp_path, monkeypa
     assert len(seen) == 2
 
 
+
+def test_precompile_gives_each_config_and_rank_an_inductor_folder_of_its_own(tmp_path, monkeypatch):
+    """Dynamo's package lands in Inductor's folder keyed by GPT.forward, not by config: a second config that found
+    the first's died retracing (torch 2.13, benchmarks/dynamo_precompile.py: --data.seq_len=64)."""
+    from speedgpt.train.compile import open_compile_cache
+    from speedgpt.parallel.dist import DistInfo
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))  # put back after the test
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "before"))
+    base = ["--train.compile=true", f"--train.compile_cache={tmp_path}"]
+    seen = {}
+    for world, rank, extra in ((1, 0, []), (1, 0, ["--data.seq_len=64"]), (2, 0, []), (2, 1, [])):
+        for precompile in (False, True):
+            cfg = apply_overrides(Config(), [*base, *extra, f"--train.compile_precompile={str(precompile).lower()}"])
+            dist = DistInfo(rank=rank, world_size=world, local_rank=rank, device=torch.device("cpu"))
+            open_compile_cache(cfg, dist, lambda line: None)
+            seen[precompile, world, rank, bool(extra)] = os.environ["TORCHINDUCTOR_CACHE_DIR"]
+    shared = {v for (pre, *_), v in seen.items() if not pre}
+    own = [v for (pre, *_), v in seen.items() if pre]
+    assert len(shared) == 1 and shared.pop().endswith("/inductor")  # without it one folder (keys hold cuda:r)
+    assert len(set(own)) == 4 and all("/inductor-precompile/" in v for v in own)
+
 def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch):
     from speedgpt.parallel.dist import DistInfo
     from speedgpt.train.compile import open_compile_cache

@@ -55,7 +55,8 @@ def open_compile_cache(cfg: Config, dist, log):
         return None
     from .compile_cache import CompileCache
 
-    cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), dist.world_size, dist.device, dist.rank)
+    cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), dist.world_size, dist.device, dist.rank,
+                                 precompile=cfg.train.compile_precompile)
     if cache is not None:
         log(cache.activate())
         log(cache.load())

@@ -14,6 +14,14 @@ Two layers, both under one folder per (torch, Triton, Python, device, FP8 code) 
 A file made by other versions or another device (copied in by hand, say) or one that does not read
 back is ignored with one line: a cache can make a start faster, never fail a run.
 
+With train.compile_precompile the file also holds dynamo's package (its traced code, guards and compiled
+backends), which load_cache_artifacts writes into Inductor's folder as dynamo/<key>, keyed by the compiled
+function (GPT.forward's name and first line), not by config or device. So that Inductor folder is the config's
+and the rank's own (activate): another config's package there would be installed, its guards fail and the
+retrace collide with the globals it installed (torch 2.13: "Name '__builtins_dict___1' already exists in
+scope", a failed run; benchmarks/dynamo_precompile.py), and under torchrun a rank would install another rank's
+backends, compiled for that rank's GPU.
+
 The FP8 paths are custom torch.autograd.Functions. AOTAutograd's cache leaves out every graph with one
 (its key does not cover the Function's Python code) unless torch's switch CUSTOM_FUNCTIONS_SWITCH is on:
 without it every warm start traced and partitioned speedrun-124m's training graphs again, 15 s of its 27 s
@@ -134,17 +142,18 @@ class CompileCache:
     digest: str
     versions: dict[str, str]
     rank: int | None = None  # None: one process; else this rank's own file (see the module's docstring)
+    precompile: bool = False  # train.compile_precompile: dynamo's package travels too (its own Inductor folder)
 
     @classmethod
     def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device,
-                rank: int = 0) -> CompileCache | None:
+                rank: int = 0, precompile: bool = False) -> CompileCache | None:
         """The cache of train.compile_cache = `setting` ("" the default folder, "off" none, else a folder)."""
         if setting == "off":
             return None
         v = versions(device)
         root = Path(setting).expanduser() if setting else default_root()
         return cls(root / folder_name(v), config_digest(cfg_dict, world_size), v,
-                   rank if world_size > 1 else None)
+                   rank if world_size > 1 else None, precompile)
 
     @property
     def artifacts(self) -> Path:
@@ -167,7 +176,9 @@ class CompileCache:
         "Directory ... is not empty - skipping!" and left its copy behind as a tmp.* folder (wave 9: 70 lines
         in one 4-GPU start)."""
         triton = "triton" if self.rank is None else f"triton/rank{self.rank}"
-        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", triton)):
+        # with precompile dynamo's packages live under Inductor's folder: one per config and rank (module docstring)
+        inductor = f"inductor-precompile/{self._name}" if self.precompile else "inductor"
+        for var, sub in (("TORCHINDUCTOR_CACHE_DIR", inductor), ("TRITON_CACHE_DIR", triton)):
             os.environ[var] = str(self.folder / sub)
         line = f"compile cache: {self.folder} (config {self.digest})"
         if self.versions["autograd_functions"] == UNREADABLE:
