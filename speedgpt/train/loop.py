@@ -31,6 +31,7 @@ from ..parallel.dist import barrier, grad_comm_dtype, init_distributed, mean_ove
 from ..plan import RunPlan
 from ..planner import plan_run
 from ..rundir import RunDir, default_run_dir
+from ..rundir.checkpoint import CheckpointError
 from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
 from ..stages import Stage
@@ -40,7 +41,7 @@ from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward, open_compile_cache
 from .compile_watch import AFTER_WARMUP, CompileWatch
 from .control import RunControl
-from .guard import NumericsGuard
+from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
 from .nonfinite import Rollbacks
 from .preempt import StoppedMidStep, StopRequest, TrainingStopped
@@ -310,8 +311,8 @@ class Trainer:
         with self.stop_request:
             try:
                 return self._run()
-            except TrainingStopped:
-                raise
+            except (TrainingStopped, CheckpointError, NonFiniteError):
+                raise  # a stop already said, a save that failed, diverged numerics: each its own line and status
             except Exception as e:
                 if not self.stop_request.signum:
                     raise

@@ -49,7 +49,7 @@ class StoppedMidStep(TrainingStopped):
         after = (f"resume with: speedgpt train --resume {run_dir}" if has_checkpoint
                  else "nothing was saved: run the same command again")
         self.args = (f"stopped by {name} before step {step + 1} finished (then it failed with {failed}, "
-                     f"as the signal also ends the compiler's worker processes); {after}",)
+                     f"likely as the signal also reached its worker processes); {after}",)
 
 
 class StopRequest:
