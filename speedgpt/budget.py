@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 from .config import Config, ConfigError, ModelConfig
+from .config.overrides import BUDGET_KEYS
 
 ANCHOR_DEPTH = 12
 ANCHOR_BATCH_TOKENS = 2**19
@@ -139,7 +140,7 @@ def needs_resolution(cfg: Config) -> bool:
 def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
     """(resolved copy of cfg, lines saying what was derived). The one place budgets become numbers."""
     t, o = cfg.train, cfg.optim
-    for key in ("tokens_per_param", "flops_budget"):
+    for key in BUDGET_KEYS:
         if getattr(t, key) < 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off)")
     if t.horizon not in ("auto", "steps"):

@@ -181,13 +181,18 @@ class CompileCache:
         for var, sub in (("TORCHINDUCTOR_CACHE_DIR", inductor), ("TRITON_CACHE_DIR", triton)):
             os.environ[var] = str(self.folder / sub)
         line = f"compile cache: {self.folder} (config {self.digest})"
-        if self.versions["autograd_functions"] == UNREADABLE:
-            return (f"{line}; AOTAutograd's cache skips the custom autograd Functions' graphs: the source of "
-                    f"{_function_files()} could not be read to key the cache on")
-        if custom_functions_switch() is None:
-            return (f"{line}; AOTAutograd's cache skips the custom autograd Functions' graphs: this torch has no "
-                    f"torch._functorch.config.{CUSTOM_FUNCTIONS_SWITCH}")
+        why_not = self._custom_functions_refused()
+        if why_not:
+            return f"{line}; AOTAutograd's cache skips the custom autograd Functions' graphs: {why_not}"
         return line
+
+    def _custom_functions_refused(self) -> str | None:
+        """Why AOTAutograd's cache may not keep the custom autograd Functions' graphs here; None when it may."""
+        if self.versions["autograd_functions"] == UNREADABLE:
+            return f"the source of {_function_files()} could not be read to key the cache on"
+        if custom_functions_switch() is None:
+            return f"this torch has no torch._functorch.config.{CUSTOM_FUNCTIONS_SWITCH}"
+        return None
 
     def with_custom_functions(self, forward: Callable) -> Callable:
         """`forward` with AOTAutograd's cache open to graphs of custom autograd Functions (the FP8 paths) while it
@@ -197,10 +202,9 @@ class CompileCache:
         (a run without a cache in the same `bench --ab`, say) keeps torch's setting. One patch object for all
         calls: entering it costs ~7 us a call, a new one each call ~40 us (2 shared vCPUs). Unchanged when this
         torch lacks the switch or the Functions' source could not be read (activate() says so)."""
-        config = custom_functions_switch()
-        if config is None or self.versions["autograd_functions"] == UNREADABLE:
+        if self._custom_functions_refused():
             return forward
-        patch = config.patch(**{CUSTOM_FUNCTIONS_SWITCH: True})
+        patch = custom_functions_switch().patch(**{CUSTOM_FUNCTIONS_SWITCH: True})
 
         def call(*args, **kwargs):
             with patch:
