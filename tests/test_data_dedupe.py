@@ -8,7 +8,7 @@ import numpy as np
 
 from speedgpt.cli import main
 from speedgpt.data import tokenize_pool
-from speedgpt.data.corpus import Documents
+from speedgpt.data.corpus import Documents, doc_hash
 from speedgpt.data.dedupe import SeenHashes
 from speedgpt.data.shards import find_shards, load_shard
 from speedgpt.data.tokenize import read_manifest, tokenize_corpus
@@ -77,8 +77,8 @@ def test_duplicated_files_keep_one_copy_and_val_never_holds_a_train_document(tmp
 class FilePieces(Documents):
     """Documents whose split follows their file (the doc id before '#'), as the local corpus's pieces."""
 
-    def split_key(self, doc_id: str) -> str:
-        return doc_id.split("#")[0]
+    def split_key(self, doc_id: str) -> int:
+        return doc_hash(doc_id.split("#")[0])
 
 
 def test_a_piece_two_files_share_lands_on_one_side_only(tmp_path):

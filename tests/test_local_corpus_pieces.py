@@ -76,6 +76,38 @@ def test_piece_corpus_keeps_each_file_in_one_split(tmp_path, monkeypatch):
     assert runs > 0.8 * len(train)  # shuffled: consecutive documents come from different files
 
 
+def test_pieces_and_whole_files_split_the_files_alike(tmp_path, monkeypatch):
+    # A corpus of pieces is set against the whole-file corpus of the same machine on the latter's val files
+    # (`--data.val_files`): no file may be val in one build and train in the other.
+    root = tmp_path / "lib"
+    root.mkdir()
+    for path in [p for p in sorted(STDLIB.glob("*.py")) if 3000 < p.stat().st_size < 12000][:40]:
+        (root / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(corpus, "python_source_roots", lambda: [("stdlib", root)])
+    enc = get_tokenizer()
+
+    def docs_of(out: Path, split: str) -> list[str]:
+        tokens = load_shard(out / f"{split}_000000.bin").numpy()
+        starts = np.flatnonzero(tokens == BOS_ID)
+        return [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts, [*starts[1:], len(tokens)])]
+
+    for piece_chars in (0, 800):
+        ensure_local_python_corpus(tmp_path / f"out{piece_chars}", None, piece_chars=piece_chars, val_fraction=0.25,
+                                   workers=1, progress=False)
+    by_text = {p.read_text(): p.name for p in root.glob("*.py")}
+    val_files = {by_text[d] for d in docs_of(tmp_path / "out0", "val")}
+    train_files = {by_text[d] for d in docs_of(tmp_path / "out0", "train")}
+    assert len(val_files) >= 4 and train_files and not val_files & train_files
+    owners: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        for piece in python_pieces(path.read_text(), 800):
+            owners.setdefault(piece, set()).add(path.name)
+    for split, files in (("val", val_files), ("train", train_files)):
+        pieces = docs_of(tmp_path / "out800", split)
+        # a piece that several files share (a licence header) is kept once, on either side: it says nothing
+        assert pieces and {next(iter(owners[p])) for p in pieces if len(owners[p]) == 1} <= files
+
+
 def test_the_cpu_preset_trains_on_pieces():
     data = load_preset("tiny-cpu").data
     assert data.local_piece_chars > 0 and data.default_corpus_dir().name.endswith(f"-pieces{data.local_piece_chars}")

@@ -44,6 +44,11 @@ class Skipped:
         return {reason: {"count": n, "examples": self.examples[reason]} for reason, n in sorted(self.counts.items())}
 
 
+def doc_hash(text: str) -> int:
+    """A document's 64-bit identity: what deduplication compares and what decides its train/val split."""
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
+
+
 class Source:
     """A deterministic stream of text documents. Subclasses implement ``_iter``."""
 
@@ -56,9 +61,9 @@ class Source:
         """JSON-able identity of the source (what a manifest records and compares)."""
         raise NotImplementedError
 
-    def split_key(self, doc_id: str) -> str | None:
-        """What decides document `doc_id`'s train/val split (hashed): None for its own text. A source
-        whose documents are pieces of larger units returns the unit's key, so no unit straddles the split."""
+    def split_key(self, doc_id: str) -> int | None:
+        """The hash that decides document `doc_id`'s train/val split: None for its own text's (doc_hash). A
+        source whose documents are pieces of larger units returns the unit's, so no unit straddles the split."""
         return None
 
     def documents(self) -> Iterator[tuple[str, str]]:
@@ -257,7 +262,9 @@ class PythonSourceFiles(Source):
         if piece_chars < 0:
             raise ValueError(f"piece_chars={piece_chars} must be >= 0 (0: whole files)")
         self.piece_chars = piece_chars
-        self._file_keys: dict[str, str] = {}  # file doc id -> hash of its text (piece mode)
+        # file doc id -> doc_hash of its whole text (piece mode): a file's pieces land where the file itself
+        # lands in a build of whole files, so the two corpora of one machine share their val files
+        self._file_keys: dict[str, int] = {}
         self.roots = python_source_roots()
         self.files: list[tuple[str, Path]] = []
         seen: set[Path] = set()
@@ -291,7 +298,7 @@ class PythonSourceFiles(Source):
                              f"{SHUFFLE_BUFFER}, seed {SHUFFLE_SEED})"} if self.piece_chars else {}),
         }
 
-    def split_key(self, doc_id: str) -> str | None:
+    def split_key(self, doc_id: str) -> int | None:
         return self._file_keys.get(doc_id.rsplit("#", 1)[0]) if self.piece_chars else None
 
     def _iter(self):
@@ -309,7 +316,7 @@ class PythonSourceFiles(Source):
     def _pieces(self):
         for doc_id, text in self._files():
             # A file's text hash keys its split: identical files (vendored copies) land together.
-            self._file_keys[doc_id] = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+            self._file_keys[doc_id] = doc_hash(text)
             if not text:
                 yield doc_id, text  # counted as an empty document
             for k, piece in enumerate(python_pieces(text, self.piece_chars)):

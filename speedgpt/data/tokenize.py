@@ -25,7 +25,7 @@ from .corpus import (MISSING_FIELD, JsonlFiles, ParquetFiles, Source, TextFiles,
                      python_source_files)
 from .dedupe import SeenHashes
 from .split import Splitter
-from .tokenize_pool import TokenizeError, WorkerDied, doc_hash, document_chunks, ordered_results
+from .tokenize_pool import TokenizeError, WorkerDied, document_chunks, ordered_results
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -171,7 +171,7 @@ def tokenize_corpus(
                         split.duplicate(s, len(doc))
                         continue
                     # The text's hash, or its source's split key (every piece of one file alike)
-                    split.add(s, doc, hashes[j] if keys[j] is None else doc_hash(keys[j]), n_docs)
+                    split.add(s, doc, hashes[j] if keys[j] is None else keys[j], n_docs)
                     n_docs += 1
                     total_tokens += len(doc)
                     if max_tokens is not None and total_tokens >= max_tokens:

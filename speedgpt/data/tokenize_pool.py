@@ -5,7 +5,6 @@ The split key of a document is a stable hash of its text (doc_hash)."""
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing as mp
 import signal
 from collections import deque
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .corpus import Source
+from .corpus import Source, doc_hash
 from .tokenizer import get_tokenizer
 
 if TYPE_CHECKING:
@@ -38,10 +37,6 @@ class WorkerDied(TokenizeError):
 # task, since an initializer that raises breaks the pool and would read as a dead worker (WorkerDied).
 _worker_tokenizer: Tokenizer | None = None
 _worker_error: Exception | None = None
-
-
-def doc_hash(text: str) -> int:
-    return int.from_bytes(hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=8).digest(), "little")
 
 
 def encode_chunk(texts: list[str], tok: Tokenizer | None = None) -> tuple[np.ndarray, np.ndarray, list[int]]:
@@ -88,7 +83,7 @@ def init_worker(folder: str | None = None, sha256: str | None = None) -> None:
 def document_chunks(sources: Sequence[Source]) -> Iterator[tuple[tuple[list[int], list], list[str]]]:
     """((source indices, split keys), texts) in input order, cut into ~CHUNK_CHARS pieces."""
     idx: list[int] = []
-    keys: list[str | None] = []
+    keys: list[int | None] = []
     texts: list[str] = []
     chars = 0
     for s, source in enumerate(sources):
