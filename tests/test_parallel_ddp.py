@@ -340,7 +340,7 @@ def test_adam_reduction_waits_only_where_nothing_reads_the_gradients_every_step(
     assert not defer_adam_reduction(tiny_cfg().optim, 2)  # adam_every=1: Adam steps every step
     cpu = torch.device("cpu")
     assert NumericsGuard("skip", cpu, 0, 2).reads_gradients  # its check reads every step's gradients
-    assert not NumericsGuard("rollback", cpu, 0, 2).reads_gradients and not NumericsGuard("abort", cpu, 0, 2).reads_gradients
+    assert not any(NumericsGuard(mode, cpu, 0, 2).reads_gradients for mode in ("rollback", "abort"))
 
 
 def _every_steps(model, opts, steps, world, rank, counts=None, clip=0.0):
@@ -360,7 +360,8 @@ def _every_steps(model, opts, steps, world, rank, counts=None, clip=0.0):
             sync.prepare(final=i == accum - 1)
             (model(x[sl], y[sl]) / accum).backward()
         if agreed:  # the order is agreed (on the first step without a hold): the hooks launched every bucket not held
-            held = {id(b) for b in opts.adam._bucket.values()} if opts.adam.defer_reduce and not opts.adam_due(step) else ()
+            waits = opts.adam.defer_reduce and not opts.adam_due(step)
+            held = {id(b) for b in opts.adam._bucket.values()} if waits else ()
             assert all(b.launched != (id(b) in held) for b in sync.buckets), f"step {step}"
         opts.fold_tied_grads()
         if clip:
@@ -423,7 +424,7 @@ def _adam_every_check(rank, world, out):
         adam_mod.reduce_scatter, muon_mod.reduce_scatter = reduce_scatter, reduce_scatter
     n_adam, n_muon = len(opts.adam._bucket), old_counts[0][1]
     assert old_counts == [[n_adam, n_muon]] * EVERY_STEPS
-    assert new_counts == [[0, n_muon], [n_adam, n_muon]] * (EVERY_STEPS // 2), "Adam communicated on a step without update"
+    assert new_counts == [[0, n_muon], [n_adam, n_muon]] * (EVERY_STEPS // 2), "Adam communicated without an update"
     assert resumed_counts == new_counts[3:]
     assert clip_counts == [[n_adam, n_muon]] * 2
     # fp32 here; both paths sum the same gradients, in another order (mean of per-rank sums against the sum of
