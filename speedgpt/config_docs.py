@@ -118,7 +118,9 @@ DESCRIPTIONS: dict[str, str] = {
     "optim.adam_eps": "Adam epsilon",
     "optim.adam_weight_decay": "Adam decoupled weight decay",
     "optim.adam_every": "Adam's parameters step every N optimizer steps on the sum of the N steps' gradients (record "
-                        "#39: 2; Muon still steps every step); 1: every step; N > 1 awaits an A/B",
+                        "#39: 2; Muon still steps every step); 1: every step; N > 1 awaits an A/B. On several ranks "
+                        "(ddp) Adam's gradients are reduced on its steps only, unless optim.grad_clip or "
+                        "train.on_nonfinite=skip reads them every step",
     "optim.grad_clip": "global gradient-norm clipping threshold; 0 disables",
     "optim.scale_lr_by_width": "scale Adam lrs by (768 / model_dim) ** 0.5 (depth-knob models)",
     "optim.muon_shape_factor": "Muon lr factor max(1, rows/cols)^0.5 on: rows_over_cols (this layout) | record28 (its layout)",

@@ -85,6 +85,24 @@ def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(smal
             tmp_path / "full", tmp_path / "other", 8), resume=True, quiet=True)
 
 
+def test_the_trainer_begins_each_step_before_its_backward(small_vocab_cfg, tmp_path, monkeypatch):
+    """Optimizers.begin_step(step) (on several ranks: Adam's collectives held when it is not due) comes
+    before the step's first backward, once a step."""
+    from speedgpt.optim.container import Optimizers
+
+    calls = []
+    real = Optimizers.begin_step
+
+    def spy(self, step):
+        calls.append((step, any(p.grad is not None for p in self._params(self.adam))))
+        real(self, step)
+
+    monkeypatch.setattr(Optimizers, "begin_step", spy)
+    train(apply_overrides(small_vocab_cfg, RUN + ["--train.steps=3", "--train.val_every=0",
+                                                  "--train.checkpoint_every=0"]), run_dir=tmp_path / "a", quiet=True)
+    assert calls == [(0, False), (1, False), (2, False)]
+
+
 def test_skip_mode_keeps_a_bad_step_out_of_the_waiting_gradients(small_vocab_cfg, tmp_path, monkeypatch):
     """train.on_nonfinite=skip: a NaN at a step where Adam only collects must not reach the next Adam step."""
     cfg = apply_overrides(small_vocab_cfg, RUN + ["--train.on_nonfinite=skip", "--train.checkpoint_every=0"])

@@ -198,6 +198,7 @@ def _sharded_worker(rank, world, out):
     torch.save({"rank": rank, "params": [p.detach() for p in model.parameters()]}, f"{out}/rank{rank}.pt")
     _bf16_check(rank, world)
     _bf16_comm_check(rank, world)
+    _adam_every_check(rank, world, out)
     torch.distributed.destroy_process_group()
 
 
@@ -299,10 +300,160 @@ def _bf16_comm_check(rank, world):
     sync.remove_hooks()
 
 
-@pytest.mark.parametrize("world", [3])  # 3 ranks: padded Muon chunks and Adam slices with empty ranks
-def test_overlapped_reduction_and_sharded_step_match_single_process(tmp_path, world):
-    spawn_local(_sharded_worker, world, str(tmp_path))
+WORLD = 3  # 3 ranks: padded Muon chunks and Adam slices with empty ranks
+
+
+@pytest.fixture(scope="module")
+def sharded_ranks(tmp_path_factory):
+    """One spawn of WORLD gloo ranks for the checks below (each spawn costs seconds of start-up): the folder
+    their results are in."""
+    out = tmp_path_factory.mktemp("sharded")
+    spawn_local(_sharded_worker, WORLD, str(out))
+    return out
+
+
+def test_overlapped_reduction_and_sharded_step_match_single_process(sharded_ranks):
+    tmp_path, world = sharded_ranks, WORLD
     params = [torch.load(tmp_path / f"rank{r}.pt")["params"] for r in range(world)]
     for r in range(1, world):  # every rank ends with bitwise the same model
         for a, b in zip(params[0], params[r]):
             assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------------------
+# optim.adam_every on several ranks: no collective for Adam's gradients on the steps it does not update.
+
+ADAM_EVERY = ["--optim.adam_every=2", "--model.tie_embed_frac=0.5"]  # tied for steps 0-1, untied from 2 (of 6)
+EVERY_STEPS = 6
+
+
+def test_adam_reduction_waits_only_where_nothing_reads_the_gradients_every_step():
+    from speedgpt.optim.build import defer_adam_reduction
+    from speedgpt.train.guard import NumericsGuard
+
+    o = tiny_cfg(ADAM_EVERY).optim
+    assert defer_adam_reduction(o, 2)
+    assert not defer_adam_reduction(o, 1)  # one rank: nothing to reduce
+    assert not defer_adam_reduction(o, 2, strategy="fsdp")  # FSDP reduces in its own backward
+    assert not defer_adam_reduction(tiny_cfg(ADAM_EVERY + ["--optim.grad_clip=1.0"]).optim, 2)  # the norm reads them
+    assert not defer_adam_reduction(o, 2, grads_read_each_step=True)
+    assert not defer_adam_reduction(tiny_cfg().optim, 2)  # adam_every=1: Adam steps every step
+    cpu = torch.device("cpu")
+    assert NumericsGuard("skip", cpu, 0, 2).reads_gradients  # its check reads every step's gradients
+    assert not any(NumericsGuard(mode, cpu, 0, 2).reads_gradients for mode in ("rollback", "abort"))
+
+
+def _every_steps(model, opts, steps, world, rank, counts=None, clip=0.0):
+    """The trainer's step (train/loop.py) on 2 micro-steps of 2 rows per rank of WORLD; one rank (world=1)
+    takes the whole batch at once. counts: per step, the reduce-scatters [Adam's, Muon's] issued."""
+    sync = grad_sync_of(opts)
+    accum, rows = (2, 2) if world > 1 else (1, 4 * WORLD)
+    for step in steps:
+        x, y = global_batch(4 * WORLD, seed=step)
+        model.sync_embed_tying(step, EVERY_STEPS, opts)
+        if counts is not None:
+            counts.append([0, 0])
+        opts.begin_step(step)
+        agreed = world > 1 and sync.order is not None
+        for i in range(accum):
+            sl = slice((i * world + rank) * rows, (i * world + rank + 1) * rows)
+            sync.prepare(final=i == accum - 1)
+            (model(x[sl], y[sl]) / accum).backward()
+        if agreed:  # the order is agreed (on the first step without a hold): the hooks launched every bucket not held
+            waits = opts.adam.defer_reduce and not opts.adam_due(step)
+            held = {id(b) for b in opts.adam._bucket.values()} if waits else ()
+            assert all(b.launched != (id(b) in held) for b in sync.buckets), f"step {step}"
+        opts.fold_tied_grads()
+        if clip:
+            clip_grad_norm_(opts, clip)
+        opts.step(step)
+        model.zero_grad(set_to_none=True)
+
+
+def _adam_every_check(rank, world, out):
+    """optim.adam_every=2 on `world` ranks (the test below reads what it saves)."""
+    import speedgpt.optim.adam as adam_mod
+    import speedgpt.optim.muon as muon_mod
+
+    cfg = tiny_cfg(ADAM_EVERY)
+    cpu = torch.device("cpu")
+    counts = []
+
+    def spy(which):
+        def rs(o, i, async_op=True):
+            counts[-1][which] += 1
+            return reduce_scatter(o, i, async_op=async_op)
+        return rs
+
+    adam_mod.reduce_scatter, muon_mod.reduce_scatter = spy(0), spy(1)
+    try:
+        start = tiny_model(cfg)
+        # Today's path where the gradients are read every step (here: the guard's skip mode) ...
+        old_model = copy.deepcopy(start)
+        old = build_optimizers(old_model, cfg.optim, cpu, grads_read_each_step=True)
+        assert not old.adam.defer_reduce
+        _every_steps(old_model, old, range(EVERY_STEPS), world, rank, counts)
+        old_counts, counts[:] = list(counts), []
+        # ... and the deferred one, with a checkpoint between two Adam steps (after step index 2)
+        model = copy.deepcopy(start)
+        opts = build_optimizers(model, cfg.optim, cpu)
+        sync = grad_sync_of(opts)
+        assert opts.adam.defer_reduce
+        _every_steps(model, opts, range(1), world, rank, counts)
+        assert sync.order is None  # not agreed on a step with Adam's buckets held
+        _every_steps(model, opts, range(1, 3), world, rank, counts)
+        # agreed on step 1, from a whole step: the head's gradient is ready first (not after every Muon bucket)
+        assert sync.order[0] is opts.adam._bucket[model.lm_head.weight]
+        saved = {"model": copy.deepcopy(model.state_dict()), "optim": opts.state_dict()}
+        _every_steps(model, opts, range(3, EVERY_STEPS), world, rank, counts)
+        new_counts, counts[:] = list(counts), []
+        # the same checkpoint resumed on as many ranks
+        resumed = tiny_model(cfg)
+        resumed.load_state_dict(saved["model"])
+        ropts = build_optimizers(resumed, cfg.optim, cpu)
+        ropts.load_state_dict(copy.deepcopy(saved["optim"]))
+        _every_steps(resumed, ropts, range(3, EVERY_STEPS), world, rank, counts)
+        resumed_counts, counts[:] = list(counts), []
+        # grad_clip reads Adam's reduced gradients every step: they are reduced every step
+        clipped = copy.deepcopy(start)
+        copts = build_optimizers(clipped, tiny_cfg(ADAM_EVERY + ["--optim.grad_clip=0.05"]).optim, cpu)
+        assert not copts.adam.defer_reduce
+        _every_steps(clipped, copts, range(2), world, rank, counts, clip=0.05)
+        clip_counts = list(counts)
+    finally:
+        adam_mod.reduce_scatter, muon_mod.reduce_scatter = reduce_scatter, reduce_scatter
+    n_adam, n_muon = len(opts.adam._bucket), old_counts[0][1]
+    assert old_counts == [[n_adam, n_muon]] * EVERY_STEPS
+    assert new_counts == [[0, n_muon], [n_adam, n_muon]] * (EVERY_STEPS // 2), "Adam communicated without an update"
+    assert resumed_counts == new_counts[3:]
+    assert clip_counts == [[n_adam, n_muon]] * 2
+    # fp32 here; both paths sum the same gradients, in another order (mean of per-rank sums against the sum of
+    # per-step means, a resume's reduced sum then averaged again): ~1e-7 relative. Adam's g/sqrt(v) turns that
+    # into up to ~1e-5 on near-zero elements (the tolerance of the sharded test above); a lost or doubled
+    # step's gradient moves parameters by O(lr) = 1e-2..0.3.
+    for (n, a), b, c in zip(old_model.named_parameters(), model.parameters(), resumed.parameters()):
+        torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4, msg=lambda m: f"deferred vs every step: {n}: {m}")
+        torch.testing.assert_close(c, b, atol=2e-4, rtol=1e-4, msg=lambda m: f"resumed on {world} ranks: {n}: {m}")
+    torch.save({"saved": saved, "final": [p.detach() for p in model.parameters()]}, f"{out}/adam_every{rank}.pt")
+    for s in (grad_sync_of(o) for o in (old, opts, ropts, copts)):
+        s.remove_hooks()
+
+
+def test_adam_every_reduces_adams_gradients_only_on_its_steps_and_resumes_between_them(sharded_ranks):
+    """WORLD gloo ranks, optim.adam_every=2: a step without an Adam update issues no Adam collective, the
+    parameters equal those of the path that reduces every step, and a checkpoint between two Adam steps
+    (its waiting sum reduced whole) resumes on WORLD ranks (in the worker) and on 1 (here)."""
+    results = [torch.load(sharded_ranks / f"adam_every{r}.pt") for r in range(WORLD)]
+    for other in results[1:]:
+        for a, b in zip(results[0]["final"], other["final"]):
+            assert torch.equal(a, b)  # every rank holds the same weights
+    saved = results[0]["saved"]
+    assert saved["optim"]["adam_pending"]["lm_head.weight"]["grad"].abs().sum() > 0  # written between Adam steps
+    cfg = tiny_cfg(ADAM_EVERY)
+    model = tiny_model(cfg)
+    model.load_state_dict(saved["model"])
+    opts = build_optimizers(model, cfg.optim, torch.device("cpu"), world_size=1)
+    opts.load_state_dict(copy.deepcopy(saved["optim"]))
+    _every_steps(model, opts, range(3, EVERY_STEPS), 1, 0)
+    for (n, a), b in zip(model.named_parameters(), results[0]["final"]):
+        torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4, msg=lambda m: f"resumed on 1 rank: {n}: {m}")

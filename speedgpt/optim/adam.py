@@ -6,6 +6,17 @@ reduce-scatter (launched from the backward hooks, see parallel/ddp.py), the rank
 slice and keeps exp_avg / exp_avg_sq only for it, then an all-gather gives every rank the whole
 updated parameter. Communication per step: one reduce-scatter + one all-gather = one all-reduce.
 
+Adam every N steps (optim.adam_every, optim/container.py), with `defer_reduce`: on a step without an
+update this rank's gradients are not reduced at all. Its buckets are held (GradSync.hold: no collective),
+and each parameter's local, unreduced gradient is set aside (`unreduced`) and handed back as `.grad`
+before the next step's backward (`begin_step`), which accumulates into it as into a micro-step's. The
+update step's one reduce-scatter then carries the window's summed gradients: the mean over ranks of
+the per-rank sums is the sum of the per-step means (up to float rounding). Why this over a separate
+full-size sum packed in at launch: no extra memory (the gradient tensor itself waits, nothing is
+copied) and no extra pass over it in the launch. Without `defer_reduce` (the gradients are read every
+step: optim.grad_clip, the numerics guard's skip mode) each step reduces, and `pending` keeps this
+rank's slice of the reduced sum.
+
 The update is torch.optim.AdamW's (decoupled weight decay, bias correction); with W = 1 no
 communication happens. `state_dict()` gathers the full, unsharded state in torch.optim's format
 (so one file serves any world size, and torch's AdamW can load it); `load_state_dict()` takes a
@@ -18,13 +29,13 @@ import math
 
 import torch
 
-from ..parallel.dist import all_gather, reduce_scatter
-from .container import add_pending
+from ..parallel.dist import all_gather, mean_over_ranks, reduce_scatter
+from .container import add_pending, fold_local_grad
 
 
 class DistAdam(torch.optim.Optimizer):
     def __init__(self, params, grad_sync, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0):
+                 eps: float = 1e-8, weight_decay: float = 0.0, defer_reduce: bool = False):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__(params, defaults)
         self.grad_sync = grad_sync
@@ -32,6 +43,13 @@ class DistAdam(torch.optim.Optimizer):
         # optim.adam_every > 1 (optim/container.py): per parameter, this rank's slice of the reduced
         # gradients of the steps since the last update, added in at the next step(); zeroed once used
         self.pending: dict[torch.Tensor, torch.Tensor] = {}
+        # With defer_reduce (several ranks; build.defer_adam_reduction): no reduction on steps without an
+        # update; per parameter this rank's own gradient sum of those steps, set aside between steps
+        # (`begin_step` hands it back as .grad), and whether such a window is open (the same on every rank:
+        # it decides the collectives of a checkpoint's `waiting_sum`).
+        self.defer_reduce = defer_reduce and self.world_size > 1
+        self.unreduced: dict[torch.Tensor, torch.Tensor] = {}
+        self.window_open = False
         # model.tie_embed_frac, this step: {src: dst} whose reduced gradients are summed into dst's (fold_grad),
         # src taking no update of its own (the container copies dst's values into it), and the srcs done
         self._tied: dict[torch.Tensor, torch.Tensor] = {}
@@ -55,11 +73,15 @@ class DistAdam(torch.optim.Optimizer):
         S, _, _ = self._shard(p)
         n = p.numel()
         buf = self.grad_sync.comm_buffer(S * self.world_size, p)  # bf16 with parallel.grad_comm_dtype=bf16
-        if p.grad is None:
+        grad = p.grad
+        aside = self.unreduced.pop(p, None)  # a held sum `begin_step` did not hand back: it joins here
+        if aside is not None:
+            grad = aside if grad is None else aside.add_(grad)
+        if grad is None:
             buf.zero_()
         else:
             # sum of grad/W = mean; scaled in the gradient's dtype, then cast into buf's
-            torch.mul(p.grad.reshape(-1), 1.0 / self.world_size, out=buf[:n])
+            torch.mul(grad.reshape(-1), 1.0 / self.world_size, out=buf[:n])
             buf[n:].zero_()
         bucket.out = self.grad_sync.comm_buffer(S, p)  # grad_sync.wait returns it in p's dtype
         return reduce_scatter(bucket.out, buf, async_op=True)
@@ -70,6 +92,9 @@ class DistAdam(torch.optim.Optimizer):
 
     def reduced_grads(self) -> list[torch.Tensor]:
         """This rank's slices of the averaged gradients (for distributed norm clipping)."""
+        if self._held():
+            raise RuntimeError("DistAdam.reduced_grads on a step whose reduction is deferred (optim.adam_every): "
+                               "build it with defer_reduce=False where the gradients are read every step")
         self._fold()
         out = []
         for p, b in self._params_in_launch_order():
@@ -133,10 +158,42 @@ class DistAdam(torch.optim.Optimizer):
     def _group_of(self):
         return {id(p): g for g in self.param_groups for p in g["params"]}
 
+    def begin_step(self, due: bool) -> None:
+        """Before a step's first backward (optim.adam_every, `Optimizers.begin_step`): with defer_reduce the
+        gradient sums set aside become the parameters' .grad again, for the backward to accumulate into,
+        and on a step without an update (`due` False) Adam's buckets are held: no collective."""
+        if not self.defer_reduce:
+            return
+        with torch.no_grad():
+            for p, g in self.unreduced.items():
+                if p.grad is None:
+                    p.grad = g
+                else:
+                    p.grad.add_(g)
+        self.unreduced.clear()
+        self.window_open = False
+        self.grad_sync.hold([] if due else list(self._bucket.values()))
+
+    def _held(self) -> bool:
+        return any(self.grad_sync.is_held(b) for b in self._bucket.values())
+
     @torch.no_grad()
     def stash_grads(self) -> None:
-        """A step without an update (optim.adam_every): the reduced gradients go into `pending`, and
-        the parameters stay as they are (nothing to all-gather)."""
+        """A step without an update (optim.adam_every): the parameters stay as they are (nothing to
+        all-gather). Buckets held (`begin_step`): each local gradient (a tied embedding's folded into the
+        head's, as fold_grad does for reduced ones) is set aside in `unreduced`, the buckets released
+        unreduced. Otherwise the reduced gradients go into `pending`."""
+        if self._held():
+            for src, dst in self._tied.items():
+                fold_local_grad(src, dst)
+            self._tied.clear()
+            for p, b in self._bucket.items():
+                if p.grad is not None:
+                    add_pending(self.unreduced, p, p.grad, copy=False)
+                    p.grad = None  # the trainer's zero_grad must not clear it (set_to_none=False zeroes in place)
+                self.grad_sync.release(b)
+            self.window_open = True
+            return
         if self.world_size == 1:
             for group in self.param_groups:
                 for p in group["params"]:
@@ -209,6 +266,33 @@ class DistAdam(torch.optim.Optimizer):
                 index += 1
         sd["state"] = full
         return sd
+
+    def waiting_sum(self, p: torch.Tensor) -> torch.Tensor | None:
+        """The full reduced (mean over ranks) sum of `p`'s gradients waiting for the next update, for a
+        checkpoint; None when none waits. A collective on several ranks: every rank calls it for the same
+        parameters in the same order (`pending` and `window_open` are alike on every rank)."""
+        full = self._gather(p, self.pending[p]) if p in self.pending and self.world_size > 1 else self.pending.get(p)
+        if self.window_open:
+            local = self.unreduced.get(p)  # none on this rank (no gradient): zeros
+            local = torch.zeros(p.shape, device=p.device) if local is None else local.float()
+            mean = mean_over_ranks(local).to(p.dtype).view(p.shape)  # fp32 sum: one rounding, to p's dtype
+            full = mean if full is None else full.add_(mean)
+        return full
+
+    def load_waiting_sum(self, waiting: dict[torch.Tensor, torch.Tensor]) -> None:
+        """Replace the waiting gradients with full reduced sums (a checkpoint's, from any world size). With
+        defer_reduce every rank sets the whole sum aside: the next update's reduce-scatter averages
+        (sum + g_r) over ranks, which is sum + mean(g_r). Otherwise each rank keeps its slice in `pending`."""
+        self.pending.clear()
+        self.unreduced.clear()
+        self.window_open = self.defer_reduce and bool(waiting)
+        for p, g in waiting.items():
+            g = g.to(p.device, p.dtype)
+            if self.defer_reduce:
+                self.unreduced[p] = g.reshape(p.shape).clone()
+            else:
+                _, lo, n = self._shard(p)
+                self.pending[p] = g.reshape(-1)[lo:lo + n].clone()
 
     def _gather(self, p: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
         S, _, n = self._shard(p)

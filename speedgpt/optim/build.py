@@ -42,15 +42,27 @@ def adam_groups(model, cfg: OptimConfig) -> list[dict]:
     ]
 
 
+def defer_adam_reduction(cfg: OptimConfig, world_size: int, strategy: str = "ddp",
+                         grads_read_each_step: bool = False) -> bool:
+    """Whether DistAdam leaves its gradients unreduced on the steps Adam does not update (optim.adam_every > 1;
+    optim/adam.py): only under ddp on several ranks (one rank has nothing to reduce; fsdp reduces in its own
+    backward), and only where nothing reads the reduced gradients every step: optim.grad_clip's global norm
+    includes Adam's, and so does the numerics guard's check in skip mode (`grads_read_each_step`)."""
+    return (cfg.adam_every > 1 and world_size > 1 and strategy == "ddp" and not cfg.grad_clip
+            and not grads_read_each_step)
+
+
 def build_optimizers(model, cfg: OptimConfig, device: torch.device,
                      world_size: int | None = None, *, strategy: str = "ddp",
-                     grad_comm_dtype: torch.dtype | None = None) -> Optimizers:
+                     grad_comm_dtype: torch.dtype | None = None, grads_read_each_step: bool = False) -> Optimizers:
     """The container of `adam` and `muon` (no `muon` with optim.kind="adamw"). world_size None:
     torch.distributed's (1 without a process group); 1 forces the single-process optimizers (a
     reference inside a distributed test). strategy "fsdp": the model's parameters are DTensor
     shards (parallel/fsdp.py), which torch's AdamW and ShardedMuon update in place. grad_comm_dtype
     (parallel.grad_comm_dtype, several ranks under ddp): the dtype GradSync reduce-scatters gradients
-    in; None: the parameters' own (fsdp reads the key in its MixedPrecisionPolicy instead)."""
+    in; None: the parameters' own (fsdp reads the key in its MixedPrecisionPolicy instead).
+    grads_read_each_step: the caller reads the reduced gradients after every backward (the numerics guard
+    in skip mode), so Adam's cannot wait unreduced (defer_adam_reduction)."""
     groups = model.param_groups()
     adam_params = adam_groups(model, cfg)
     betas = (cfg.adam_beta1, cfg.adam_beta2)
@@ -88,7 +100,8 @@ def build_optimizers(model, cfg: OptimConfig, device: torch.device,
         from ..parallel.ddp import GradSync
 
         sync = GradSync(world, get_rank(), device, comm_dtype=grad_comm_dtype)
-        adam = DistAdam(adam_params, sync, betas=betas, eps=cfg.adam_eps)
+        adam = DistAdam(adam_params, sync, betas=betas, eps=cfg.adam_eps,
+                        defer_reduce=defer_adam_reduction(cfg, world, strategy, grads_read_each_step))
         if use_muon:
             muon = DistMuon(matrices, sync, **muon_kwargs)
     for opt in (adam, muon):

@@ -10,11 +10,17 @@ they come from the config and the schedules, which the trainer applies every ste
 implementation keeps its own settings (fused kernels, algorithm switches) across a load. So a
 checkpoint moves between world sizes and implementations with nothing to repair.
 
-Adam every N steps (optim.adam_every, record #39): on the other steps the Adam parameters' reduced
-gradients are summed into `pending` (this rank's part of each when sharded) and Adam does not
-step; on its step that sum is added to the step's gradient. `pending` is part of the state
-(`"adam_pending": {name: {"grad": full tensor}}`), so a checkpoint taken between two Adam steps
-resumes exactly, on any world size.
+Adam every N steps (optim.adam_every, record #39): on the other steps the Adam parameters' gradients
+wait and Adam does not step; on its step their sum joins the step's gradient. One rank and fsdp: the
+reduced gradients are summed into `pending`. The sharded DistAdam (optim/adam.py) with
+`defer_reduce` (build.defer_adam_reduction) issues no collective for them on those steps: each rank
+keeps its own unreduced sum, which the next Adam step's one reduce-scatter averages (the trainer
+calls `begin_step(step)` before each step's backward, which holds Adam's buckets when Adam is not
+due); without it (gradients read every step: clipping, the numerics guard's skip mode) it keeps its
+slice of the reduced sum in `pending`. The waiting sum is part of the state, always reduced and
+whole (`"adam_pending": {name: {"grad": full tensor}}`; a collective reduces the local sums at save),
+so a checkpoint taken between two Adam steps resumes on any world size: exactly on one rank, up to
+the float rounding of the sums' order on several.
 
 A tied pair (model.tie_embed_frac: `tied()` gives (embedding, head) while tied): the embedding's
 reduced gradient is added into the head's before anything reads the gradients (`fold_tied_grads`:
@@ -31,12 +37,25 @@ from collections.abc import Callable, Iterator
 import torch
 
 
-def add_pending(pending: dict[torch.Tensor, torch.Tensor], p: torch.Tensor, g: torch.Tensor) -> None:
-    """Add gradient `g` of `p` to the sum waiting for Adam's next step (optim.adam_every)."""
+def add_pending(pending: dict[torch.Tensor, torch.Tensor], p: torch.Tensor, g: torch.Tensor, copy: bool = True) -> None:
+    """Add gradient `g` of `p` to the sum waiting for Adam's next step (optim.adam_every); copy=False: a
+    new sum is `g` itself (the caller hands it over)."""
     if p in pending:
         pending[p].add_(g)
     else:
-        pending[p] = g.clone()
+        pending[p] = g.clone() if copy else g
+
+
+def fold_local_grad(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """A tied pair's gradients where they are whole on this rank (one rank, fsdp's reduced shards of one
+    layout, DistAdam's unreduced gradients): `src`'s joins `dst`'s, and `src` has none left."""
+    if src.grad is None:
+        return
+    if dst.grad is None:
+        dst.grad = src.grad.to(dst.dtype)
+    else:
+        dst.grad.add_(src.grad)
+    src.grad = None
 
 
 class Optimizers:
@@ -76,13 +95,16 @@ class Optimizers:
         embed, head = pair
         if getattr(self.adam, "world_size", 1) > 1:  # DistAdam: its reduced slices, folded when first read
             self.adam.fold_grad(embed, head)
-        elif embed.grad is not None:  # one rank, or fsdp's reduced DTensor shards (same layout for both)
-            if head.grad is None:
-                head.grad = embed.grad.to(head.dtype)
-            else:
-                head.grad.add_(embed.grad)
-            embed.grad = None
+        else:  # one rank, or fsdp's reduced DTensor shards (same layout for both)
+            with torch.no_grad():
+                fold_local_grad(embed, head)
         return pair
+
+    def begin_step(self, step: int) -> None:
+        """Before step `step`'s first backward: with optim.adam_every > 1 a DistAdam that defers its reduction
+        (optim/adam.py) holds its gradients' collectives when Adam is not due."""
+        if self.adam_every > 1 and hasattr(self.adam, "begin_step"):
+            self.adam.begin_step(self.adam_due(step))
 
     def step(self, step: int | None = None) -> None:
         """Step every member; with adam_every > 1, Adam only when `step` is due (else its gradients wait).
@@ -150,15 +172,17 @@ class Optimizers:
     def _pending_state(self, gather: bool) -> dict:
         """{name: {"grad": full tensor}}; a collective when sharded (same parameters, same order on every rank)."""
         out = {}
+        sharded = self._adam_stashes and self.adam.world_size > 1
         for p in self._params(self.adam):
-            if p not in self.pending:
-                continue
-            g = self.pending[p]
-            if self._adam_stashes and self.adam.world_size > 1:
-                full = self.adam._gather(p, g)  # DistAdam's slice of the flattened parameter
-            else:
+            if sharded:
+                full = self.adam.waiting_sum(p)  # its reduced slices gathered, or its local sums reduced
+            elif p in self.pending:
+                g = self.pending[p]
                 full = _gathered({"grad": g})["grad"] if gather else g
-            out[self.names[id(p)]] = {"grad": full}
+            else:
+                full = None
+            if full is not None:
+                out[self.names[id(p)]] = {"grad": full}
         return out
 
     def _load_pending(self, saved: dict) -> None:
@@ -167,15 +191,14 @@ class Optimizers:
         unknown = sorted(set(saved) - set(by_name))
         if unknown:
             raise KeyError(f"pending Adam gradients for parameters this model's Adam does not have: {', '.join(unknown[:3])}")
-        for name, st in saved.items():
-            p, g = by_name[name], st["grad"]
-            if self._adam_stashes and self.adam.world_size > 1:
-                _, lo, n = self.adam._shard(p)
-                self.pending[p] = g.reshape(-1)[lo:lo + n].to(p.device).clone()
-            else:  # a whole tensor, or this rank's DTensor shard of it (fsdp)
-                from ..parallel.dtensor import is_sharded
+        if self._adam_stashes and self.adam.world_size > 1:  # DistAdam: its slices, or the whole sums set aside
+            self.adam.load_waiting_sum({by_name[name]: st["grad"] for name, st in saved.items()})
+            return
+        from ..parallel.dtensor import is_sharded
 
-                self.pending[p] = (_sharded_like({"grad": g}, p)["grad"] if is_sharded(p) else g.to(p.device)).clone()
+        for name, st in saved.items():  # a whole tensor, or this rank's DTensor shard of it (fsdp)
+            p, g = by_name[name], st["grad"]
+            self.pending[p] = (_sharded_like({"grad": g}, p)["grad"] if is_sharded(p) else g.to(p.device)).clone()
 
     def load_state_dict(self, state: dict) -> None:
         """Load what `state_dict` wrote (from any world size). Each member keeps its own settings:

@@ -17,6 +17,11 @@ gradients, divided by the world size, into one buffer and starts one async colle
 * The optimizer waits only on the bucket it is about to use (`wait`). Buckets not launched by
   then (hooks not armed, or a parameter without a gradient: treated as zero) are all launched
   first, in order, so every rank issues the same sequence of collectives.
+* A bucket's owner may `hold` it for one step (DistAdam on a step where Adam does not update,
+  optim.adam_every): its gradients stay local, no collective is issued for it, the launch order
+  skips it, and the owner releases it unreduced. Every rank holds the same buckets (the owner decides
+  from the step number), so the sequence of collectives still matches. The launch order is agreed
+  on a step that holds nothing: a held step's observed completion order would lack the held buckets.
 
 Communication dtype (parallel.grad_comm_dtype): by default each bucket travels in its parameters'
 dtype. With `comm_dtype=torch.bfloat16` the launch functions pack gradient/W (scaled in fp32, then
@@ -65,7 +70,9 @@ class GradSync:
         self._hooks = []
         self.order: list[Bucket] | None = None  # agreed launch order, fixed after the first synced step
         self._observed: list[Bucket] = []  # completion order seen in the first synced backward
-        self._next = 0  # position in the launch order of the next bucket to launch
+        self._held: set[int] = set()  # indexes of the buckets held this step (`hold`)
+        self._active: list[Bucket] | None = None  # this step's launch order without the held buckets (cached)
+        self._next = 0  # position in this step's launch order (`launch_order`) of the next bucket to launch
         self._released = 0
         self.armed = False
         self._timing = False
@@ -109,6 +116,18 @@ class GradSync:
         """Call before each micro-step's backward: only the final one reduces gradients."""
         self.armed = bool(final)
 
+    def hold(self, buckets: list[Bucket]) -> None:
+        """This step only: `buckets` issue no collective (their hooks do nothing, the launch order skips them);
+        their owner keeps their gradients and releases them unreduced. Call before the step's first backward,
+        on every rank with the same buckets; an empty list holds nothing."""
+        if self._next or self._released:
+            raise RuntimeError("GradSync.hold after this step's collectives began: hold before the first backward")
+        self._held = {b.index for b in buckets}
+        self._active = None
+
+    def is_held(self, b: Bucket) -> bool:
+        return b.index in self._held
+
     def comm_wait_ms(self) -> float | None:
         """Milliseconds spent waiting for communication since the last call (None: nothing timed).
         Reading CUDA events synchronizes: call this on logging steps only."""
@@ -125,6 +144,8 @@ class GradSync:
         if not self.armed:
             return
         b = self._by_param[id(p)]
+        if b.index in self._held:
+            return
         b.ready.add(id(p))
         if len(b.ready) < len(b.params):
             return
@@ -133,8 +154,9 @@ class GradSync:
             if b not in self._observed:
                 self._observed.append(b)
             return
-        while self._next < len(self.order):
-            nxt = self.order[self._next]
+        order = self.launch_order()
+        while self._next < len(order):
+            nxt = order[self._next]
             if len(nxt.ready) < len(nxt.params):
                 break
             self._launch(nxt)
@@ -156,23 +178,30 @@ class GradSync:
 
     # -- the optimizer's side -------------------------------------------------------------------
     def launch_order(self) -> list[Bucket]:
-        return self.order if self.order is not None else self.buckets
+        """This step's launch order: the agreed one (registration order until then), held buckets left out."""
+        if self._active is None:
+            order = self.order if self.order is not None else self.buckets
+            self._active = [b for b in order if b.index not in self._held] if self._held else order
+        return self._active
 
     def launch_all(self) -> list[Bucket]:
         """Launch, in order, every bucket the hooks did not (fixing the order on the first step);
         returns the launch order. The optimizers call this first, then wait bucket by bucket."""
-        if self._next < len(self.buckets):
+        if self._next < len(self.launch_order()):
             self._launch_all()
         return self.launch_order()
 
     def _launch_all(self) -> None:
-        if self.order is None:
+        if self.order is None and not self._held:
             self._agree_order()
+            self._active = None
         for b in self.launch_order()[self._next:]:
             self._launch(b)
 
     def wait(self, b: Bucket) -> torch.Tensor:
         """The reduced gradient (this rank's part) of bucket `b`, once its collective has finished."""
+        if b.index in self._held:
+            raise RuntimeError("GradSync.wait on a bucket held this step: its gradients were not reduced")
         if not b.launched:
             self._launch_all()
         if b.work is not None:
@@ -202,7 +231,8 @@ class GradSync:
             self._timers.append((time.perf_counter() - t0) * 1e3)
 
     def release(self, b: Bucket) -> None:
-        """The optimizer is done with `b`; after the last bucket the per-step state resets."""
+        """The optimizer is done with `b` (a held bucket too, unreduced); after the last bucket the per-step
+        state resets, holds included."""
         b.out = None
         self._released += 1
         if self._released >= len(self.buckets):
@@ -211,6 +241,10 @@ class GradSync:
             self._next = 0
             self._released = 0
             self.armed = False
+            if self._held and self.order is None:
+                self._observed.clear()  # seen with buckets held: incomplete, observe a whole step instead
+            self._held = set()
+            self._active = None
 
 
 def wait_ms(timers: list) -> float | None:

@@ -50,6 +50,11 @@ class NumericsGuard:
         self.mode, self.device, self.rank, self.world_size = mode, device, rank, world_size
         self.reset()
 
+    @property
+    def reads_gradients(self) -> bool:
+        """Whether `observe` reads the reduced gradients every step (skip mode, when no norm is computed)."""
+        return self.mode == "skip"
+
     def reset(self) -> None:
         self.first_bad = torch.full((), -1, dtype=torch.int64, device=self.device)
         self.skipped = torch.zeros((), dtype=torch.int64, device=self.device)

@@ -128,7 +128,8 @@ class Trainer:
         for note in fallback_notes(cfg, self.model, self.device):
             self.log(note)
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy,
-                                           grad_comm_dtype=grad_comm_dtype(cfg.parallel.grad_comm_dtype))
+                                           grad_comm_dtype=grad_comm_dtype(cfg.parallel.grad_comm_dtype),
+                                           grads_read_each_step=self.guard.reads_gradients)
         self.grad_sync = self.optimizers.grad_sync  # overlapped gradient reduction (no-op on one rank)
         self.has_experts = bool(cfg.model.moe_experts)
         if self.has_experts:  # aux-loss-free balancing: expert biases move after each optimizer step
@@ -213,6 +214,7 @@ class Trainer:
         self.model.sync_embed_tying(step, self.cfg.train.steps, self.optimizers)  # model.tie_embed_frac's untie step
         total = torch.zeros((), device=self.device)
         self.grad_sync.timing = (step + 1) % self.cfg.train.log_every == 0  # comm_wait_ms on logging steps
+        self.optimizers.begin_step(step)  # optim.adam_every: no collective for Adam's gradients when it is not due
         for i in range(grad_accum):
             inputs, targets = self.loader.next_batch(rows, stage.seq_len, stage.max_doc_len)
             if mtp_weights is None:
