@@ -49,7 +49,10 @@ def _to_fp8(t: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _scale(v: float, device) -> torch.Tensor:
-    return torch.tensor(v, dtype=torch.float32, device=device)
+    # Filled on the device, not copied there: torch.tensor(v, device=cuda) copies from pageable host memory,
+    # and that copy synchronizes the host with the GPU. The FP8 head called it 4 times a micro-step, so the
+    # host never ran ahead of the GPU (a 2-GPU profile of speedrun-latest, 2026-11-28: 8 syncs a step).
+    return torch.full((), v, dtype=torch.float32, device=device)
 
 
 def _mm_e4m3(x8: torch.Tensor, w8: torch.Tensor, x_scale: float, w_scale: float) -> torch.Tensor:
