@@ -9,6 +9,9 @@
 #   scripts/lease.sh OUT_DIR collect TAR    # logs, metrics and summaries (no checkpoints or caches) in one tarball
 #     (compile caches, compile_bench.sh's cache-* folders and bench's profile traces would pass the device tool's
 #     size limit: copy a trace to $OUT alone)
+# A tree the plan reads from .carry (git-ignored) travels in the first call's `carry` only: the device tool copies a
+# carried path anew on every call that names it, and a phase working in the old copy loses its working directory
+# (wave 11: Inductor's compile workers died with it).
 # A plan is a bash file sourced here: it calls `phase NAME TIMEOUT_S COMMAND...` in order and may use $W (OUT_DIR),
 # $PY, $DATA (the local corpus, built by the plan's first phase), $TR (torchrun on every GPU) and $C (the 300-step
 # training arguments of the A/B rows).

@@ -1,6 +1,7 @@
 # The next 4-GPU lease (issues 33, 32), in priority order, about 30 device-minutes with the machine's start: cut it
 # where the budget ends (the later phases stay in docs/experiments.md's owed table). Run from the repository root of
 # the device copy:
+# SUPERSEDED by wave12.sh (wave 11 ran on two GPUs: wave11b.sh, wave11c.sh).
 #   setsid scripts/lease.sh /tmp/w11 scripts/plans/wave11.sh > /tmp/w11.log 2>&1 < /dev/null &
 # then poll `grep -q "^PHASE " /tmp/w11/status` in calls of at most ~540 s (a call cut by its limit collects nothing)
 # and end each call with `scripts/lease.sh /tmp/w11 collect $OUT/w11.tgz`. The b064051 tree travels in .carry
