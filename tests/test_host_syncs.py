@@ -102,3 +102,51 @@ def test_a_sync_inside_torch_is_named_at_the_code_that_called_torch():
 
     assert sync_site(stack, inside, 625) == "speedgpt/train/loop.py:213 (in torch/_tensor.py:625)"
     assert sync_site(stack[:1], ours, 213) == "speedgpt/train/loop.py:213"
+
+
+def load_trace_host_ops():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "trace_host_ops.py"
+    spec = importlib.util.spec_from_file_location("trace_host_ops", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_traces_host_syncs_and_eager_launches_are_named_by_their_ops():
+    """A made-up trace of one profiled step: an eager op launching 2 kernels before the forward graph,
+    a custom op that syncs inside it, the backward's thread syncing, and bench's own sync at the end."""
+    from speedgpt.kernel_timeline import GRAPH_CALL, STEP_RANGE
+
+    def x(cat, name, ts, dur, tid=1):
+        return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 0, "tid": tid}
+
+    events = [x("user_annotation", STEP_RANGE, 0, 1000),
+              x("cpu_op", "aten::argsort", 10, 50), x("cpu_op", "aten::sort", 12, 40),
+              x("cuda_runtime", "cudaLaunchKernel", 15, 2), x("cuda_runtime", "cudaLaunchKernel", 30, 2),
+              x("cpu_op", GRAPH_CALL + " abc", 100, 300), x("cuda_runtime", "cudaLaunchKernel", 150, 2),
+              x("cpu_op", "speedgpt::fp8_head_ce_fwd", 200, 100), x("cpu_op", "aten::copy_", 210, 50),
+              x("cuda_runtime", "cudaStreamSynchronize", 220, 20),
+              x("cpu_op", "autograd::engine::evaluate_function: X", 500, 100, tid=2),
+              x("cuda_runtime", "cudaStreamSynchronize", 550, 5, tid=2),
+              x("cuda_runtime", "cudaDeviceSynchronize", 900, 90)]
+    lines = load_trace_host_ops().host_report(events)
+    assert lines[0] == "step 1: 1.00 ms on the host; 3 host sync call(s)"
+    assert "main, in speedgpt::fp8_head_ce_fwd > aten::copy_" in lines[1]
+    assert "thread 2 (autograd: the backward's), in autograd::engine::evaluate_function: X" in lines[2]
+    assert "bench --profile's own" in lines[3]
+    assert lines[4] == ("  before graph call 1 at 0.10 ms: 2 kernel launches, 0 copies/memsets, ops taking 0.05 ms of "
+                        "host time: aten::argsort x2")  # the launch inside the graph's call is not eager
+
+
+def test_trace_host_ops_refuses_a_missing_trace_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        load_trace_host_ops().main([str(tmp_path / "none.json.gz")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "no such file; give a trace written by bench --profile-trace" in err
+    (tmp_path / "empty.json").write_text('{"traceEvents": []}')
+    with pytest.raises(SystemExit) as e:  # a trace, but of no bench step: not an empty report
+        load_trace_host_ops().main([str(tmp_path / "empty.json")])
+    assert e.value.code == 2 and "no speedgpt.bench.step range in the trace" in capsys.readouterr().err
