@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 import traceback
 import warnings
 from contextlib import contextmanager
@@ -76,6 +77,8 @@ def count_host_syncs(fn: Callable[[], object], debug_mode=cuda_sync_warnings) ->
             where = sync_site(traceback.extract_stack(), filename, lineno)
             sites[where] = sites.get(where, 0) + 1
 
+        if "torch._dynamo" in sys.modules:  # a compiled step: a sync in a frame dynamo runs must not trace the hook
+            record = torch._dynamo.disable(record)
         warnings.showwarning = record
         with debug_mode():
             fn()
