@@ -2,7 +2,8 @@
 
 Runs the real training step (same data, same seed) after the warmup-then-reset, timed with CUDA
 events over a window of steps, with no evaluation or checkpoints in between. `--ab` runs a second
-config (the same plus other overrides) in the same process for an A/B comparison.
+config (the same plus other overrides) in the same process for an A/B comparison. On a GPU one more step after
+the timed ones counts the host syncs of a step (host_syncs.py).
 """
 
 from __future__ import annotations
