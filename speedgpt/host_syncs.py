@@ -5,10 +5,10 @@ A host sync per step keeps the host from running ahead of the GPU: every host-si
 optimizers' launches, an eagerly built mask) then becomes GPU idle time (issue 34). In "warn" mode torch
 warns at each synchronizing operation it detects: a copy to or from pageable host memory (torch.tensor(v,
 device=cuda), .cpu()), .item(), .tolist(), bool(tensor), nonzero, a stream's synchronize. Torch says itself
-that the mode "does not yet detect all synchronizing operations": torch.cuda.synchronize() (a device
-synchronize), Event.synchronize() and elapsed_time, and waits inside NCCL are not reported. A sync in a
-backward is reported at the line that called .backward(): the autograd engine replays its threads'
-warnings there.
+that the mode "does not yet detect all synchronizing operations": its check sits in a stream's synchronize and
+the synchronizing copies, so torch.cuda.synchronize() (a device synchronize), Event.synchronize() and waits inside
+NCCL are not reported. A sync in a backward is reported at the line that called .backward(): the autograd engine
+replays its threads' warnings there.
 """
 
 from __future__ import annotations
