@@ -2,7 +2,8 @@
 
 Runs the real training step (same data, same seed) after the warmup-then-reset, timed with CUDA
 events over a window of steps, with no evaluation or checkpoints in between. `--ab` runs a second
-config (the same plus other overrides) in the same process for an A/B comparison.
+config (the same plus other overrides) in the same process for an A/B comparison. On a GPU one more step after
+the timed ones counts the host syncs of a step (host_syncs.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import torch
 
 from .config import Config, apply_overrides, default_preset, resolve
+from .host_syncs import count_host_syncs
 from .kernel_timeline import covered, kernel_category
 from .train.compile_breakdown import PHASES
 
@@ -117,6 +119,9 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     if profile and cuda:
         overlap = profile_steps(trainer, schedule_steps[-2:], profile, statistics.mean(step_times[-2:]) * 1e3,
                                 trace)
+    if cuda:  # before the sync count's extra step: its peak is none of the timed steps'
+        peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+        sync_figures = host_sync_figures(trainer, schedule_steps[-1])
     trainer.metrics.close()
     trainer.compile_watch.close()
     tok_s = tokens_per_step / mean_s
@@ -157,11 +162,26 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         for row in stage_rows or ():
             row["mfu_datasheet"] = row["tok_per_s"] * row["flops_per_token"] / (trainer.peak * trainer.dist.world_size)
     if cuda:
-        out["peak_mem_alloc_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        out["peak_mem_reserved_gib"] = torch.cuda.max_memory_reserved(device) / 2**30
+        out["peak_mem_alloc_gib"] = peak_alloc / 2**30
+        out["peak_mem_reserved_gib"] = peak_reserved / 2**30
+        out.update(sync_figures)
     del trainer
     if cuda:
         torch.cuda.empty_cache()
+    return out
+
+
+def host_sync_figures(trainer, step: int, count=count_host_syncs) -> dict:
+    """{"host_syncs_per_step", and where there are any "host_sync_sites"} of one more training step at
+    schedule position `step` (a timed one: no new shapes, no recompile), run after every timed or profiled
+    step with torch's sync debug mode on (host_syncs.py), then waited for: its work runs into nothing bench
+    measures. It trains the model one step further; the next config (--ab) builds its own trainer."""
+    syncs = count(lambda: trainer.train_step(step))
+    trainer.sync_device()
+    trainer.grad_sync.take_timers()  # its communication waits are no timed step's (bench times every step's)
+    out = {"host_syncs_per_step": syncs.count}
+    if syncs.count:
+        out["host_sync_sites"] = syncs.describe()
     return out
 
 
@@ -394,8 +414,8 @@ KEY_WIDTH = 30  # the table's first column: its longest key, compile_first_call_
 def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) -> str:
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet",
             "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
-            "strategy", "grad_comm_dtype", "loader_ms_per_step", "comm_wait_ms_per_step", "comm_wait_ms_by_rank",
-            "comm_exposed_frac",
+            "strategy", "grad_comm_dtype", "loader_ms_per_step", "host_syncs_per_step", "comm_wait_ms_per_step",
+            "comm_wait_ms_by_rank", "comm_exposed_frac",
             "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
             "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<{KEY_WIDTH}}" + "".join(f"{name:>18}" for name, _ in rows)]
@@ -414,6 +434,8 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
     for name, r in rows:  # MFU counts each timed step at its own stage's row length
         if "timed_stages" in r:
             lines.append(f"{name} timed steps: {r['timed_stages']}")
+        if "host_sync_sites" in r:  # the lines to read first when host_syncs_per_step is not 0
+            lines.append(f"{name} host syncs at: {r['host_sync_sites']}")
         if "memory_estimate" in r:  # beside the measured peak above
             lines.append(f"{name} memory estimate: {r['memory_estimate']}")
         if "per_stage" in r:

@@ -100,6 +100,7 @@ def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread
     assert out["run_train_s"] == pytest.approx(sum(6 * r["step_ms"] / 1e3 for r in rows))
     assert out["tok_per_s"] == pytest.approx((6 * 256 + 6 * 512) / out["run_train_s"])
     assert out["timed_stages"] == "stage 0 (seq_len 32) x1, stage 1 (seq_len 64) x1"
+    assert "host_syncs_per_step" not in out  # CPU: nothing measured, so no figure (not a 0)
     text = format_results([("A", out)], None)
     assert "A per stage (1 timed steps in each" in text and "run mean (stages weighted by their steps)" in text
     assert "A memory estimate: ddp on 1 rank(s)" in text and "recompile(s) after the warmup" not in text
