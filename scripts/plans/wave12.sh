@@ -26,7 +26,8 @@ for s in cold fresh; do
         --train.seed=$seed --train.compile_cache="$dir" --train.save_final_checkpoint=false --run.report=false $C
 done
 # What the two step-path changes since 405e6b0 give: on 4 GPUs per stage (both: h34 and the sync fix), on one GPU
-# (the sync fix alone: one rank has no Adam collective to skip). The old tree compiles cold.
+# (the sync fix alone: one rank has no Adam collective to skip). The old tree compiles cold. This tree's bench also
+# prints host_syncs_per_step (f524266; expected 0) and, if any, where they come from.
 OLD=$PWD/.carry/tree-405e6b0
 phase bench4-old 540 bash -c "cd $OLD && PYTHONPATH=$OLD $TR -m speedgpt bench --preset speedrun-latest --per-stage \
     --steps 6 --data.train_files=$DATA"
