@@ -401,6 +401,7 @@ def _adam_every_check(rank, world, out):
         assert opts.adam.defer_reduce
         _every_steps(model, opts, range(1), world, rank, counts)
         assert sync.order is None  # not agreed on a step with Adam's buckets held
+        tied_waiting = sorted(opts.state_dict()["adam_pending"])  # a checkpoint after step 0, tied
         _every_steps(model, opts, range(1, 3), world, rank, counts)
         # agreed on step 1, from a whole step: the head's gradient is ready first (not after every Muon bucket)
         assert sync.order[0] is opts.adam._bucket[model.lm_head.weight]
@@ -434,7 +435,8 @@ def _adam_every_check(rank, world, out):
     for (n, a), b, c in zip(old_model.named_parameters(), model.parameters(), resumed.parameters()):
         torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4, msg=lambda m: f"deferred vs every step: {n}: {m}")
         torch.testing.assert_close(c, b, atol=2e-4, rtol=1e-4, msg=lambda m: f"resumed on {world} ranks: {n}: {m}")
-    torch.save({"saved": saved, "final": [p.detach() for p in model.parameters()]}, f"{out}/adam_every{rank}.pt")
+    torch.save({"saved": saved, "final": [p.detach() for p in model.parameters()], "tied_waiting": tied_waiting},
+               f"{out}/adam_every{rank}.pt")
     for s in (grad_sync_of(o) for o in (old, opts, ropts, copts)):
         s.remove_hooks()
     _adam_every_edges(rank, world, out, start)
@@ -503,6 +505,8 @@ def test_adam_every_reduces_adams_gradients_only_on_its_steps_and_resumes_betwee
             assert torch.equal(a, b)  # every rank holds the same weights
     saved = results[0]["saved"]
     assert saved["optim"]["adam_pending"]["lm_head.weight"]["grad"].abs().sum() > 0  # written between Adam steps
+    # tied, the embedding's gradient waits in the head's sum: no entry of its own, as one rank writes
+    assert "lm_head.weight" in results[0]["tied_waiting"] and "embed.weight" not in results[0]["tied_waiting"]
     cfg = tiny_cfg(ADAM_EVERY)
     model = tiny_model(cfg)
     model.load_state_dict(saved["model"])
