@@ -401,6 +401,7 @@ def _adam_every_check(rank, world, out):
         assert opts.adam.defer_reduce
         _every_steps(model, opts, range(1), world, rank, counts)
         assert sync.order is None  # not agreed on a step with Adam's buckets held
+        tied_waiting = sorted(opts.state_dict()["adam_pending"])  # a checkpoint after step 0, tied
         _every_steps(model, opts, range(1, 3), world, rank, counts)
         # agreed on step 1, from a whole step: the head's gradient is ready first (not after every Muon bucket)
         assert sync.order[0] is opts.adam._bucket[model.lm_head.weight]
@@ -434,9 +435,64 @@ def _adam_every_check(rank, world, out):
     for (n, a), b, c in zip(old_model.named_parameters(), model.parameters(), resumed.parameters()):
         torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4, msg=lambda m: f"deferred vs every step: {n}: {m}")
         torch.testing.assert_close(c, b, atol=2e-4, rtol=1e-4, msg=lambda m: f"resumed on {world} ranks: {n}: {m}")
-    torch.save({"saved": saved, "final": [p.detach() for p in model.parameters()]}, f"{out}/adam_every{rank}.pt")
+    torch.save({"saved": saved, "final": [p.detach() for p in model.parameters()], "tied_waiting": tied_waiting},
+               f"{out}/adam_every{rank}.pt")
     for s in (grad_sync_of(o) for o in (old, opts, ropts, copts)):
         s.remove_hooks()
+    _adam_every_edges(rank, world, out, start)
+
+
+# (step, parameter) left without a gradient on rank 1: on a held step while tied and after the untie, on Adam's
+# steps, and the head on the step after a window whose sum waits for it
+MISSING = {(0, "value_embeds.0.weight"), (1, "value_embeds.0.weight"), (2, "embed.weight"), (3, "lm_head.weight")}
+
+
+def _set_grad_steps(model, opts, steps, rank):
+    """The trainer's step with gradients set instead of a backward (MISSING: none on rank 1), each added to what
+    the parameter holds, as a backward adds; no hook runs, so the optimizers' first wait launches every bucket."""
+    for step in steps:
+        model.sync_embed_tying(step, EVERY_STEPS, opts)
+        opts.begin_step(step)
+        for i, (name, p) in enumerate(model.named_parameters()):
+            if rank == 1 and (step, name) in MISSING:
+                continue
+            # in [0.5, 1.5): no sum near zero, whose Adam step g/sqrt(v) would turn rounding into O(lr)
+            g = 0.5 + torch.rand(p.shape, generator=torch.Generator().manual_seed(1000 * step + 100 * rank + i))
+            p.grad = g if p.grad is None else p.grad + g
+        opts.fold_tied_grads()
+        opts.step(step)
+        model.zero_grad(set_to_none=True)
+
+
+def _adam_every_edges(rank, world, out, start):
+    """Two edges of optim.adam_every=2 on `world` ranks (the tests below read what it saves): Adam parameters without
+    a gradient on one rank, and a load (the warmup's reset, a rollback) after a step whose gradients wait."""
+    cfg, cpu = tiny_cfg(ADAM_EVERY), torch.device("cpu")
+    runs = {}
+    for key, read_each_step in (("every", True), ("deferred", False)):
+        model = copy.deepcopy(start)
+        opts = build_optimizers(model, cfg.optim, cpu, grads_read_each_step=read_each_step)
+        assert opts.adam.defer_reduce != read_each_step
+        _set_grad_steps(model, opts, range(3), rank)
+        pending = opts.state_dict()["adam_pending"]  # between two Adam steps: the head's sum misses rank 1's
+        _set_grad_steps(model, opts, range(3, EVERY_STEPS), rank)
+        runs[key] = {"pending": pending, "final": [p.detach() for p in model.parameters()]}
+        grad_sync_of(opts).remove_hooks()
+    # A held step, then the state from before it loaded (warmup_then_reset, a rollback to a window's start): no
+    # gradient set aside by that step may reach the steps after the load
+    model, fresh = copy.deepcopy(start), copy.deepcopy(start)
+    opts, fresh_opts = (build_optimizers(m, cfg.optim, cpu) for m in (model, fresh))
+    before = copy.deepcopy(model.state_dict()), opts.state_dict()
+    _every_steps(model, opts, range(1), world, rank)
+    model.load_state_dict(before[0])
+    opts.load_state_dict(before[1])
+    fresh.load_state_dict(before[0])  # as loaded: tied, the load gives the embedding the head's values
+    for m, o in ((model, opts), (fresh, fresh_opts)):
+        _every_steps(m, o, range(2), world, rank)
+        grad_sync_of(o).remove_hooks()
+    runs["reloaded"] = [p.detach() for p in model.parameters()]
+    runs["fresh"] = [p.detach() for p in fresh.parameters()]
+    torch.save(runs, f"{out}/adam_every_edges{rank}.pt")
 
 
 def test_adam_every_reduces_adams_gradients_only_on_its_steps_and_resumes_between_them(sharded_ranks):
@@ -449,6 +505,8 @@ def test_adam_every_reduces_adams_gradients_only_on_its_steps_and_resumes_betwee
             assert torch.equal(a, b)  # every rank holds the same weights
     saved = results[0]["saved"]
     assert saved["optim"]["adam_pending"]["lm_head.weight"]["grad"].abs().sum() > 0  # written between Adam steps
+    # tied, the embedding's gradient waits in the head's sum: no entry of its own, as one rank writes
+    assert "lm_head.weight" in results[0]["tied_waiting"] and "embed.weight" not in results[0]["tied_waiting"]
     cfg = tiny_cfg(ADAM_EVERY)
     model = tiny_model(cfg)
     model.load_state_dict(saved["model"])
@@ -457,3 +515,26 @@ def test_adam_every_reduces_adams_gradients_only_on_its_steps_and_resumes_betwee
     _every_steps(model, opts, range(3, EVERY_STEPS), 1, 0)
     for (n, a), b in zip(model.named_parameters(), results[0]["final"]):
         torch.testing.assert_close(a, b, atol=2e-4, rtol=1e-4, msg=lambda m: f"resumed on 1 rank: {n}: {m}")
+
+
+def test_adam_every_on_ranks_where_some_adam_parameters_have_no_gradient(sharded_ranks):
+    """MISSING's parameters have no gradient on rank 1 on held steps and on Adam's steps (a zero there): the waiting
+    sums a checkpoint stores and the parameters equal those of the path that reduces every step."""
+    for r in range(WORLD):
+        runs = torch.load(sharded_ranks / f"adam_every_edges{r}.pt")
+        every, deferred = runs["every"], runs["deferred"]
+        assert set(every["pending"]) <= set(deferred["pending"])
+        for name, st in deferred["pending"].items():
+            want = every["pending"][name]["grad"] if name in every["pending"] else torch.zeros_like(st["grad"])
+            torch.testing.assert_close(st["grad"], want, msg=lambda m: f"waiting sum of {name}: {m}")
+        for i, (a, b) in enumerate(zip(every["final"], deferred["final"])):
+            torch.testing.assert_close(b, a, atol=2e-4, rtol=1e-4, msg=lambda m: f"parameter {i}: {m}")
+
+
+def test_a_load_after_a_held_step_drops_the_gradients_it_set_aside(sharded_ranks):
+    """warmup_then_reset and a rollback load a state over a step whose gradients wait unreduced: the steps after
+    the load train as from that state, bit for bit."""
+    for r in range(WORLD):
+        runs = torch.load(sharded_ranks / f"adam_every_edges{r}.pt")
+        for i, (a, b) in enumerate(zip(runs["fresh"], runs["reloaded"])):
+            assert torch.equal(a, b), f"parameter {i} on rank {r}"

@@ -18,7 +18,8 @@ keeps its own unreduced sum, which the next Adam step's one reduce-scatter avera
 calls `begin_step(step)` before each step's backward, which holds Adam's buckets when Adam is not
 due); without it (gradients read every step: clipping, the numerics guard's skip mode) it keeps its
 slice of the reduced sum in `pending`. The waiting sum is part of the state, always reduced and
-whole (`"adam_pending": {name: {"grad": full tensor}}`; a collective reduces the local sums at save),
+whole (`"adam_pending": {name: {"grad": full tensor}}`; a collective reduces the local sums at save;
+a tied embedding has no entry, its gradient waiting in the head's, on every world size and strategy),
 so a checkpoint taken between two Adam steps resumes on any world size: exactly on one rank, up to
 the float rounding of the sums' order on several.
 
@@ -173,7 +174,10 @@ class Optimizers:
         """{name: {"grad": full tensor}}; a collective when sharded (same parameters, same order on every rank)."""
         out = {}
         sharded = self._adam_stashes and self.adam.world_size > 1
+        tied = self.tied()  # the same on every rank
         for p in self._params(self.adam):
+            if tied is not None and p is tied[0]:
+                continue  # tied, the embedding's gradient waits in the head's sum: it has none of its own
             if sharded:
                 full = self.adam.waiting_sum(p)  # its reduced slices gathered, or its local sums reduced
             elif p in self.pending:
