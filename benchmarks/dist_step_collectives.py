@@ -84,8 +84,9 @@ def main() -> None:
         counts.clear()
         if begin is not None:
             begin(step)
-        for p in model.parameters():
-            p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + rank)).to(p.dtype)
+        for p in model.parameters():  # added, as a backward adds into the sums begin_step handed back
+            g = torch.randn(p.shape, generator=torch.Generator().manual_seed(100 * step + rank)).to(p.dtype)
+            p.grad = g if p.grad is None else p.grad.add_(g)
         opts.fold_tied_grads()
         opts.step(step)
         model.zero_grad(set_to_none=True)
