@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from gloo_optimizers import add_preset_arguments, preset_optimizers, require_torchrun  # benchmarks/, beside it
 
 
 class CountOps(TorchDispatchMode):
@@ -41,30 +42,16 @@ class CountOps(TorchDispatchMode):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="speedrun-124m")
-    ap.add_argument("--width", type=int, default=128, help="model_dim for the count (default 128; the count "
-                    "does not depend on it)")
+    add_preset_arguments(ap, "speedrun-124m")
     args = ap.parse_args()
-    if "RANK" not in os.environ:
-        ap.error("run it under torchrun: PYTHONPATH=. torchrun --standalone --nproc_per_node=4 "
-                 "benchmarks/dist_muon_ops.py")
+    require_torchrun(ap, __file__)
 
-    from speedgpt.config import ConfigError, apply_overrides, load_preset
-    from speedgpt.model.build import build_model
     from speedgpt.optim import muon as muon_mod
-    from speedgpt.optim.build import build_optimizers
 
-    try:
-        cfg = apply_overrides(load_preset(args.preset), [f"--model.model_dim={args.width}", "--model.head_dim=32"])
-    except ConfigError as e:
-        ap.error(str(e))
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
     # The trainer's own optimizers: the preset's Muon settings and param groups (shape_transposed included).
     # Both step (they share one gradient sync, which resets after every bucket is released); Muon's is counted.
-    model = build_model(cfg.model, 64, "cpu")
-    opts = build_optimizers(model, cfg.optim, torch.device("cpu"))
+    _, cfg, model, opts = preset_optimizers(ap, args)
+    rank, world = dist.get_rank(), dist.get_world_size()
     muon = opts.muon
     shapes = [tuple(p.shape) for group in muon.param_groups for p in group["params"]]
     batches = []

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 
 import torch
 import torch.distributed as dist
+
+from gloo_optimizers import add_preset_arguments, preset_optimizers, require_torchrun  # benchmarks/, beside it
 
 # torch.distributed's tensor collectives, under their torch 2.13 names and the older ones
 COLLECTIVES = ("reduce_scatter_single", "reduce_scatter_tensor", "all_gather_single", "all_gather_into_tensor",
@@ -47,31 +48,18 @@ def count_collectives(counts: collections.Counter) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--preset", default="speedrun-latest")
-    ap.add_argument("--width", type=int, default=128, help="model_dim for the count (default 128; the count "
-                    "does not depend on it)")
+    add_preset_arguments(ap, "speedrun-latest")
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
-    if "RANK" not in os.environ:
-        ap.error("run it under torchrun: PYTHONPATH=. torchrun --standalone --nproc_per_node=4 "
-                 "benchmarks/dist_step_collectives.py")
+    require_torchrun(ap, __file__)
     if args.steps < 1:
         ap.error(f"--steps={args.steps}: count at least 1 step (e.g. --steps 4)")
 
-    from speedgpt.config import ConfigError, apply_overrides, load_preset
     from speedgpt.model.build import build_model
-    from speedgpt.optim.build import adam_groups, build_optimizers
+    from speedgpt.optim.build import adam_groups
 
-    try:
-        full = load_preset(args.preset)
-        cfg = apply_overrides(full, [f"--model.model_dim={args.width}", "--model.head_dim=32"])
-    except ConfigError as e:
-        ap.error(str(e))
-    dist.init_process_group("gloo")
+    full, cfg, model, opts = preset_optimizers(ap, args)
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(1)
-    model = build_model(cfg.model, 64, "cpu")
-    opts = build_optimizers(model, cfg.optim, torch.device("cpu"))
     # What Adam's reduce-scatters carry a step at the preset's own size (parameters on the meta device)
     adam_mb = sum(p.numel() * p.element_size() for g in adam_groups(build_model(full.model, 64, "meta"), full.optim)
                   for p in g["params"]) / 2**20

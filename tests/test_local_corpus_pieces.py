@@ -47,27 +47,42 @@ def test_buffered_shuffle_is_a_seeded_permutation_that_mixes():
     assert sum(a + 1 == b for a, b in zip(once, once[1:])) < 50  # neighbours are rarely neighbours
 
 
-def test_piece_corpus_keeps_each_file_in_one_split(tmp_path, monkeypatch):
+def small_stdlib_root(tmp_path: Path, monkeypatch, files: int) -> Path:
+    """A folder of `files` mid-sized stdlib modules, made the local corpus's only source root."""
     root = tmp_path / "lib"
     root.mkdir()
-    for path in [p for p in sorted(STDLIB.glob("*.py")) if 3000 < p.stat().st_size < 12000][:50]:
+    for path in [p for p in sorted(STDLIB.glob("*.py")) if 3000 < p.stat().st_size < 12000][:files]:
         (root / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
     monkeypatch.setattr(corpus, "python_source_roots", lambda: [("stdlib", root)])
+    return root
+
+
+def shard_documents(out: Path, split: str) -> list[str]:
+    """The texts of the documents (BOS-separated) in a build's first shard of `split`."""
+    tokens = load_shard(out / f"{split}_000000.bin").numpy()
+    starts = np.flatnonzero(tokens == BOS_ID)
+    return [get_tokenizer().decode(tokens[a + 1:b].tolist()) for a, b in zip(starts, [*starts[1:], len(tokens)])]
+
+
+def single_owner(root: Path, piece_chars: int) -> dict[str, str]:
+    """piece text -> the one file it comes from; a piece that several files share (a licence header) is left
+    out: it is kept once, on either side of the split, and says nothing about a file's side."""
+    owners: dict[str, set[str]] = {}
+    for path in root.glob("*.py"):
+        for piece in python_pieces(path.read_text(), piece_chars):
+            owners.setdefault(piece, set()).add(path.name)
+    return {piece: next(iter(names)) for piece, names in owners.items() if len(names) == 1}
+
+
+def test_piece_corpus_keeps_each_file_in_one_split(tmp_path, monkeypatch):
+    root = small_stdlib_root(tmp_path, monkeypatch, 50)
     m = ensure_local_python_corpus(tmp_path / "out", None, piece_chars=800, val_fraction=0.2, workers=1,
                                    progress=False)
     assert m["params"]["sources"][0]["documents"].startswith("pieces of ~800 chars, split by file")
-    enc = get_tokenizer()
-    files_of: dict[str, set[str]] = {}
-    for path in root.glob("*.py"):
-        for piece in python_pieces(path.read_text(), 800):
-            files_of.setdefault(piece, set()).add(path.name)
+    owner = single_owner(root, 800)
 
-    def files_in(split: str) -> list[str]:
-        tokens = load_shard(tmp_path / "out" / f"{split}_000000.bin").numpy()
-        starts = np.flatnonzero(tokens == BOS_ID)
-        docs = [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts, [*starts[1:], len(tokens)])]
-        # every document is a piece of a file; a piece that several files share (a licence header) says nothing
-        return [next(iter(files_of[d])) for d in docs if len(files_of[d]) == 1]
+    def files_in(split: str) -> list[str]:  # every document is a piece of a file
+        return [owner[d] for d in shard_documents(tmp_path / "out", split) if d in owner]
 
     train, val = files_in("train"), files_in("val")
     assert val and not set(train) & set(val)
@@ -79,33 +94,18 @@ def test_piece_corpus_keeps_each_file_in_one_split(tmp_path, monkeypatch):
 def test_pieces_and_whole_files_split_the_files_alike(tmp_path, monkeypatch):
     # A corpus of pieces is set against the whole-file corpus of the same machine on the latter's val files
     # (`--data.val_files`): no file may be val in one build and train in the other.
-    root = tmp_path / "lib"
-    root.mkdir()
-    for path in [p for p in sorted(STDLIB.glob("*.py")) if 3000 < p.stat().st_size < 12000][:40]:
-        (root / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
-    monkeypatch.setattr(corpus, "python_source_roots", lambda: [("stdlib", root)])
-    enc = get_tokenizer()
-
-    def docs_of(out: Path, split: str) -> list[str]:
-        tokens = load_shard(out / f"{split}_000000.bin").numpy()
-        starts = np.flatnonzero(tokens == BOS_ID)
-        return [enc.decode(tokens[a + 1:b].tolist()) for a, b in zip(starts, [*starts[1:], len(tokens)])]
-
+    root = small_stdlib_root(tmp_path, monkeypatch, 40)
     for piece_chars in (0, 800):
         ensure_local_python_corpus(tmp_path / f"out{piece_chars}", None, piece_chars=piece_chars, val_fraction=0.25,
                                    workers=1, progress=False)
     by_text = {p.read_text(): p.name for p in root.glob("*.py")}
-    val_files = {by_text[d] for d in docs_of(tmp_path / "out0", "val")}
-    train_files = {by_text[d] for d in docs_of(tmp_path / "out0", "train")}
+    val_files = {by_text[d] for d in shard_documents(tmp_path / "out0", "val")}
+    train_files = {by_text[d] for d in shard_documents(tmp_path / "out0", "train")}
     assert len(val_files) >= 4 and train_files and not val_files & train_files
-    owners: dict[str, set[str]] = {}
-    for path in root.glob("*.py"):
-        for piece in python_pieces(path.read_text(), 800):
-            owners.setdefault(piece, set()).add(path.name)
+    owner = single_owner(root, 800)
     for split, files in (("val", val_files), ("train", train_files)):
-        pieces = docs_of(tmp_path / "out800", split)
-        # a piece that several files share (a licence header) is kept once, on either side: it says nothing
-        assert pieces and {next(iter(owners[p])) for p in pieces if len(owners[p]) == 1} <= files
+        pieces = shard_documents(tmp_path / "out800", split)
+        assert pieces and {owner[p] for p in pieces if p in owner} <= files
 
 
 def test_the_cpu_preset_trains_on_pieces():
