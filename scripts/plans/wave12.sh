@@ -1,4 +1,4 @@
-# The next 4-GPU lease (issues 34, 32, 33), in priority order: about 43 device-minutes of phases against the
+# The next 4-GPU lease (issues 34, 32, 33), in priority order: about 48 device-minutes of phases against the
 # session's 30, so cut it where the budget ends (the rest stays in docs/experiments.md's owed table). Run from the
 # repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w12 scripts/plans/wave12.sh > /tmp/w12.log 2>&1 < /dev/null &
@@ -32,6 +32,13 @@ OLD=$PWD/.carry/tree-405e6b0
 phase bench4-old 540 bash -c "cd $OLD && PYTHONPATH=$OLD $TR -m speedgpt bench --preset speedrun-latest --per-stage \
     --steps 6 --data.train_files=$DATA"
 phase bench4-new 420 $TR -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 --data.train_files="$DATA"
+# Issue 33 (fewer graphs): every stage in rows of 1 x 32,768 (4 / 8 / 12 micro-steps on one GPU, 1 / 2 / 3 on four)
+# gives one training graph where the preset compiles two (stage 2's 1 x 49,152 recompiles: wave 11's 91 s of 216 s
+# cold). Wave 9's 2 x 16,384 everywhere made stage 2 11 % slower; this keeps stage 2's rows long. B compiles cold, A
+# is warm from mixk: read B's compile figures, and each stage's ms/step against A's.
+S32='[{share=0.33,batch_tokens=131072,seq_len=32768,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=32768,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=32768,max_doc_len=8192}]'
+phase rows32k 480 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
+    --data.train_files="$DATA" --ab="--data.seq_len=32768 --train.stages=$S32"
 phase bench1-old 480 bash -c "cd $OLD && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLD $PY -m speedgpt bench \
     --preset speedrun-latest --steps 6 --data.train_files=$DATA"
 phase bench1-new 300 env CUDA_VISIBLE_DEVICES=0 $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
