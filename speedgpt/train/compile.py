@@ -5,6 +5,7 @@ transformer block on its own."""
 from __future__ import annotations
 
 import inspect
+import time
 
 import torch
 
@@ -91,10 +92,21 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
                 torch._dynamo.config.caching_precompile = True
     if not cfg.train.compile:
         return model
+    from torch._dynamo.utils import counters
+
+    t0, hits = time.perf_counter(), counters["dynamo_cache"]["dynamo_cache_hit"]
     backend = cfg.train.compile_backend
     if cfg.train.compile_scope == "block" or strategy == "fsdp":  # reductions then start inside the backward
         compile_blocks(model, backend=backend)
         forward = model
     else:
         forward = torch.compile(model, dynamic=False, backend=backend)
+    # With caching precompile a package found in the cache is installed inside torch.compile's call, before the
+    # warmup that the compile watch times: its backends loaded, on a CPU their C++ built
+    # (benchmarks/dynamo_precompile.py: 26-28 s of a fresh CPU start that "compile + warmup: 2.4s" did not show).
+    # Torch times it as a frame's compile with no backend call, which compile_breakdown would split as trace and
+    # a negative aot. The hit counter rose in this call: this run's install, not an earlier one's in-process.
+    if torch._dynamo.config.caching_precompile and counters["dynamo_cache"]["dynamo_cache_hit"] > hits:
+        log(f"compile: dynamo's saved package installed in {time.perf_counter() - t0:.1f}s (backends loaded, "
+            "kernels built; before the warmup, not in compile + warmup)")
     return forward if cache is None else cache.with_custom_functions(forward)

@@ -140,19 +140,7 @@ class Trainer:
         # Before the first compile: the cache's folders in place and its saved artifacts loaded
         self.compile_cache = open_compile_cache(cfg, dist, self.log)
         self.compile_watch = CompileWatch(enabled=cfg.train.compile)
-        if cfg.train.compile:  # dynamo is imported for the compile anyway; an eager run never loads it here
-            from torch._dynamo.utils import counters
-
-            t0, hits = time.perf_counter(), counters["dynamo_cache"]["dynamo_cache_hit"]
         self.forward = compiled_forward(cfg, self.model, self.strategy, self.log, self.compile_cache)
-        if cfg.train.compile and torch._dynamo.config.caching_precompile:  # set by compiled_forward
-            # A package found in the cache is installed inside torch.compile's call, before the warmup that the
-            # compile watch times: its backends loaded, on a CPU their C++ built (benchmarks/dynamo_precompile.py:
-            # 26-28 s of a fresh CPU start that "compile + warmup: 2.4s" did not show). Torch times it as a frame's
-            # compile with no backend call, which compile_breakdown would split as trace and a negative aot.
-            if counters["dynamo_cache"]["dynamo_cache_hit"] > hits:  # this run's, not an earlier one's in-process
-                self.log(f"compile: dynamo's saved package installed in {time.perf_counter() - t0:.1f}s (backends "
-                         "loaded, kernels built; before the warmup, not in compile + warmup)")
         self.inputs = StepInputs(self.plan, self.device)
         self.step = 0
         self.tokens = 0
