@@ -37,6 +37,9 @@ def run_case(weights: bool) -> None:
 
 
 def main() -> int:
+    if not torch.cuda.is_available():
+        print("gpu_check_syncs.py: needs a CUDA GPU (torch's sync debug mode watches CUDA streams); run it on one")
+        return 2
     current_ok = True
     for weights in (False, True):
         try:
