@@ -154,6 +154,11 @@ def test_a_run_opens_the_cache_only_where_code_is_compiled(tmp_path, monkeypatch
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache.folder / "inductor")
     assert os.environ["TRITON_CACHE_DIR"] == str(cache.folder / "triton")
     assert any("nothing saved" in line for line in lines)
+    # Config()'s warmup_steps is 0: the artifacts, saved after the warmup, would never be written; it says so
+    assert any("saves nothing to it" in line for line in lines)
+    lines.clear()
+    open_compile_cache(apply_overrides(on, ["--train.warmup_steps=1"]), dist, lines.append)
+    assert lines and not any("saves nothing" in line for line in lines)
     for extra in (["--train.compile_backend=eager"], ["--train.compile=false"], ["--train.compile_cache=off"]):
         assert open_compile_cache(apply_overrides(on, extra), dist, lines.append) is None
 

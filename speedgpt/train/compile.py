@@ -61,6 +61,9 @@ def open_compile_cache(cfg: Config, dist, log):
     if cache is not None:
         log(cache.activate())
         log(cache.load())
+        if cfg.train.warmup_steps <= 0:  # the artifacts are saved after the warmup (Trainer.warmup_then_reset)
+            log("compile cache: train.warmup_steps=0, so this run saves nothing to it (artifacts are saved after "
+                "the warmup); give --train.warmup_steps=N (e.g. 1) to fill it")
     return cache
 
 
