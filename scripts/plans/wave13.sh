@@ -1,6 +1,6 @@
-# Wave 13 (issues 33, 34, 32) on the widest machine lent: 2 GPUs (about 22 device-minutes with the start) or
-# 4 (the same phases in fewer waves, plus speedrun-latest on 4 GPUs). In priority order; cut where the budget ends
-# (the rest goes to docs/experiments.md's owed table). Run from the repository root of the device copy:
+# Wave 13 (issues 33, 34, 32) on the widest machine lent: 2 GPUs (about 22 device-minutes with the start), 4 (the
+# same phases in fewer waves, plus speedrun-latest on 4 GPUs) or 1 (benches first, the loss A/B two runs at a time).
+# In priority order; cut where the budget ends (the rest goes to docs/experiments.md's owed table). Run from the repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w13 scripts/plans/wave13.sh > /tmp/w13.log 2>&1 < /dev/null &
 # then poll `grep -q "^PHASE " /tmp/w13/status` in calls of at most ~540 s and end each call with
 # `scripts/lease.sh /tmp/w13 collect $OUT/w13.tgz`. The b064051 tree travels in .carry (git-ignored):
@@ -17,8 +17,13 @@ phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
 # wave: each run's start line is its cold compile. On 4 GPUs the one wave is also the one-GPU side of issue 34's
 # scaling (arm A, seeds 1337 / 1338).
 S32='[{share=0.33,batch_tokens=131072,seq_len=32768,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=32768,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=32768,max_doc_len=8192}]'
-phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.seq_len=32768 --train.stages=$S32" \
-    --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
+if [ "$NG" -ge 2 ]; then
+    phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.seq_len=32768 --train.stages=$S32" \
+        --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
+else  # one GPU: step time per stage first (A and B in one process), the loss A/B two runs at a time at the end
+    phase rows32k-bench 600 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
+        --data.train_files="$DATA" --ab="--data.seq_len=32768 --train.stages=$S32"
+fi
 # Issue 34 (4 GPUs only): speedrun-latest's own 1 -> 4 scaling by training time against arm A above, with DistMuon
 # batched, no Adam collective on the steps Adam waits (h34) and no host sync in the FP8 head (5253b29); issue 33:
 # its 4-GPU start cold into a new cache folder.
@@ -40,6 +45,17 @@ rows16k() {  # the preset on GPU $1 and 1 x 16,384 everywhere on GPU $2, per sta
         --steps 6 --data.train_files="$DATA" --data.seq_len=16384 --train.stages="$R16"
     wait
 }
+if [ "$NG" -eq 1 ]; then
+    phase rows16k-b 400 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
+        --data.train_files="$DATA" --data.seq_len=16384 --train.stages="$R16"
+    phase plan-old 540 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench --preset speedrun-latest \
+        --steps 6 --data.train_files=$DATA"
+    phase plan-new 540 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA"
+    phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" \
+        --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --concurrent 2 --target-loss 0.8214 \
+        --no-checkpoint --out "$W/runs/rows32k" $C
+    return 0
+fi
 [ "$NG" -ge 4 ] && { rows16k 2 3 & R16PID=$!; }
 (
     phase plan-old 540 bash -c "cd $OLDER && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLDER $PY -m speedgpt bench \
@@ -49,7 +65,7 @@ OLDPID=$!
 phase plan-new 540 env CUDA_VISIBLE_DEVICES=1 $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
     --data.train_files="$DATA"
 wait $OLDPID
-if [ "$NG" -ge 4 ]; then wait $R16PID; else rows16k 0 1; fi
+if [ "$NG" -ge 4 ]; then wait $R16PID; elif [ "$NG" -eq 2 ]; then rows16k 0 1; fi
 # Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
 phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" --seeds 2 \
     --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C
