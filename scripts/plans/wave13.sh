@@ -48,14 +48,14 @@ rows16k() {  # the preset on GPU $1 and 1 x 16,384 everywhere on GPU $2, per sta
 if [ "$NG" -eq 1 ]; then
     phase rows16k-b 400 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
         --data.train_files="$DATA" --data.seq_len=16384 --train.stages="$R16"
-    phase plan-old 540 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench --preset speedrun-latest \
-        --steps 6 --data.train_files=$DATA"
-    phase plan-new 540 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA"
     # two runs share the GPU's memory (the preset's peak: 69 GiB reserved): segments that grow, not a cache that
     # fragments
     phase rows32k 1000 env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True $PY -m speedgpt ab \
-        --preset speedrun-latest --a "" --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --concurrent 2 --target-loss 0.8214 \
-        --no-checkpoint --out "$W/runs/rows32k" $C
+        --preset speedrun-latest --a "" --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --concurrent 2 \
+        --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
+    phase plan-old 540 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench --preset speedrun-latest \
+        --steps 6 --data.train_files=$DATA"
+    phase plan-new 540 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA"
     return 0
 fi
 [ "$NG" -ge 4 ] && { rows16k 2 3 & R16PID=$!; }
