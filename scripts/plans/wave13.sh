@@ -1,6 +1,7 @@
 # Wave 13 (issues 33, 34, 32) on the widest machine lent: 2 GPUs (about 22 device-minutes with the start), 4 (the
 # same phases in fewer waves, plus speedrun-latest on 4 GPUs) or 1 (benches first, the loss A/B two runs at a time).
-# In priority order; cut where the budget ends (the rest goes to docs/experiments.md's owed table). Run from the repository root of the device copy:
+# In priority order; cut where the budget ends (the rest goes to docs/experiments.md's owed table). Run from the
+# repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w13 scripts/plans/wave13.sh > /tmp/w13.log 2>&1 < /dev/null &
 # then poll `grep -q "^PHASE " /tmp/w13/status` in calls of at most ~540 s and end each call with
 # `scripts/lease.sh /tmp/w13 collect $OUT/w13.tgz`. The b064051 tree travels in .carry (git-ignored):
@@ -18,8 +19,8 @@ phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
 # scaling (arm A, seeds 1337 / 1338).
 S32='[{share=0.33,batch_tokens=131072,seq_len=32768,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=32768,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=32768,max_doc_len=8192}]'
 if [ "$NG" -ge 2 ]; then
-    phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.seq_len=32768 --train.stages=$S32" \
-        --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
+    phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" \
+        --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
 else  # one GPU: step time per stage first (A and B in one process), the loss A/B two runs at a time at the end
     phase rows32k-bench 600 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
         --data.train_files="$DATA" --ab="--data.seq_len=32768 --train.stages=$S32"
