@@ -20,7 +20,8 @@ phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
 S32='[{share=0.33,batch_tokens=131072,seq_len=32768,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=32768,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=32768,max_doc_len=8192}]'
 if [ "$NG" -ge 2 ]; then
     phase rows32k 1000 $PY -m speedgpt ab --preset speedrun-latest --a "" \
-        --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/rows32k" $C
+        --b "--data.seq_len=32768 --train.stages=$S32" --seeds 2 --target-loss 0.8214 --no-checkpoint \
+        --out "$W/runs/rows32k" $C
 else  # one GPU: step time per stage first (A and B in one process), the loss A/B two runs at a time at the end
     phase rows32k-bench 600 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 \
         --data.train_files="$DATA" --ab="--data.seq_len=32768 --train.stages=$S32"
