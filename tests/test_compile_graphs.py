@@ -89,6 +89,32 @@ def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_threa
         torch._dynamo.reset()
 
 
+def one_row_shape(cfg, seq_len: int):
+    """`cfg` (a scaled preset) with every stage in rows of 1 x `seq_len`: wave 13's 1 x 32,768 of speedrun-latest."""
+    cfg = apply_overrides(cfg, [f"--data.seq_len={seq_len}", "--train.micro_batch_size=1"])
+    for s in cfg.train.stages:
+        s.seq_len = seq_len
+    return cfg
+
+
+def test_one_row_shape_is_one_training_graph(text_shards, tmp_path, one_thread):
+    """speedrun-latest with every stage in rows of one shape: stage 2 (next token only) takes zero weights for the
+    extra targets and so stage 0's graph; on the GPU its plain loss compiled a graph of its own (wave 13)."""
+    torch._dynamo.reset()
+    try:
+        cfg = one_row_shape(scaled_preset("speedrun-latest", text_shards), 32)
+        tr = Trainer(cfg, run_dir=tmp_path / "run", quiet=True)
+        tr.setup()
+        assert {tr.plan.stage_batch(s)[0] for s in tr.plan.stages} == {1}
+        tr.warmup_then_reset()
+        tr.compile_watch.close()
+        got = [(s.label, s.graphs, [r.split(": ", 1)[1] for r in s.recompiles]) for s in tr.compile_watch.spans]
+        assert got == [("stage 0", 1, []), ("stage 1", 0, []), ("stage 2", 0, []),
+                       ("validation", 1, ["GLOBAL_STATE changed: grad_mode"])], "\n".join(tr.compile_watch.lines())
+    finally:
+        torch._dynamo.reset()
+
+
 # compile_scope=block, one training step: graphs per preset (scaled_preset's 4 blocks), one per distinct block
 # (each a recompile of Block.forward; the rest of the model runs eagerly). Both presets: every block differs,
 # block 3 from block 0 too (block 0's x is x0, an aliasing guard); 124m: (L, value embedding), S, attention-free,
@@ -283,3 +309,38 @@ def test_mtp_stages_share_one_weight_count_and_score_the_same_loss():
     padded = multi_token_loss(logits, targets, inputs.mtp_weights_at(s1.start + 3))
     own = multi_token_loss(logits, targets, torch.tensor(plan.mtp_weights_at(s1.start + 3)))
     assert padded.item() == pytest.approx(own.item(), rel=1e-6)
+
+
+def test_a_next_token_stage_in_an_mtp_stages_shape_scores_zero_weights_with_the_plain_loss(text_shards):
+    """Stage 2 of speedrun-latest in rows of one shape enters the model with weights (1, 0, 0), not None; the
+    model's loss with them is its plain next-token loss (float rounding), and so is its gradient. In the preset's
+    own rows (stage 2 another shape) it stays None: the plain loss, the cheaper op."""
+    from speedgpt.model.build import model_from_config
+    from speedgpt.plan import RunPlan
+    from speedgpt.train.step_schedule import StepInputs
+
+    cfg = one_row_shape(scaled_preset("speedrun-latest", text_shards), 32)
+    plan = RunPlan.of(cfg)
+    inputs = StepInputs(plan, torch.device("cpu"))
+    s2 = plan.stages[2]
+    assert plan.mtp_weights_at(s2.start) == (1.0,)
+    assert inputs.mtp_weights_at(s2.start).tolist() == [1.0, 0.0, 0.0]
+    assert StepInputs(RunPlan.of(scaled_preset("speedrun-latest", text_shards)),
+                      torch.device("cpu")).mtp_weights_at(s2.start) is None
+    model = model_from_config(cfg, "cpu", step=s2.start)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # zero-initialized output projections and head would leave most gradients 0
+        for p in model.parameters():
+            if p.dim() == 2 and not p.any():
+                p.normal_(std=0.05, generator=g)
+    x = torch.randint(0, cfg.model.vocab_size, (1, 32), generator=g)
+    y = torch.randint(0, cfg.model.vocab_size, (1, 32), generator=g)
+    losses, grads = [], []
+    for weights in (None, inputs.mtp_weights_at(s2.start)):
+        model.zero_grad()
+        loss = model(x, y, windows=plan.windows_at(s2.start), mtp_weights=weights)
+        loss.backward()
+        losses.append(loss.item())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+    assert losses[1] == pytest.approx(losses[0], rel=1e-6)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-7)

@@ -48,13 +48,19 @@ class StepInputs:
         length of the run's longest (zeros after its own): the count is a shape, so stages of 3 and of 2
         weights would compile a graph each. A zero weight's term is an exact 0 in the loss and its gradient
         (the reference loss sums its terms in another order: equal to float rounding), and the fused loss
-        costs the same for 2 or 3 targets (docs/benchmarks.md, "fused MTP")."""
+        costs the same for 2 or 3 targets (docs/benchmarks.md, "fused MTP").
+        A next-token-only stage gets weights too, (1, 0, ...), when its micro-batch has the shape of an MTP
+        stage's: without them the forward takes the plain loss, a graph of its own (wave 13: speedrun-latest in
+        rows of 1 x 32,768 everywhere still compiled stage 2 apart). With rows of another shape it recompiles
+        anyway, so it keeps the plain loss: the fused op scores three targets ~4 % slower a token than one
+        (docs/benchmarks.md: 10.16 ms at 32,768 rows against 14.63 ms for one target at 49,152)."""
         if not self.plan.has_mtp:
             return []
         width = max(stage.predicts for stage in self.plan.stages)
+        mtp_shapes = {self._micro_batch_shape(stage) for stage in self.plan.stages if stage.predicts > 1}
         out: list[torch.Tensor | None] = []
         for stage in self.plan.stages:
-            if stage.predicts == 1:
+            if stage.predicts == 1 and self._micro_batch_shape(stage) not in mtp_shapes:
                 out += [None] * stage.steps
                 continue
             pad = (0.0,) * (width - stage.predicts)
@@ -62,6 +68,10 @@ class StepInputs:
                                  dtype=torch.float32, device=self.device)
             out += [row.clone() for row in table]  # separate tensors: a compiled graph sees the same layout each step
         return out
+
+    def _micro_batch_shape(self, stage) -> tuple[int, int]:
+        """(rows, tokens a row) of one micro-step of `stage` on this run's ranks: a compiled graph's input shape."""
+        return self.plan.stage_batch(stage)[0], stage.seq_len
 
     def mtp_weights_at(self, step: int) -> torch.Tensor | None:
         """Step `step`'s MTP weights; None when it predicts the next token only."""
