@@ -10,10 +10,12 @@ reused, and if not why. It prints, per mode: the first step's seconds, the subgr
 refusals by reason, the loss and the gradient norm (the same model either way, up to float rounding).
 Mode region-pytree also registers the blocks' attention context (model/attention.py's AttnContext) as a pytree
 dataclass, so that its tensors, not the object, enter the region (torch 2.13 on CPU: fails inside AOTAutograd's
-trace with an IndexError; kept to try on a later torch).
+trace with an IndexError; kept to try on a later torch). Mode region-tensors calls the region with the context
+taken apart into tensors and constants (rebuilt inside): dynamo then reuses block 0's subgraph for later blocks,
+and on torch 2.13 the stamped-out call fails as it runs (its lifted inputs mapped wrongly: an IndexError).
 
 Usage: python benchmarks/nested_region_probe.py [--depth 12] [--backend inductor|aot_eager]
-       [--modes plain region region-pytree]
+       [--modes plain region region-pytree region-tensors]
 (each mode runs in its own process with a new Inductor cache: dynamo's caches and the region mark are
 process-wide, and kernels compiled for one mode would be cache hits for the next)
 """
@@ -57,6 +59,29 @@ class _Reuse(logging.Handler):
             self.refused[msg.split("subgraph_reuse:", 1)[1].strip()] += 1
 
 
+def _region_of_tensors(gpt) -> None:
+    """Block.forward through a nested compile region whose inputs are tensors, constants and the block: the
+    attention context taken apart before the call and put together again inside."""
+    import torch
+
+    from speedgpt.model.attention import AttnContext
+
+    plain = gpt.Block.forward
+
+    @torch.compiler.nested_compile_region
+    def region(block, x, x0, ve, lambdas, v_lambdas, backend, keys, masks, windows, doc_start, rope, extra):
+        ctx = AttnContext(backend=backend, masks=dict(zip(keys, masks)), windows=windows, doc_start=doc_start,
+                          rope=rope)
+        return plain(block, x, x0, ve, lambdas, v_lambdas, ctx, None, extra)
+
+    def forward(self, x, x0, ve, lambdas, v_lambdas, ctx, kv_cache, extra=None):
+        keys = tuple(ctx.masks)
+        return region(self, x, x0, ve, lambdas, v_lambdas, ctx.backend, keys, tuple(ctx.masks[k] for k in keys),
+                      ctx.windows, ctx.doc_start, ctx.rope, extra)
+
+    gpt.Block.forward = forward
+
+
 def one(mode: str, depth: int, backend: str) -> dict:
     import torch
 
@@ -68,8 +93,10 @@ def one(mode: str, depth: int, backend: str) -> dict:
     torch._logging.set_logs(hierarchical_compile=True)
     watch = _Reuse()
     logging.getLogger("torch._dynamo.variables.invoke_subgraph").addHandler(watch)
-    if mode.startswith("region"):
+    if mode in ("region", "region-pytree"):
         gpt.Block.forward = torch.compiler.nested_compile_region(gpt.Block.forward)
+    if mode == "region-tensors":
+        _region_of_tensors(gpt)
     if mode == "region-pytree":  # the attention context flattened by pytree: its tensors become the region's inputs
         from torch.utils import _pytree
 
@@ -100,7 +127,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
-    p.add_argument("--modes", nargs="+", default=["plain", "region"], choices=["plain", "region", "region-pytree"])
+    p.add_argument("--modes", nargs="+", default=["plain", "region"], choices=["plain", "region", "region-pytree", "region-tensors"])
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process: one mode, JSON out
     args = p.parse_args(argv)
     if args.depth < 1:
