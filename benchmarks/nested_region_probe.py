@@ -127,7 +127,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depth", type=int, default=12)
     p.add_argument("--backend", default="inductor", choices=["inductor", "aot_eager"])
-    p.add_argument("--modes", nargs="+", default=["plain", "region"], choices=["plain", "region", "region-pytree", "region-tensors"])
+    p.add_argument("--modes", nargs="+", default=["plain", "region"],
+                   choices=["plain", "region", "region-pytree", "region-tensors"])
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child process: one mode, JSON out
     args = p.parse_args(argv)
     if args.depth < 1:
