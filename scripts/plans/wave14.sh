@@ -1,4 +1,4 @@
-# Wave 14 (issues 33, 34, 32): the next lease, best on 4 GPUs (~27 device-minutes with the start), in priority
+# Wave 14 (issues 33, 34, 32): the next lease, best on 4 GPUs (~34 device-minutes with the start), in priority
 # order; cut where the budget ends (the rest goes to docs/experiments.md's owed table). Run from the repository root
 # of the device copy:
 #   setsid scripts/lease.sh /tmp/w14 scripts/plans/wave14.sh > /tmp/w14.log 2>&1 < /dev/null &
@@ -41,6 +41,16 @@ if [ "$NG" -ge 4 ]; then
         --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C
     phase latest4-b 420 $TR -m speedgpt train --preset speedrun-latest --run-dir "$W/runs/latest4-b" \
         --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C $R32
+fi
+# Issue 34: where the 4-GPU step of stage 0 waits, in both row shapes (the host floor of docs/experiments.md "Wave
+# 13": GPU idle between a micro-step's kernels when the host launches slower than the GPU runs). Each rank's trace
+# lands in $W/trace4-*: copy those to $OUT alone (collect leaves traces out); `python benchmarks/trace_report.py`
+# reads them on any machine.
+if [ "$NG" -ge 4 ]; then
+    phase prof4-a 420 $TR -m speedgpt bench --preset speedrun-latest --at-step 20 --steps 6 --profile 6 \
+        --profile-trace "$W/trace4-a" --data.train_files="$DATA"
+    phase prof4-b 420 $TR -m speedgpt bench --preset speedrun-latest --at-step 20 --steps 6 --profile 6 \
+        --profile-trace "$W/trace4-b" --data.train_files="$DATA" $R32
 fi
 # Issue 33 (5): the run-plan refactor's step time for speedrun-latest, b064051 against this tree, the same call
 # (spread: b064051's bench has no --per-stage), one GPU each, at once (wave 13 ran out of budget before it).
