@@ -22,8 +22,16 @@ bench_cold() {  # name, GPU, cache folder, overrides...
     phase "$name" 480 env CUDA_VISIBLE_DEVICES=$gpu $PY -m speedgpt bench --preset speedrun-latest --per-stage \
         --steps 6 --data.train_files="$DATA" --train.compile_cache="$cache" "$@"
 }
+# Issue 34's lever for the host floor, beside them on a third GPU: torch.compile's CUDA graphs (reduce-overhead) on
+# micro-steps of 1 x 16,384 at stage 0 (wave 13: 283.6 ms a step in 8 of them). Does it run, are the gradients the
+# same, how many ms a micro-step?
+cudagraphs() {
+    phase cudagraphs 480 env CUDA_VISIBLE_DEVICES=$1 $PY scripts/gpu_check_cudagraphs.py --preset speedrun-latest \
+        --step 20 --rows 1 --seq-len 16384 --micro-steps 8 --steps 6
+}
 if [ "$NG" -ge 2 ]; then
     ( bench_cold cold-a 0 "$W/cca" ) &
+    [ "$NG" -ge 3 ] && { cudagraphs 2 & }
     bench_cold cold-b 1 "$W/ccb" $R32
     wait
 else
@@ -63,6 +71,7 @@ G1=1; [ "$NG" -lt 2 ] && G1=0
 phase plan-new 540 env CUDA_VISIBLE_DEVICES=$G1 $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
     --data.train_files="$DATA"
 wait
+[ "$NG" -lt 3 ] && cudagraphs 0
 # Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
 [ "$NG" -ge 2 ] && phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" \
     --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C
