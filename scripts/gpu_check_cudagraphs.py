@@ -144,6 +144,13 @@ def main(argv=None) -> int:
         return 2
     if args.step >= plan.steps:
         p.error(f"--step {args.step}: the preset has {plan.steps} steps")
+    # the trainer's Inductor settings (train/compile.py's compiled_forward), so both modes build its kernels
+    import torch._inductor.config as inductor_config
+
+    from speedgpt.train.inductor_tuning import persistent_reductions_upto
+
+    inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
+    persistent_reductions_upto(cfg.train.persistent_reductions_upto)
     gen = torch.Generator().manual_seed(0)
     batches = [batch(cfg, args.rows, args.seq_len, gen) for _ in range(args.micro_steps)]
     skips = _Skips()
