@@ -12,8 +12,10 @@ and each parameter's local, unreduced gradient is set aside (`unreduced`) and ha
 before the next step's backward (`begin_step`), which accumulates into it as into a micro-step's. The
 update step's one reduce-scatter then carries the window's summed gradients: the mean over ranks of
 the per-rank sums is the sum of the per-step means (up to float rounding). Why this over a separate
-full-size sum packed in at launch: no extra memory (the gradient tensor itself waits, nothing is
-copied) and no extra pass over it in the launch. Without `defer_reduce` (the gradients are read every
+full-size sum packed in at launch: no copy (the gradient tensor itself waits) and no extra pass over it
+in the launch. It is not free in memory: each rank keeps the sums whole where the reduced path kept a
+1/W slice, live from the Adam step's first forward (up to ~720 MiB a GPU on 4 at speedrun-latest's
+size, docs/distributed.md). Without `defer_reduce` (the gradients are read every
 step: optim.grad_clip, the numerics guard's skip mode) each step reduces, and `pending` keeps this
 rank's slice of the reduced sum.
 
