@@ -175,6 +175,9 @@ DESCRIPTIONS: dict[str, str] = {
                                 "flex's guards)",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
+    "train.compile_mode": "torch.compile's mode (Inductor): default | reduce-overhead (CUDA graphs: one launch a "
+                          "compiled forward or backward) | max-autotune (CUDA graphs and kernel autotuning) | "
+                          "max-autotune-no-cudagraphs",
     "train.compile_cache": "folder that keeps compiled code for the next run (same GPU, versions and FP8 code; "
                            "AOTAutograd's cache then keeps the FP8 graphs too); empty: "
                            "$XDG_CACHE_HOME/speedgpt/compile; off: none",

@@ -115,6 +115,10 @@ class StageConfig:
     lr_mul: float = 1.0  # multiplies every learning rate in this stage, on top of the lr schedule
 
 
+# torch.compile's modes that train.compile_mode takes (reduce-overhead and max-autotune capture CUDA graphs)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class TrainConfig:
     steps: int = 1000  # the horizon, unless a budget below sets it (horizon = "auto")
@@ -155,6 +159,11 @@ class TrainConfig:
     # Who compiles the captured graphs: "inductor" (fused kernels: the speed), or "aot_eager" / "eager"
     # (no code generated: fast to start, slow to run; the graph-count tests count graphs with them).
     compile_backend: str = "inductor"
+    # torch.compile's mode (Inductor only): "default"; "reduce-overhead" replays each compiled forward and backward
+    # as a CUDA graph, one launch where the host otherwise launches hundreds of kernels (a micro-step smaller than
+    # the host's launch time waits on the host: docs/experiments.md "Wave 13"); "max-autotune" (CUDA graphs too)
+    # and "max-autotune-no-cudagraphs" benchmark kernel choices at compile time (a slower compile).
+    compile_mode: str = "default"
     # Where compiled code is kept for the next run (train/compile_cache.py): a folder; "" the user's cache
     # ($XDG_CACHE_HOME/speedgpt/compile, ~/.cache when unset); "off": torch's own temporary caches only.
     compile_cache: str = ""

@@ -49,6 +49,24 @@ def compile_with_limit(module: torch.nn.Module, recompile_limit: int, **compile_
     module._compiled_call_impl = patch(module._compiled_call_impl)
 
 
+def compile_mode_arg(cfg: Config) -> str | None:
+    """train.compile_mode as torch.compile's `mode` argument: None for torch's default."""
+    return None if cfg.train.compile_mode == "default" else cfg.train.compile_mode
+
+
+def uses_cudagraphs(cfg: Config) -> bool:
+    """Whether this run's compiled code replays as CUDA graphs (torch's cudagraph trees): each training
+    micro-step and validation batch then marks a new step first (mark_cudagraph_step)."""
+    return cfg.train.compile and cfg.train.compile_mode in ("reduce-overhead", "max-autotune")
+
+
+def mark_cudagraph_step() -> None:
+    """Tells torch's cudagraph trees that a new micro-step begins, so the next replay may overwrite the previous
+    one's graph outputs (torch's static buffers). Safe where it is called: a training micro-step's loss is
+    divided and accumulated, and a validation batch's weighted, before the next one starts."""
+    torch.compiler.cudagraph_mark_step_begin()
+
+
 def open_compile_cache(cfg: Config, dist, log):
     """train.compile_cache for this run (compile_cache.py), its folders in place and its artifacts loaded;
     None when nothing is compiled to code (train.compile off, or a backend without caches) or it is off."""
@@ -98,12 +116,15 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
     from torch._dynamo.utils import counters
 
     t0, hits = time.perf_counter(), counters["dynamo_cache"]["dynamo_cache_hit"]
-    backend = cfg.train.compile_backend
+    backend, mode = cfg.train.compile_backend, compile_mode_arg(cfg)
+    if mode is not None:
+        log(f"compile: mode {mode}" + (" (CUDA graphs: each compiled forward and backward replays as one launch)"
+                                       if uses_cudagraphs(cfg) else ""))
     if cfg.train.compile_scope == "block" or strategy == "fsdp":  # reductions then start inside the backward
-        compile_blocks(model, backend=backend)
+        compile_blocks(model, backend=backend, mode=mode)
         forward = model
     else:
-        forward = torch.compile(model, dynamic=False, backend=backend)
+        forward = torch.compile(model, dynamic=False, backend=backend, mode=mode)
     # With caching precompile a package found in the cache is installed inside torch.compile's call, before the
     # warmup that the compile watch times: its backends loaded, on a CPU their C++ built
     # (benchmarks/dynamo_precompile.py: 26-28 s of a fresh CPU start that "compile + warmup: 2.4s" did not show).
