@@ -1,6 +1,7 @@
 """train.compile_mode: torch.compile's mode reaches every compile call (whole model and per block), a wrong mode or
 one for a backend without modes is a config error, and with CUDA graphs each training micro-step and validation
-batch marks a new cudagraph step (torch's static output buffers may then be overwritten by the next replay).
+batch marks a new cudagraph step (torch's static output buffers may then be overwritten by the next replay), and
+the first micro-step's gradients leave those buffers.
 CUDA graphs themselves run on a GPU only: scripts/gpu_check_cudagraphs.py checks their gradients there."""
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
         return mark
 
     monkeypatch.setattr(loop, "mark_cudagraph_step", counter("training"))
+    copied = []
+    copy_grads = compile_module.grads_out_of_cudagraph_pool
+    monkeypatch.setattr(loop, "grads_out_of_cudagraph_pool", lambda model: (copied.append(1), copy_grads(model)))
     monkeypatch.setattr(compile_module, "mark_cudagraph_step", counter("validation"))  # validation imports it late
     batches = []
     score = validation.Validator.loss
@@ -88,3 +92,14 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
     assert len(result.val_history) >= 2 and len(batches) == 2 * len(result.val_history)
     expected = {"training": 3 * 2, "validation": len(batches)} if marks else {"training": 0, "validation": 0}
     assert counted == expected
+    assert len(copied) == (3 if marks else 0)  # the gradients leave the graphs' buffers once a step
+
+
+def test_the_gradients_leave_the_graphs_buffers_as_equal_copies():
+    model = torch.nn.Linear(4, 3)
+    model(torch.randn(2, 4)).square().sum().backward()
+    model.bias.grad = None  # a parameter without a gradient keeps none
+    before = model.weight.grad
+    compile_module.grads_out_of_cudagraph_pool(model)
+    assert model.weight.grad is not before and torch.equal(model.weight.grad, before)
+    assert model.weight.grad.data_ptr() != before.data_ptr() and model.bias.grad is None

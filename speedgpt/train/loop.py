@@ -38,7 +38,8 @@ from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
                     describe_run, document_sample, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
-from .compile import compiled_forward, mark_cudagraph_step, open_compile_cache, uses_cudagraphs
+from .compile import (compiled_forward, grads_out_of_cudagraph_pool, mark_cudagraph_step, open_compile_cache,
+                      uses_cudagraphs)
 from .compile_watch import AFTER_WARMUP, CompileWatch
 from .control import RunControl
 from .guard import NonFiniteError, NumericsGuard
@@ -217,6 +218,8 @@ class Trainer:
                 loss = loss * float("nan")
             self.grad_sync.prepare(final=i == grad_accum - 1)  # only the last backward communicates
             loss.backward()
+            if self.cudagraphs and i == 0:
+                grads_out_of_cudagraph_pool(self.model)
             total += loss.detach()
         self.optimizers.fold_tied_grads()  # model.tie_embed_frac: before anything reads the gradients (clipping)
         norm = None
