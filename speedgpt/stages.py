@@ -114,6 +114,50 @@ def stage_plan(cfg: Config) -> StagePlan:
     return StagePlan(tuple(stages), True)
 
 
+def fit_rows_to_world(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
+    """A stage table's rows fitted to `world_size` ranks, and a start-log line per row length changed. A stage
+    whose share of a rank (batch_tokens / world_size) is not a whole number of its rows takes that share as one row
+    when it is less than two rows (one micro-step, at most twice a row's activations), else rows of the largest
+    length that divides both (their gcd). So speedrun-latest's rows of 32,768 (one graph on 1-4 GPUs) become, on 8,
+    one row of 16,384 in the first stage and of 49,152 in the last, the preset's own shapes there, instead of failing.
+    The run's own rows (data.seq_len: the micro-step's token cap and validation's batching) likewise, with
+    train.batch_tokens. Only with a stage table and more than one rank: a single-stage config's rows, or one rank's,
+    are the user's, and a mismatch stays an error naming the fix. Rows it cannot fit (a batch that does not split among the ranks) are left to validate's
+    error. The same config on the same world size fits the same way, and the fitted lengths are written into the
+    resolved config (config.toml, plan.json), so a resume reproduces them."""
+    t, d = cfg.train, cfg.data
+    if not t.stages or world_size <= 1:
+        return cfg, []
+
+    def fitted(batch_tokens: int, seq_len: int) -> int:
+        if seq_len < 2 or batch_tokens % world_size:
+            return seq_len
+        share = batch_tokens // world_size
+        if share % seq_len == 0:
+            return seq_len
+        return share if share < 2 * seq_len else math.gcd(share, seq_len)
+
+    fits = [fitted(s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len) for s in t.stages]
+    run_rows = fitted(t.batch_tokens, d.seq_len)
+    if fits == [s.seq_len or d.seq_len for s in t.stages] and run_rows == d.seq_len:
+        return cfg, []
+    lines = []
+    out = copy.deepcopy(cfg)
+    for i, (row, fit) in enumerate(zip(out.train.stages, fits)):
+        own = row.seq_len or d.seq_len
+        if fit != own:
+            lines.append(f"train.stages[{i}]: rows of {fit:,} tokens on {world_size} ranks (seq_len={own:,} is not a "
+                         f"whole number of rows of a rank's {(row.batch_tokens or t.batch_tokens) // world_size:,} "
+                         f"tokens)")
+        row.seq_len = fit  # written out, so a change of data.seq_len below leaves the stage's rows as fitted
+    if run_rows != d.seq_len:
+        lines.append(f"data.seq_len: rows of {run_rows:,} tokens on {world_size} ranks for the run's own batch "
+                     f"(the micro-step's token cap, validation's batching; {d.seq_len:,} is not a whole number of rows of a rank's "
+                     f"{t.batch_tokens // world_size:,} tokens)")
+        out.data.seq_len = run_rows
+    return out, lines
+
+
 def resolve_stage_table(cfg: Config, plan: StagePlan | None = None) -> Config:
     """A copy of cfg whose train.stages rows hold concrete values (the run's batch and row length in
     place of zeros, the short window, the weights at both ends): the table the run's config.toml keeps.

@@ -239,3 +239,31 @@ def test_a_cap_that_takes_most_whole_windows_away_is_warned_about_from_the_docum
                                     "max_doc_len=896}, {share=0.5, max_doc_len=2048}]"])
     assert [line[:40] for line in data_epoch_lines(table, plan_run(table, 4), 10**9, documents=long_files)
             if "window" in line] == ["warning: stage 1 cuts documents into pie"]
+
+
+def test_rows_fit_a_world_size_their_stage_does_not_split_into():
+    """stages.fit_rows_to_world: speedrun-latest's rows of 32,768 are one shape on 1, 2 and 4 ranks; on 8 its first
+    stage's 16,384 tokens a rank become one row of that length and its last stage's 49,152 one row too (less than two
+    rows of 32,768), each said in a line; a share of more than two rows takes their gcd; a batch that does not split
+    among the ranks stays an error, and a config without a stage table keeps its rows."""
+    from speedgpt.planner import plan_run
+
+    latest = load_preset("speedrun-latest")
+    for world in (1, 2, 4):
+        plan = plan_run(latest, world)
+        assert {s.seq_len for s in plan.stages} == {32768} and not plan.budget_lines
+    plan = plan_run(latest, 8)
+    assert [(s.seq_len, plan.stage_batch(s)) for s in plan.stages] == [(16384, (1, 1)), (32768, (1, 1)),
+                                                                       (49152, (1, 1))]
+    assert plan.cfg.data.seq_len == 49152 and [r.seq_len for r in plan.cfg.train.stages] == [16384, 32768, 49152]
+    assert [line.split(":")[0] for line in plan.budget_lines] == ["train.stages[0]", "train.stages[2]", "data.seq_len"]
+    assert "rows of 16,384 tokens on 8 ranks" in plan.budget_lines[0]
+    wide = apply_overrides(latest, ["--train.stages=[{share=0.5,batch_tokens=262144,seq_len=49152},{share=0.5}]"])
+    with pytest.raises(ConfigError, match="whole number of rows of seq_len=49152"):
+        plan_run(wide, 1)  # one rank: the table's own mistake, named, not fitted
+    assert plan_run(wide, 2).stages[0].seq_len == 16384  # 131,072 a rank: more than two rows of 49,152, so the gcd
+    with pytest.raises(ConfigError, match="a multiple of 3 rank"):
+        plan_run(latest, 3)
+    single = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=1024", "--data.seq_len=256"])
+    with pytest.raises(ConfigError, match="does not divide across 8 ranks"):
+        plan_run(single, 8)

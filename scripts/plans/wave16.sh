@@ -12,59 +12,63 @@
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 gpu() { echo $(( $1 < NG ? $1 : 0 )); }  # GPU k where there is one, else GPU 0
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
-S32='[{share=0.33,batch_tokens=131072,seq_len=32768,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=32768,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=32768,max_doc_len=8192}]'
-R32="--data.seq_len=32768 --train.stages=$S32"
+# Since wave 15 the preset trains in rows of 1 x 32,768 in every stage; $OLD gives back its earlier rows (2 x 16,384
+# in stages 0-1, 1 x 49,152 in stage 2) for the comparisons below.
+S_OLD='[{share=0.33,batch_tokens=131072,seq_len=16384,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=16384,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=49152,max_doc_len=8192}]'
+OLD="--data.seq_len=49152 --train.stages=$S_OLD"
 RO="--train.compile_mode=reduce-overhead"
 LATEST="--preset speedrun-latest --per-stage --steps 6 --data.train_files=$DATA"
 
-# 1. One GPU each, cold, at once (issue 33's cold figures; the one-GPU side of 2.): the preset; rows of 1 x 32,768
-# everywhere (wave 15: 2 graphs, 163.6 s against 275.2 s, at once on 2 GPUs); the same with CUDA graphs against
-# without in one process (wave 15: +0.65 % on one GPU, +0.7 % on two).
+# 1. One GPU each, cold, at once (issue 33's cold figures; the one-GPU side of 2.): the earlier rows; the preset
+# (rows of 1 x 32,768; wave 15: 2 graphs, 163.6 s against 275.2 s, at once on 2 GPUs); the preset with CUDA graphs
+# against without in one process (wave 15: +0.65 % on one GPU, +0.7 % on two).
 one() {  # name, GPU, cache folder, overrides...
     local name=$1 g; g=$(gpu "$2"); local cache=$3; shift 3
     phase "$name" 540 env CUDA_VISIBLE_DEVICES=$g $PY -m speedgpt bench $LATEST --train.compile_cache="$cache" "$@"
 }
-( one cold-a 0 "$W/cca" ) &
+( one cold-a 0 "$W/cca" $OLD ) &
 [ "$NG" -lt 2 ] && wait
-( one cold-b 1 "$W/ccb" $R32 ) &
+( one cold-b 1 "$W/ccb" ) &
 [ "$NG" -lt 3 ] && wait
-one cold-ro 2 "$W/ccr" $R32 --ab=$RO
+one cold-ro 2 "$W/ccr" --ab=$RO
 wait
 
 # 2. Issue 34: the same benches on every GPU (torchrun), caches warm from 1.: the 1 -> N scaling per stage of the
-# preset, of the rows and of CUDA graphs (wave 15 on 2 GPUs: rows 1.96x by the run mean; wave 8 on 4: preset 3.52x).
+# earlier rows, of the preset and of CUDA graphs (wave 15 on 2 GPUs: rows of 32,768 1.96x by the run mean; wave 8 on
+# 4: the earlier rows 3.52x).
 if [ "$NG" -ge 2 ]; then
-    phase multi-a 420 $TR -m speedgpt bench $LATEST --train.compile_cache="$W/cca"
-    phase multi-b 600 $TR -m speedgpt bench $LATEST --train.compile_cache="$W/ccr" $R32 --ab=$RO
+    phase multi-a 420 $TR -m speedgpt bench $LATEST --train.compile_cache="$W/cca" $OLD
+    phase multi-b 600 $TR -m speedgpt bench $LATEST --train.compile_cache="$W/ccr" --ab=$RO
 fi
 
-# 3. CUDA graphs in whole runs (validation, warmup reset, the optimizers on GPUs): rows of 1 x 32,768 without and
-# with them, 2 paired seeds, one run per GPU. The math is the same (wave 15's gradient check: 0 difference), so the
+# 3. CUDA graphs in whole runs (validation, warmup reset, the optimizers on GPUs): the preset without and with
+# them, 2 paired seeds, one run per GPU. The math is the same (wave 15's gradient check: 0 difference), so the
 # losses should agree to rounding; time to 0.8214 by training time on a 4-GPU machine (one run per GPU).
-[ "$NG" -ge 2 ] && phase ro-ab 900 $PY -m speedgpt ab --preset speedrun-latest --a "$R32" --b "$R32 $RO" --seeds 2 \
+[ "$NG" -ge 2 ] && phase ro-ab 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "$RO" --seeds 2 \
     --target-loss 0.8214 --no-checkpoint --out "$W/runs/ro-ab" $C --train.compile_cache="$W/ccr"
 
-# 4. Issue 34 (1): the mini speedrun on every GPU by training time, seed 1337, in rows of 1 x 32,768 (3.'s arm A is
-# its one-GPU side on the same machine) and as the preset (wave 8's 3.52x).
+# 4. Issue 34 (1): the mini speedrun on every GPU by training time, seed 1337, as the preset (3.'s arm A is its
+# one-GPU side on the same machine) and in the earlier rows (wave 8's 3.52x).
 if [ "$NG" -ge 2 ]; then
     phase latestN-b 420 $TR -m speedgpt train --preset speedrun-latest --run-dir "$W/runs/latestN-b" \
-        --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C --train.compile_cache="$W/ccb" $R32
+        --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C --train.compile_cache="$W/ccb"
     phase latestN-a 420 $TR -m speedgpt train --preset speedrun-latest --run-dir "$W/runs/latestN-a" \
-        --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C --train.compile_cache="$W/cca"
+        --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C --train.compile_cache="$W/cca" $OLD
 fi
 
-# 5. Issue 33 (5): the run-plan refactor's step time for speedrun-latest, b064051 against this tree, the same call
-# (spread: b064051's bench has no --per-stage), one GPU each, at once (waves 11, 13 and 15 ran out of budget first).
+# 5. Issue 33 (5): the run-plan refactor's step time for speedrun-latest, b064051 against this tree in b064051's rows
+# ($OLD), the same call (spread: b064051's bench has no --per-stage), one GPU each, at once (waves 11, 13 and 15 ran
+# out of budget first).
 OLDER=$PWD/.carry/tree-b064051
 phase old-tree 30 test -f $OLDER/speedgpt/__main__.py
 ( phase plan-old 540 bash -c "cd $OLDER && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLDER $PY -m speedgpt bench \
     --preset speedrun-latest --steps 6 --data.train_files=$DATA" ) &
 [ "$NG" -lt 2 ] && wait
 phase plan-new 540 env CUDA_VISIBLE_DEVICES=$(gpu 1) $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
-    --data.train_files="$DATA" --train.compile_cache="$W/cca"
+    --data.train_files="$DATA" --train.compile_cache="$W/cca" $OLD
 wait
 
 # 6. Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
 [ "$NG" -ge 2 ] && phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" \
-    --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C --train.compile_cache="$W/cca"
+    --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C --train.compile_cache="$W/ccb"
 true
