@@ -4,7 +4,7 @@ stage boundary."""
 
 from __future__ import annotations
 
-
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +14,7 @@ from speedgpt.config import ConfigError, apply_overrides, load_preset, load_toml
 from speedgpt.optim.schedules import lr_multiplier
 from speedgpt.plan import RunPlan, validate
 from speedgpt.stages import resolve_stage_table, stage_micro_batch, stage_plan
-from speedgpt.train.loop import Trainer
+from speedgpt.train.loop import Trainer, train
 from speedgpt.train.warmup import warmup_steps
 
 # 12 steps: stage 0 = steps 0-5 (half batch, half rows, documents cut to 16 tokens, MTP over 3 tokens
@@ -267,3 +267,33 @@ def test_rows_fit_a_world_size_their_stage_does_not_split_into():
     single = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=1024", "--data.seq_len=256"])
     with pytest.raises(ConfigError, match="does not divide across 8 ranks"):
         plan_run(single, 8)
+
+
+def _fit_worker(rank, world, cfg_dict, run_dir, out):
+    from speedgpt.config import config_from_plain
+
+    res = train(config_from_plain(cfg_dict), run_dir=run_dir, quiet=True)
+    if rank == 0:
+        torch.save(res.train_losses, out)
+
+
+def test_two_ranks_train_in_fitted_rows_as_one_rank_does_in_those_rows(small_vocab_cfg, tmp_path, monkeypatch):
+    """On 2 gloo ranks stage 0's 64 tokens are 32 a rank, half a row of 64: the planner fits its rows to 32 and
+    the run trains; its losses equal one rank's with rows of 32 written in the table (the same batches), and its
+    config.toml keeps the fitted rows (a resume plans the same)."""
+    from distkit import spawn_local
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    table = "--train.stages=[{{share=0.5, batch_tokens=64{}}}, {{share=0.5}}]"
+    run = ["--train.steps=4", "--train.val_every=0", "--train.checkpoint_every=0", "--train.micro_batch_size=1",
+           "--train.save_final_checkpoint=false"]
+    two_cfg = apply_overrides(small_vocab_cfg, run + [table.format("")])
+    out = tmp_path / "two.pt"
+    spawn_local(_fit_worker, 2, two_cfg.to_dict(), str(tmp_path / "two"), str(out))
+    one = train(apply_overrides(small_vocab_cfg, run + [table.format(", seq_len=32")]), run_dir=tmp_path / "one",
+                quiet=True).train_losses
+    np.testing.assert_allclose(torch.load(out), one, rtol=2e-4, atol=0)
+    saved = load_toml(tmp_path / "two" / "config.toml")
+    assert [row.seq_len for row in saved.train.stages] == [32, 64]
+
