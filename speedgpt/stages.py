@@ -122,9 +122,9 @@ def fit_rows_to_world(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
     one row of 16,384 in the first stage and of 49,152 in the last, the preset's own shapes there, instead of failing.
     The run's own rows (data.seq_len: the micro-step's token cap and validation's batching) likewise, with
     train.batch_tokens. Only with a stage table and more than one rank: a single-stage config's rows, or one rank's,
-    are the user's, and a mismatch stays an error naming the fix. Rows it cannot fit (a batch that does not split among the ranks) are left to validate's
-    error. The same config on the same world size fits the same way, and the fitted lengths are written into the
-    resolved config (config.toml, plan.json), so a resume reproduces them."""
+    are the user's, and a mismatch stays an error naming the fix. Rows it cannot fit (a batch that does not split
+    among the ranks) are left to validate's error. The same config on the same world size fits the same way, and
+    the fitted lengths are written into the resolved config (config.toml, plan.json), so a resume reproduces them."""
     t, d = cfg.train, cfg.data
     if not t.stages or world_size <= 1:
         return cfg, []
@@ -152,8 +152,8 @@ def fit_rows_to_world(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
         row.seq_len = fit  # written out, so a change of data.seq_len below leaves the stage's rows as fitted
     if run_rows != d.seq_len:
         lines.append(f"data.seq_len: rows of {run_rows:,} tokens on {world_size} ranks for the run's own batch "
-                     f"(the micro-step's token cap, validation's batching; {d.seq_len:,} is not a whole number of rows of a rank's "
-                     f"{t.batch_tokens // world_size:,} tokens)")
+                     f"(the micro-step's token cap, validation's batching; {d.seq_len:,} is not a whole number of "
+                     f"rows of a rank's {t.batch_tokens // world_size:,} tokens)")
         out.data.seq_len = run_rows
     return out, lines
 
