@@ -195,10 +195,10 @@ def check_runs(runs: Runs, chosen: list[str]) -> str | None:
             return (f"--backend nccl --nproc {runs.nproc} needs {runs.nproc} GPUs, {visible} visible; run it where "
                     f"there are {runs.nproc}, or lower --nproc")
     from ..config import ConfigError, resolve
-    from ..plan import validate
+    from ..planner import plan_run
 
-    try:  # a mistyped override or a batch the ranks cannot share fails here, not in every run
-        validate(resolve(runs.preset or "tiny-cpu", None, runs.config()[2:]), runs.nproc)
+    try:  # a mistyped override or a batch the ranks cannot share fails here, as a run's start would (once)
+        plan_run(resolve(runs.preset or "tiny-cpu", None, runs.config()[2:]), runs.nproc)
     except ConfigError as e:
         return f"config error: {e}"
     return None

@@ -211,12 +211,12 @@ def check_args(args) -> str | None:
             return f"--backend nccl --nproc {args.nproc} needs {args.nproc} GPUs, {visible} visible; run it where " \
                    f"there are {args.nproc}, or lower --nproc"
     from ..config import ConfigError, resolve
-    from ..plan import validate
+    from ..planner import plan_run
 
-    try:  # a mistyped override, or a batch some world size cannot share, fails here, not after a run
+    try:  # a mistyped override, or a batch some world size cannot share, fails here (as the run's start would)
         cfg = resolve(args.preset, None, run_config(args, "cpu")[2:])
         for w in world_sizes(args.nproc):
-            validate(cfg, w)
+            plan_run(cfg, w)
     except ConfigError as e:
         return f"config error: {e}"
     return None
