@@ -122,15 +122,18 @@ def fit_rows_to_world(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
     one row of 16,384 in the first stage and of 49,152 in the last, the preset's own shapes there, instead of failing.
     The run's own rows (data.seq_len: the micro-step's token cap and validation's batching) likewise, with
     train.batch_tokens. Only with a stage table and more than one rank: a single-stage config's rows, or one rank's,
-    are the user's, and a mismatch stays an error naming the fix. Rows it cannot fit (a batch that does not split
-    among the ranks) are left to validate's error. The same config on the same world size fits the same way, and
-    the fitted lengths are written into the resolved config (config.toml, plan.json), so a resume reproduces them."""
+    are the user's, and a mismatch stays an error naming the fix; so is a stage whose batch is not a whole number of
+    its rows on any world size, and one that does not split among the ranks (validate's errors). The same config on
+    the same world size fits the same way, and the fitted lengths are written into the resolved config
+    (config.toml, plan.json). A resume on another world size plans its own rows: train/resume.py does not count
+    row lengths as a schedule change."""
     t, d = cfg.train, cfg.data
     if not t.stages or world_size <= 1:
         return cfg, []
 
     def fitted(batch_tokens: int, seq_len: int) -> int:
-        if seq_len < 2 or batch_tokens % world_size:
+        # only what the world size breaks: a table whose batch is not whole rows anyway is the user's to fix
+        if seq_len < 2 or batch_tokens % seq_len or batch_tokens % world_size:
             return seq_len
         share = batch_tokens // world_size
         if share % seq_len == 0:

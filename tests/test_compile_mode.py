@@ -44,14 +44,26 @@ def test_the_mode_reaches_every_compile_call(scope, mode, monkeypatch):
     assert any(mode in line for line in lines) == (mode != "default")
 
 
-def test_a_wrong_mode_or_a_backend_without_modes_is_refused_with_the_fix():
+def test_a_wrong_mode_or_one_that_cannot_apply_is_refused_with_the_fix():
     from speedgpt.plan import validate
 
     with pytest.raises(ConfigError, match="must be one of default, reduce-overhead"):
         validate(apply_overrides(Config(), ["--train.compile_mode=fast"]))
     with pytest.raises(ConfigError, match="--train.compile_backend=inductor or --train.compile_mode=default"):
-        validate(apply_overrides(Config(), ["--train.compile_mode=reduce-overhead", "--train.compile_backend=eager"]))
-    validate(apply_overrides(Config(), ["--train.compile_mode=reduce-overhead"]))
+        validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead",
+                                            "--train.compile_backend=eager"]))
+    with pytest.raises(ConfigError, match="give --train.compile=true or --train.compile_mode=default"):
+        validate(apply_overrides(Config(), ["--train.compile_mode=reduce-overhead"]))
+    with pytest.raises(ConfigError, match="not tried under fsdp.*--parallel.strategy=ddp"):
+        validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead",
+                                            "--parallel.strategy=fsdp"]))
+    validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead"]))
+    validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=max-autotune-no-cudagraphs",
+                                        "--parallel.strategy=fsdp"]))
+    compile_module.check_cudagraphs_strategy(apply_overrides(Config(), ["--train.compile=true"]), "fsdp")
+    with pytest.raises(ConfigError, match="parallel.strategy=auto chose"):  # auto's choice, before the run dir
+        compile_module.check_cudagraphs_strategy(
+            apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead"]), "fsdp")
 
 
 @pytest.mark.parametrize("mode,marks", [("reduce-overhead", True), ("max-autotune", True), ("default", False),
@@ -68,10 +80,11 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
             counted[where] += 1
         return mark
 
-    monkeypatch.setattr(loop, "mark_cudagraph_step", counter("training"))
-    copied = []
+    events = []  # the training loop's marks and gradient copies, in order
+    mark_training = counter("training")
+    monkeypatch.setattr(loop, "mark_cudagraph_step", lambda: (events.append("mark"), mark_training()))
     copy_grads = compile_module.grads_out_of_cudagraph_pool
-    monkeypatch.setattr(loop, "grads_out_of_cudagraph_pool", lambda model: (copied.append(1), copy_grads(model)))
+    monkeypatch.setattr(loop, "grads_out_of_cudagraph_pool", lambda model: (events.append("copy"), copy_grads(model)))
     monkeypatch.setattr(compile_module, "mark_cudagraph_step", counter("validation"))  # validation imports it late
     batches = []
     score = validation.Validator.loss
@@ -92,7 +105,9 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
     assert len(result.val_history) >= 2 and len(batches) == 2 * len(result.val_history)
     expected = {"training": 3 * 2, "validation": len(batches)} if marks else {"training": 0, "validation": 0}
     assert counted == expected
-    assert len(copied) == (3 if marks else 0)  # the gradients leave the graphs' buffers once a step
+    # the gradients leave the graphs' buffers once a step, right after its first backward (before the next
+    # micro-step's replay): a copy after the loop or after the last backward would come too late
+    assert events == (["mark", "copy", "mark"] * 3 if marks else [])
 
 
 def test_the_gradients_leave_the_graphs_buffers_as_equal_copies():

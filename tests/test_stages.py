@@ -258,15 +258,35 @@ def test_rows_fit_a_world_size_their_stage_does_not_split_into():
     assert plan.cfg.data.seq_len == 49152 and [r.seq_len for r in plan.cfg.train.stages] == [16384, 32768, 49152]
     assert [line.split(":")[0] for line in plan.budget_lines] == ["train.stages[0]", "train.stages[2]", "data.seq_len"]
     assert "rows of 16,384 tokens on 8 ranks" in plan.budget_lines[0]
-    wide = apply_overrides(latest, ["--train.stages=[{share=0.5,batch_tokens=262144,seq_len=49152},{share=0.5}]"])
-    with pytest.raises(ConfigError, match="whole number of rows of seq_len=49152"):
-        plan_run(wide, 1)  # one rank: the table's own mistake, named, not fitted
-    assert plan_run(wide, 2).stages[0].seq_len == 16384  # 131,072 a rank: more than two rows of 49,152, so the gcd
+    wide = apply_overrides(latest, ["--train.stages=[{share=0.5,batch_tokens=81920,seq_len=16384},{share=0.5}]"])
+    assert plan_run(wide, 1).stages[0].seq_len == 16384  # 5 rows on one rank
+    assert plan_run(wide, 2).stages[0].seq_len == 8192  # 40,960 a rank: more than two rows of 16,384, so the gcd
     with pytest.raises(ConfigError, match="a multiple of 3 rank"):
         plan_run(latest, 3)
     single = apply_overrides(load_preset("tiny-cpu"), ["--train.batch_tokens=1024", "--data.seq_len=256"])
     with pytest.raises(ConfigError, match="does not divide across 8 ranks"):
         plan_run(single, 8)
+    # a table whose batch is not whole rows on any world size is the user's mistake: named, not fitted
+    for batch, rows in ((6000, 1024), (2560, 1024)):
+        broken = apply_overrides(load_preset("tiny-cpu"), [
+            f"--train.stages=[{{share=0.5,batch_tokens={batch},seq_len={rows}}},{{share=0.5}}]"])
+        with pytest.raises(ConfigError, match=f"whole number of rows of seq_len={rows}"):
+            plan_run(broken, 2)
+
+
+def test_a_resume_on_another_world_size_may_plan_other_rows_on_the_same_schedule():
+    """train/resume.py's schedule check leaves a stage's row length out: speedrun-latest planned on 4 ranks (rows of
+    32,768) and on 8 (fitted rows) has the same schedule; a changed share still counts."""
+    from speedgpt.planner import plan_run
+    from speedgpt.train.resume import schedule_changes
+
+    on_four = plan_run(load_preset("speedrun-latest"), 4).cfg.to_dict()
+    on_eight = plan_run(load_preset("speedrun-latest"), 8).cfg
+    assert on_four["train"]["stages"][0]["seq_len"] != on_eight.train.stages[0].seq_len
+    assert schedule_changes(on_four, on_eight) == []
+    moved = apply_overrides(on_eight, [])
+    moved.train.stages[0].share, moved.train.stages[1].share = 0.30, 0.36
+    assert [c.split(":")[0] for c in schedule_changes(on_four, moved)] == ["train.stages"]
 
 
 def _fit_worker(rank, world, cfg_dict, run_dir, out):

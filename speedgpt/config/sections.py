@@ -115,8 +115,9 @@ class StageConfig:
     lr_mul: float = 1.0  # multiplies every learning rate in this stage, on top of the lr schedule
 
 
-# torch.compile's modes that train.compile_mode takes (reduce-overhead and max-autotune capture CUDA graphs)
+# torch.compile's modes that train.compile_mode takes, and those that capture CUDA graphs
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclass

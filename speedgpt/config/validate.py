@@ -9,7 +9,7 @@ from __future__ import annotations
 from .errors import ConfigError
 from .model_checks import check_model
 from .optim import OptimConfig
-from .sections import COMPILE_MODES, Config, ParallelConfig, ScheduleConfig, TrainConfig
+from .sections import COMPILE_MODES, CUDAGRAPH_MODES, Config, ParallelConfig, ScheduleConfig, TrainConfig
 
 
 def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
@@ -48,9 +48,16 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"train.compile_backend='{t.compile_backend}' must be inductor, aot_eager or eager")
     if t.compile_mode not in COMPILE_MODES:
         raise ConfigError(f"train.compile_mode='{t.compile_mode}' must be one of {', '.join(COMPILE_MODES)}")
+    if t.compile_mode != "default" and not t.compile:
+        raise ConfigError(f"train.compile_mode='{t.compile_mode}' is torch.compile's mode: give --train.compile=true "
+                          f"or --train.compile_mode=default")
     if t.compile_mode != "default" and t.compile_backend != "inductor":
         raise ConfigError(f"train.compile_mode='{t.compile_mode}' is an Inductor mode: give "
                           f"--train.compile_backend=inductor or --train.compile_mode=default")
+    if t.compile_mode in CUDAGRAPH_MODES and par.strategy == "fsdp":
+        raise ConfigError(f"train.compile_mode='{t.compile_mode}' (CUDA graphs) is not tried under fsdp (FSDP2 frees "
+                          f"and regathers its parameters' storage every step); use --parallel.strategy=ddp or "
+                          f"--train.compile_mode=default")
     if t.compile_precompile and not (t.compile and t.compile_cache != "off" and t.compile_scope == "model"):
         raise ConfigError("train.compile_precompile=true keeps dynamo's traced code in train.compile_cache: it needs "
                           "train.compile=true, a compile_cache (not off) and compile_scope=model")

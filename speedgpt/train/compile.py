@@ -9,7 +9,8 @@ import time
 
 import torch
 
-from ..config import Config
+from ..config import Config, ConfigError
+from ..config.sections import CUDAGRAPH_MODES
 from ..model.gpt import GPT
 
 
@@ -57,7 +58,15 @@ def compile_mode_arg(cfg: Config) -> str | None:
 def uses_cudagraphs(cfg: Config) -> bool:
     """Whether this run's compiled code replays as CUDA graphs (torch's cudagraph trees): each training
     micro-step and validation batch then marks a new step first (mark_cudagraph_step)."""
-    return cfg.train.compile and cfg.train.compile_mode in ("reduce-overhead", "max-autotune")
+    return cfg.train.compile and cfg.train.compile_mode in CUDAGRAPH_MODES
+
+
+def check_cudagraphs_strategy(cfg: Config, strategy: str) -> None:
+    """ConfigError when CUDA graphs meet fsdp that parallel.strategy=auto chose (config validation refuses an
+    explicit fsdp): called before the run directory is written."""
+    if strategy == "fsdp" and uses_cudagraphs(cfg):
+        raise ConfigError(f"train.compile_mode='{cfg.train.compile_mode}' (CUDA graphs) is not tried under fsdp, "
+                          f"which parallel.strategy=auto chose for this model; use --train.compile_mode=default")
 
 
 def mark_cudagraph_step() -> None:

@@ -38,8 +38,8 @@ from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
                     describe_run, document_sample, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
-from .compile import (compiled_forward, grads_out_of_cudagraph_pool, mark_cudagraph_step, open_compile_cache,
-                      uses_cudagraphs)
+from .compile import (check_cudagraphs_strategy, compiled_forward, grads_out_of_cudagraph_pool, mark_cudagraph_step,
+                      open_compile_cache, uses_cudagraphs)
 from .compile_watch import AFTER_WARMUP, CompileWatch
 from .control import RunControl
 from .guard import NonFiniteError, NumericsGuard
@@ -111,6 +111,7 @@ class Trainer:
         cfg, d, dist = self.cfg, self.cfg.data, self.dist
         # Before anything is allocated: a config that cannot fit fails here.
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
+        check_cudagraphs_strategy(cfg, self.strategy)
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
         self.crop_coverage = check_data_capacity(cfg, self.plan, self.train_files)
         self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log, vocab_size=cfg.model.vocab_size,

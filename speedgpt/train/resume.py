@@ -36,7 +36,23 @@ def config_changes(saved: dict | None, cfg: Config, prefix: str | tuple[str, ...
     from the checkpoint's saved config (`saved`, a Config.to_dict(); none when it is unknown)."""
     if not saved:
         return []
+    return _changes(flat_config(saved), flat_config(cfg.to_dict()), prefix)
+
+
+def schedule_changes(saved: dict | None, cfg: Config) -> list[str]:
+    """config_changes under SCHEDULE_KEYS, a stage's row length left out: the planner fits rows to the world size
+    (stages.fit_rows_to_world), so a run resumed on another number of ranks may plan other rows on the same
+    schedule (its start log says which)."""
+    if not saved:
+        return []
     before, now = flat_config(saved), flat_config(cfg.to_dict())
+    for flat in (before, now):
+        if flat.get("train.stages"):
+            flat["train.stages"] = [{k: v for k, v in row.items() if k != "seq_len"} for row in flat["train.stages"]]
+    return _changes(before, now, SCHEDULE_KEYS)
+
+
+def _changes(before: dict, now: dict, prefix: str | tuple[str, ...]) -> list[str]:
     keys = [k for k in now if k.startswith(prefix) and k in before and before[k] != now[k]]
     return [f"{k}: checkpoint {_show(before[k])}, config {_show(now[k])}" for k in keys]
 
@@ -50,7 +66,7 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> None:
         return
     state = read_state(found[-1])
     step, saved = int(state.get("step", 0)), _saved_config(run_dir, state)
-    changes = config_changes(saved, cfg, SCHEDULE_KEYS)
+    changes = schedule_changes(saved, cfg)
     if changes and not extend:
         raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(changes)} would change its "
                           f"schedules from that step on{_lr_change(saved, cfg, step)}; add --extend to do so, "
