@@ -6,7 +6,9 @@ a stage-0 step in 8 of them, 227.9 ms in 4 of 1 x 32,768): the host launching ~9
 Python wrapper and the autograd engine, by our reading. A CUDA graph replays a compiled forward or backward with
 one launch. This builds the preset's model on one GPU (its weights from the config's seed), feeds it micro-steps of
 random tokens with a BOS every ~700 (documents for the masks) at a training step of the preset's schedule, and per
-compile mode prints: compile + first steps, ms a step and a micro-step (CUDA events, gradients accumulated over the
+compile mode prints (reduce-overhead in the trainer's pattern: a cudagraph step marked before each micro-step, the
+gradients copied out of the graphs' buffers after the first backward; wave 15 ran it with one mark a step and no
+copy): compile + first steps, ms a step and a micro-step (CUDA events, gradients accumulated over the
 micro-steps, then dropped; no optimizer), peak memory, Inductor's "skipping cudagraphs" reasons (none: captured),
 and the accumulated gradients of the first step against the default mode's (the same math, so a difference beyond
 rounding means a replay overwrote a gradient it still needed; the default mode runs twice, the second run's difference
@@ -66,6 +68,7 @@ def run_mode(mode: str, cfg, plan, step: int, batches, steps: int) -> dict:
     from torch._dynamo.utils import counters
 
     from speedgpt.model.build import model_from_config
+    from speedgpt.train.compile import grads_out_of_cudagraph_pool, mark_cudagraph_step
     from speedgpt.train.step_schedule import StepInputs
 
     torch._dynamo.reset()
@@ -79,11 +82,15 @@ def run_mode(mode: str, cfg, plan, step: int, batches, steps: int) -> dict:
     extra = {} if mtp is None else {"mtp_weights": mtp}
 
     def one_step() -> None:
-        if cudagraphs:
-            torch.compiler.cudagraph_mark_step_begin()
-        for x, y in batches:
+        # as the trainer's step (train/loop.py): a cudagraph step marked before each micro-step, the gradients copied
+        # out of the graphs' buffers after the first backward
+        for i, (x, y) in enumerate(batches):
+            if cudagraphs:
+                mark_cudagraph_step()
             loss = forward(x, y, windows=windows, rope=rope, **extra) / len(batches)
             loss.backward()
+            if cudagraphs and i == 0:
+                grads_out_of_cudagraph_pool(model)
 
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()

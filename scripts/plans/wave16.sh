@@ -26,12 +26,20 @@ one() {  # name, GPU, cache folder, overrides...
     local name=$1 g; g=$(gpu "$2"); local cache=$3; shift 3
     phase "$name" 540 env CUDA_VISIBLE_DEVICES=$g $PY -m speedgpt bench $LATEST --train.compile_cache="$cache" "$@"
 }
+# Beside them on a fourth GPU (after them on fewer): the CUDA-graph gradient check in the trainer's pattern (a mark
+# before each micro-step, the gradients copied out after the first backward; wave 15 checked one mark a step).
+cudagraphs() {
+    phase cudagraphs 480 env CUDA_VISIBLE_DEVICES=$(gpu 3) $PY scripts/gpu_check_cudagraphs.py \
+        --preset speedrun-latest --step 20 --rows 1 --seq-len 16384 --micro-steps 8 --steps 6
+}
 ( one cold-a 0 "$W/cca" $OLD ) &
 [ "$NG" -lt 2 ] && wait
 ( one cold-b 1 "$W/ccb" ) &
 [ "$NG" -lt 3 ] && wait
+[ "$NG" -ge 4 ] && { cudagraphs & }
 one cold-ro 2 "$W/ccr" --ab=$RO
 wait
+[ "$NG" -lt 4 ] && cudagraphs
 
 # 2. Issue 34: the same benches on every GPU (torchrun), caches warm from 1.: the 1 -> N scaling per stage of the
 # earlier rows, of the preset and of CUDA graphs (wave 15 on 2 GPUs: rows of 32,768 1.96x by the run mean; wave 8 on
