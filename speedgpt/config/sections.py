@@ -161,8 +161,8 @@ class TrainConfig:
     # (no code generated: fast to start, slow to run; the graph-count tests count graphs with them).
     compile_backend: str = "inductor"
     # torch.compile's mode (Inductor only): "default"; "reduce-overhead" replays each compiled forward and backward
-    # as a CUDA graph, one launch where the host otherwise launches hundreds of kernels (speedrun-latest: the same
-    # gradients, +0.7 % a step on one and two H200s, docs/experiments.md "Wave 15"); "max-autotune" (CUDA graphs too)
+    # as a CUDA graph, one launch where the host otherwise launches hundreds of kernels (speedrun-latest: +0.7 % a
+    # step in one bench on two H200s, docs/experiments.md "Wave 15"); "max-autotune" (CUDA graphs too)
     # and "max-autotune-no-cudagraphs" benchmark kernel choices at compile time (a slower compile).
     compile_mode: str = "default"
     # Where compiled code is kept for the next run (train/compile_cache.py): a folder; "" the user's cache
