@@ -68,7 +68,7 @@ def run_mode(mode: str, cfg, plan, step: int, batches, steps: int) -> dict:
     from torch._dynamo.utils import counters
 
     from speedgpt.model.build import model_from_config
-    from speedgpt.train.compile import grads_out_of_cudagraph_pool, mark_cudagraph_step
+    from speedgpt.train.compile import grads_out_of_cudagraph_pool, marking_steps
     from speedgpt.train.step_schedule import StepInputs
 
     torch._dynamo.reset()
@@ -81,12 +81,13 @@ def run_mode(mode: str, cfg, plan, step: int, batches, steps: int) -> dict:
     skips_before = counters["inductor"]["cudagraph_skips"]
     extra = {} if mtp is None else {"mtp_weights": mtp}
 
+    if cudagraphs:  # as the trainer's forward: a cudagraph step marked before each call (micro-step)
+        forward = marking_steps(forward)
+
     def one_step() -> None:
-        # as the trainer's step (train/loop.py): a cudagraph step marked before each micro-step, the gradients copied
-        # out of the graphs' buffers after the first backward
+        # as the trainer's step (train/loop.py): the gradients copied out of the graphs' buffers after the first
+        # backward
         for i, (x, y) in enumerate(batches):
-            if cudagraphs:
-                mark_cudagraph_step()
             loss = forward(x, y, windows=windows, rope=rope, **extra) / len(batches)
             loss.backward()
             if cudagraphs and i == 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from speedgpt.config import Config, ConfigError, apply_overrides, load_preset
+from speedgpt.config import Config, ConfigError, apply_overrides, check_cudagraph_strategy, load_preset
 from speedgpt.train import compile as compile_module
 from speedgpt.train import loop, validation
 
@@ -60,10 +60,11 @@ def test_a_wrong_mode_or_one_that_cannot_apply_is_refused_with_the_fix():
     validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead"]))
     validate(apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=max-autotune-no-cudagraphs",
                                         "--parallel.strategy=fsdp"]))
-    compile_module.check_cudagraphs_strategy(apply_overrides(Config(), ["--train.compile=true"]), "fsdp")
+    check_cudagraph_strategy(apply_overrides(Config(), ["--train.compile=true"]).train, "fsdp", chosen=True)
     with pytest.raises(ConfigError, match="parallel.strategy=auto chose"):  # auto's choice, before the run dir
-        compile_module.check_cudagraphs_strategy(
-            apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead"]), "fsdp")
+        check_cudagraph_strategy(
+            apply_overrides(Config(), ["--train.compile=true", "--train.compile_mode=reduce-overhead"]).train, "fsdp",
+            chosen=True)
 
 
 @pytest.mark.parametrize("mode,marks", [("reduce-overhead", True), ("max-autotune", True), ("default", False),
@@ -81,11 +82,18 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
         return mark
 
     events = []  # the training loop's marks and gradient copies, in order
-    mark_training = counter("training")
-    monkeypatch.setattr(loop, "mark_cudagraph_step", lambda: (events.append("mark"), mark_training()))
+    mark_training, mark_validation = counter("training"), counter("validation")
+
+    def mark():  # the compiled forward marks before each call; validation runs without grad
+        if torch.is_grad_enabled():
+            events.append("mark")
+            mark_training()
+        else:
+            mark_validation()
+
+    monkeypatch.setattr(compile_module, "mark_cudagraph_step", mark)
     copy_grads = compile_module.grads_out_of_cudagraph_pool
     monkeypatch.setattr(loop, "grads_out_of_cudagraph_pool", lambda model: (events.append("copy"), copy_grads(model)))
-    monkeypatch.setattr(compile_module, "mark_cudagraph_step", counter("validation"))  # validation imports it late
     batches = []
     score = validation.Validator.loss
 

@@ -24,11 +24,12 @@ from .overrides import apply_overrides, resolve
 from .parse import RENAMED_KEYS, config_from_dict, config_from_plain, flat_config
 from .sections import (SECTIONS, Config, DataConfig, ParallelConfig, RunConfig, ScheduleConfig, StageConfig,
                        TrainConfig)
-from .validate import check_config, micro_batch_rows
+from .validate import check_config, check_cudagraph_strategy, micro_batch_rows
 
 __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
     "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "check_config",
-    "config_from_dict", "config_from_plain", "default_preset", "flat_config", "load_preset", "load_toml",
+    "check_cudagraph_strategy", "config_from_dict", "config_from_plain", "default_preset", "flat_config", "load_preset",
+    "load_toml",
     "micro_batch_rows", "preset_names", "resolve", "save_toml", "to_toml",
 ]

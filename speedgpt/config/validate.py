@@ -54,10 +54,7 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
     if t.compile_mode != "default" and t.compile_backend != "inductor":
         raise ConfigError(f"train.compile_mode='{t.compile_mode}' is an Inductor mode: give "
                           f"--train.compile_backend=inductor or --train.compile_mode=default")
-    if t.compile_mode in CUDAGRAPH_MODES and par.strategy == "fsdp":
-        raise ConfigError(f"train.compile_mode='{t.compile_mode}' (CUDA graphs) is not tried under fsdp (FSDP2 frees "
-                          f"and regathers its parameters' storage every step); use --parallel.strategy=ddp or "
-                          f"--train.compile_mode=default")
+    check_cudagraph_strategy(t, par.strategy)
     if t.compile_precompile and not (t.compile and t.compile_cache != "off" and t.compile_scope == "model"):
         raise ConfigError("train.compile_precompile=true keeps dynamo's traced code in train.compile_cache: it needs "
                           "train.compile=true, a compile_cache (not off) and compile_scope=model")
@@ -69,6 +66,16 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"parallel.memory_limit_gib={par.memory_limit_gib} must be >= 0 (0: the GPU's own memory)")
     if par.grad_comm_dtype not in ("param", "bf16"):
         raise ConfigError(f"parallel.grad_comm_dtype='{par.grad_comm_dtype}' must be param or bf16")
+
+
+def check_cudagraph_strategy(t: TrainConfig, strategy: str, chosen: bool = False) -> None:
+    """CUDA graphs are not tried under fsdp (FSDP2 frees and regathers its parameters' storage every step): a config
+    that asks for both fails here, and the trainer calls this again with the strategy parallel.strategy=auto chose
+    (`chosen`), before the run directory is written."""
+    if t.compile and t.compile_mode in CUDAGRAPH_MODES and strategy == "fsdp":
+        fix = ("parallel.strategy=auto chose fsdp for this model; use --train.compile_mode=default" if chosen else
+               "use --parallel.strategy=ddp or --train.compile_mode=default")
+        raise ConfigError(f"train.compile_mode='{t.compile_mode}' (CUDA graphs) is not tried under fsdp; {fix}")
 
 
 def _check_checkpointed_experts(cfg: Config) -> None:

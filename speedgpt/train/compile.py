@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from ..config import Config, ConfigError
+from ..config import Config
 from ..config.sections import CUDAGRAPH_MODES
 from ..model.gpt import GPT
 
@@ -56,24 +56,25 @@ def compile_mode_arg(cfg: Config) -> str | None:
 
 
 def uses_cudagraphs(cfg: Config) -> bool:
-    """Whether this run's compiled code replays as CUDA graphs (torch's cudagraph trees): each training
-    micro-step and validation batch then marks a new step first (mark_cudagraph_step)."""
+    """Whether this run's compiled code replays as CUDA graphs (torch's cudagraph trees): each call of the
+    compiled forward then marks a new step first (marking_steps)."""
     return cfg.train.compile and cfg.train.compile_mode in CUDAGRAPH_MODES
-
-
-def check_cudagraphs_strategy(cfg: Config, strategy: str) -> None:
-    """ConfigError when CUDA graphs meet fsdp that parallel.strategy=auto chose (config validation refuses an
-    explicit fsdp): called before the run directory is written."""
-    if strategy == "fsdp" and uses_cudagraphs(cfg):
-        raise ConfigError(f"train.compile_mode='{cfg.train.compile_mode}' (CUDA graphs) is not tried under fsdp, "
-                          f"which parallel.strategy=auto chose for this model; use --train.compile_mode=default")
 
 
 def mark_cudagraph_step() -> None:
     """Tells torch's cudagraph trees that a new micro-step begins, so the next replay may overwrite the previous
-    one's graph outputs (torch's static buffers). Safe where it is called: a training micro-step's loss is
-    divided and accumulated, and a validation batch's weighted, before the next one starts."""
+    one's graph outputs (torch's static buffers)."""
     torch.compiler.cudagraph_mark_step_begin()
+
+
+def marking_steps(forward):
+    """`forward` that marks a new cudagraph step before each call: every call is a training micro-step or a
+    validation batch, and each caller reads its loss (a micro-step's divided and accumulated, a batch's weighted)
+    before the next call, so the next replay may overwrite it."""
+    def call(*args, **kwargs):
+        mark_cudagraph_step()
+        return forward(*args, **kwargs)
+    return call
 
 
 def grads_out_of_cudagraph_pool(model: torch.nn.Module) -> None:
@@ -156,4 +157,5 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
     if torch._dynamo.config.caching_precompile and counters["dynamo_cache"]["dynamo_cache_hit"] > hits:
         log(f"compile: dynamo's saved package installed in {time.perf_counter() - t0:.1f}s (backends loaded, "
             "kernels built; before the warmup, not in compile + warmup)")
-    return forward if cache is None else cache.with_custom_functions(forward)
+    forward = forward if cache is None else cache.with_custom_functions(forward)
+    return marking_steps(forward) if uses_cudagraphs(cfg) else forward

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .. import faults
-from ..config import Config
+from ..config import Config, check_cudagraph_strategy
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
@@ -38,8 +38,7 @@ from ..stages import Stage
 from .build import (build_model, check_data_capacity, check_row_lengths, choose_strategy, data_epoch_lines,
                     describe_run, document_sample, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
-from .compile import (check_cudagraphs_strategy, compiled_forward, grads_out_of_cudagraph_pool, mark_cudagraph_step,
-                      open_compile_cache, uses_cudagraphs)
+from .compile import compiled_forward, grads_out_of_cudagraph_pool, open_compile_cache, uses_cudagraphs
 from .compile_watch import AFTER_WARMUP, CompileWatch
 from .control import RunControl
 from .guard import NonFiniteError, NumericsGuard
@@ -92,7 +91,7 @@ class Trainer:
         self.device = self.dist.device
         # The run's own micro-batching (validation uses it); a stage table's steps have their own (train_step).
         self.micro_batch, self.grad_accum = self.plan.micro_batch, self.plan.grad_accum
-        self.cudagraphs = uses_cudagraphs(cfg)  # train.compile_mode: each micro-step marks a new CUDA-graph step
+        self.cudagraphs = uses_cudagraphs(cfg)  # train.compile_mode: the first backward's gradients are copied out
         self.stage: Stage | None = None  # the stage the loop last set up; None: none yet (start, resume, warmup)
         self.stage_batch: tuple[int, int] = (self.micro_batch, self.grad_accum)  # self.stage's (enter_stage)
         # Called as hook(trainer, previous, stage) when training enters another stage (previous None after
@@ -111,11 +110,10 @@ class Trainer:
         cfg, d, dist = self.cfg, self.cfg.data, self.dist
         # Before anything is allocated: a config that cannot fit fails here.
         self.strategy, self.memory_estimate = choose_strategy(cfg, dist.world_size, self.device, self.log)
-        check_cudagraphs_strategy(cfg, self.strategy)
+        check_cudagraph_strategy(cfg.train, self.strategy, chosen=cfg.parallel.strategy == "auto")
         self.train_files, self.val_files = resolve_data_files(cfg, dist, self.log)
         self.crop_coverage = check_data_capacity(cfg, self.plan, self.train_files)
-        self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log, vocab_size=cfg.model.vocab_size,
-                                   cudagraphs=self.cudagraphs)
+        self.validator = Validator(d, self.val_files, self.micro_batch, dist, self.log, vocab_size=cfg.model.vocab_size)
         # Only once the data is there: a run refused for its data must not leave a run directory
         # behind, which would refuse the corrected command as "already holds a run". A resume writes
         # them once its checkpoint has loaded (load_latest): a refused resume leaves the run as it was.
@@ -209,8 +207,6 @@ class Trainer:
         self.optimizers.begin_step(step)  # optim.adam_every: no collective for Adam's gradients when it is not due
         for i in range(grad_accum):
             inputs, targets = self.loader.next_batch(rows, stage.seq_len, stage.max_doc_len)
-            if self.cudagraphs:
-                mark_cudagraph_step()
             if mtp_weights is None:
                 loss = self.forward(inputs, targets, windows=windows, rope=rope) / grad_accum
             else:

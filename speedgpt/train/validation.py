@@ -35,11 +35,10 @@ class Validator:
     id >= `vocab_size` (model.vocab_size: the tokenizer's), fails before the run directory is written."""
 
     def __init__(self, d: DataConfig, val_files: list[Path], micro_batch: int, dist: DistInfo, log, *,
-                 vocab_size: int, cudagraphs: bool = False):
+                 vocab_size: int):
         from ..data.val import check_val_ids
 
         self.val_files, self.micro_batch, self.dist = val_files, micro_batch, dist
-        self.cudagraphs = cudagraphs  # train.compile_mode replays CUDA graphs: each batch marks a new step
         self.seq_len = d.val_seq_len or d.seq_len
         self.tokens = usable_val_tokens(d, val_files, log)
         check_val_ids(val_files, self.tokens + 1, vocab_size)  # the ids the model's table must hold
@@ -49,15 +48,12 @@ class Validator:
         """Mean loss with `forward` (the model, compiled or not) at the given windows and rotary state;
         `model` is in eval mode meanwhile."""
         from ..data.val import rank_val_batches
-        from .compile import mark_cudagraph_step
 
         model.eval()
         weighted, rows = [], self.tokens // self.seq_len
         for inputs, targets, real in rank_val_batches(self.val_files, seq_len=self.seq_len,
                                                       batch_size=self.micro_batch, rows=rows, rank=self.dist.rank,
                                                       world_size=self.dist.world_size, device=self.dist.device):
-            if self.cudagraphs:
-                mark_cudagraph_step()
             weighted.append(forward(inputs, targets, windows=windows, rope=rope) * real)
         model.train()
         # Each batch's mean times its rows: a sum over rows, exact to divide (every row has seq_len tokens).
