@@ -140,18 +140,18 @@ def fit_rows_to_world(cfg: Config, world_size: int) -> tuple[Config, list[str]]:
             return seq_len
         return share if share < 2 * seq_len else math.gcd(share, seq_len)
 
-    fits = [fitted(s.batch_tokens or t.batch_tokens, s.seq_len or d.seq_len) for s in t.stages]
+    batches = [s.batch_tokens or t.batch_tokens for s in t.stages]
+    owns = [s.seq_len or d.seq_len for s in t.stages]
+    fits = [fitted(batch, own) for batch, own in zip(batches, owns)]
     run_rows = fitted(t.batch_tokens, d.seq_len)
-    if fits == [s.seq_len or d.seq_len for s in t.stages] and run_rows == d.seq_len:
+    if fits == owns and run_rows == d.seq_len:
         return cfg, []
     lines = []
     out = copy.deepcopy(cfg)
-    for i, (row, fit) in enumerate(zip(out.train.stages, fits)):
-        own = row.seq_len or d.seq_len
+    for i, (row, batch, own, fit) in enumerate(zip(out.train.stages, batches, owns, fits)):
         if fit != own:
             lines.append(f"train.stages[{i}]: rows of {fit:,} tokens on {world_size} ranks (seq_len={own:,} is not a "
-                         f"whole number of rows of a rank's {(row.batch_tokens or t.batch_tokens) // world_size:,} "
-                         f"tokens)")
+                         f"whole number of rows of a rank's {batch // world_size:,} tokens)")
         row.seq_len = fit  # written out, so a change of data.seq_len below leaves the stage's rows as fitted
     if run_rows != d.seq_len:
         lines.append(f"data.seq_len: rows of {run_rows:,} tokens on {world_size} ranks for the run's own batch "
