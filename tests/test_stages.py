@@ -289,31 +289,21 @@ def test_a_resume_on_another_world_size_may_plan_other_rows_on_the_same_schedule
     assert [c.split(":")[0] for c in schedule_changes(on_four, moved)] == ["train.stages"]
 
 
-def _fit_worker(rank, world, cfg_dict, run_dir, out):
-    from speedgpt.config import config_from_plain
-
-    res = train(config_from_plain(cfg_dict), run_dir=run_dir, quiet=True)
-    if rank == 0:
-        torch.save(res.train_losses, out)
-
-
 def test_two_ranks_train_in_fitted_rows_as_one_rank_does_in_those_rows(small_vocab_cfg, tmp_path, monkeypatch):
     """On 2 gloo ranks stage 0's 64 tokens are 32 a rank, half a row of 64: the planner fits its rows to 32 and
     the run trains; its losses equal one rank's with rows of 32 written in the table (the same batches), and its
     config.toml keeps the fitted rows (a resume plans the same)."""
-    from distkit import spawn_local
+    from test_parallel_train import run_two
 
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     table = "--train.stages=[{{share=0.5, batch_tokens=64{}}}, {{share=0.5}}]"
     run = ["--train.steps=4", "--train.val_every=0", "--train.checkpoint_every=0", "--train.micro_batch_size=1",
            "--train.save_final_checkpoint=false"]
-    two_cfg = apply_overrides(small_vocab_cfg, run + [table.format("")])
-    out = tmp_path / "two.pt"
-    spawn_local(_fit_worker, 2, two_cfg.to_dict(), str(tmp_path / "two"), str(out))
+    two, _ = run_two(apply_overrides(small_vocab_cfg, run + [table.format("")]), tmp_path / "two", tmp_path)
     one = train(apply_overrides(small_vocab_cfg, run + [table.format(", seq_len=32")]), run_dir=tmp_path / "one",
                 quiet=True).train_losses
-    np.testing.assert_allclose(torch.load(out), one, rtol=2e-4, atol=0)
+    np.testing.assert_allclose(two, one, rtol=2e-4, atol=0)
     saved = load_toml(tmp_path / "two" / "config.toml")
     assert [row.seq_len for row in saved.train.stages] == [32, 64]
 
