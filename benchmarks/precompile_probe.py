@@ -12,11 +12,13 @@ fresh start's exit status and last error line. Cases (small modules, three calls
                flex backward in Inductor)
   flex-nested  the same through a lazily made torch.compile of flex inside the model (the code before issue 33's
                fix: the model is traced again once it exists)
---allow-custom-autograd sets torch._functorch.config.autograd_cache_allow_custom_autograd_functions (its env var)
-in both starts; --guards-in-trace unpickles saved guards inside a throwaway trace context (a probe of torch's
-bug, pytorch/pytorch#187736; not something speedgpt does).
+Each start calls the trainer's compiled_forward with its CompileCache: AOTAutograd's cache keeps the custom
+Functions' graphs there (scoped), and a flex model's saved guards are unpickled inside a throwaway tracing context
+(speedgpt/train/precompile_guards.py). --allow-custom-autograd sets torch's switch for the whole process instead
+(its env var); --torch-guards leaves guard unpickling to torch alone (the flex case then dies on its fresh start:
+"CompilePackage is already initialized", pytorch/pytorch#187736).
 
-Usage: python benchmarks/precompile_probe.py [--cases linear flex ...] [--allow-custom-autograd] [--guards-in-trace]
+Usage: python benchmarks/precompile_probe.py [--cases linear flex ...] [--allow-custom-autograd] [--torch-guards]
 """
 
 from __future__ import annotations
@@ -45,9 +47,8 @@ class Linear(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.proj = torch.nn.Linear(16, 16)
-        # what compiled_forward reads of a GPT; "sdpa" for every case, flex's too: the trainer keeps precompile off
-        # with flex attention, and this probe is about what torch then does
-        self.runtime = SimpleNamespace(attn_backend="sdpa")
+        # what compiled_forward reads of a GPT: with flex it restores saved guards in a trace (precompile_guards.py)
+        self.runtime = SimpleNamespace(attn_backend="flex" if "Flex" in type(self).__name__ else "sdpa")
 
     def forward(self, x):
         return torch.relu(self.proj(x)).square().mean()
@@ -106,23 +107,6 @@ class FlexNested(Flex):
         return _nested(q, q, q, None, 0.25)
 
 
-def unpickle_guards_in_a_trace() -> None:
-    """torch 2.13 unpickles a saved package's guards outside any trace, and flex's guard asks for the tracing
-    context there; this process unpickles them inside a throwaway one (pytorch/pytorch#187736's idea). A probe of
-    torch's bug, patching torch internals: benchmarks only, not something speedgpt does."""
-    import torch._dynamo.package as package
-    from torch._guards import TracingContext, tracing
-
-    unpickle = package.load_guards_state
-
-    def load_guards_state(state):
-        ctx = TracingContext(None)
-        with tracing(ctx), ctx.guards_context.skip_guard_install():
-            return unpickle(state)
-
-    package.load_guards_state = load_guards_state
-
-
 def child(case: str, cache_dir: str) -> None:
     """One machine's start: the saved artifacts loaded, CALLS calls, the artifacts saved; one JSON line."""
     from torch._dynamo.utils import counters
@@ -134,8 +118,10 @@ def child(case: str, cache_dir: str) -> None:
 
     torch.set_num_threads(1)
     attention.FUSED_FLEX_DEVICES = ("cuda", "cpu")
-    if os.environ.get("PROBE_GUARDS_IN_TRACE"):
-        unpickle_guards_in_a_trace()
+    if os.environ.get("PROBE_TORCH_GUARDS"):
+        import speedgpt.train.compile as compile_module
+
+        compile_module.restore_guards_in_a_trace = lambda: True  # precompile on, torch's own guard unpickling
     cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
                                      f"--train.compile_cache={cache_dir}"])
     cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
@@ -143,7 +129,8 @@ def child(case: str, cache_dir: str) -> None:
     torch.manual_seed(0)
     model = {"linear": Linear, "break": Break, "autofn": AutoFn, "flex": Flex, "flex-nested": FlexNested}[case]()
     x = torch.randn(128, 16)
-    compiled = compiled_forward(cfg, model, "ddp", log=lambda line: None)
+    # with the run's cache, as the trainer calls it: AOTAutograd's cache then keeps custom Functions' graphs too
+    compiled = compiled_forward(cfg, model, "ddp", log=lambda line: None, cache=cache)
     with torch.set_grad_enabled(model.grad):
         for _ in range(CALLS):
             out = compiled(x)
@@ -169,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--allow-custom-autograd", action="store_true")
-    ap.add_argument("--guards-in-trace", action="store_true")
+    ap.add_argument("--torch-guards", action="store_true")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -179,10 +166,10 @@ def main() -> None:
     env.pop("TORCH_LOGS", None)
     if args.allow_custom_autograd:
         env["TORCHINDUCTOR_AUTOGRAD_CACHE_ALLOW_CUSTOM_AUTOGRAD"] = "1"
-    if args.guards_in_trace:
-        env["PROBE_GUARDS_IN_TRACE"] = "1"
+    if args.torch_guards:
+        env["PROBE_TORCH_GUARDS"] = "1"
     print(f"torch {torch.__version__}; {CALLS} calls per start; allow custom autograd: "
-          f"{args.allow_custom_autograd}; guards unpickled in a trace: {args.guards_in_trace}")
+          f"{args.allow_custom_autograd}; torch's own guard unpickling: {args.torch_guards}")
     print(f"{'case':12} {'cold traced':>11} {'fresh traced':>12} {'hits':>4} {'Backend not found':>17}  "
           f"same out  error")
     root = Path(tempfile.mkdtemp(prefix="precompile_probe-"))

@@ -12,6 +12,7 @@ import torch
 from ..config import Config
 from ..config.sections import CUDAGRAPH_MODES
 from ..model.gpt import GPT
+from .precompile_guards import restore_guards_in_a_trace, silence_dropped_guard_warnings
 
 
 def compile_blocks(model: GPT, **compile_kwargs) -> None:
@@ -124,17 +125,21 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         if cfg.train.compile_precompile:
             if strategy == "fsdp":  # blocks compiled one by one there: not tried
                 log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
-            elif model.runtime.attn_backend == "flex":
-                # A fresh start would fail inside torch 2.13: flex's saved guards cannot be rebuilt outside a
-                # trace ("CompilePackage is already initialized"; benchmarks/precompile_probe.py). On 4 H100s it
-                # gained nothing anyway (docs/benchmarks.md, "Compile time").
-                log("compile: train.compile_precompile is off with flex attention (torch cannot restore flex's "
-                    "saved guards on a fresh start: benchmarks/precompile_probe.py)")
+            elif model.runtime.attn_backend == "flex" and not restore_guards_in_a_trace():
+                # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
+                # ("CompilePackage is already initialized"), and this torch lacks the function that
+                # precompile_guards.py wraps to fix that.
+                log("compile: train.compile_precompile is off with flex attention (this torch cannot restore "
+                    "flex's saved guards on a fresh start: benchmarks/precompile_probe.py)")
             else:
                 # Set before torch.compile: each compile call then loads a matching package from the cache's
                 # folder (put there by load_cache_artifacts) instead of tracing, and save_cache_artifacts
                 # writes this run's. Process-wide, as torch.compile's other settings of a run are.
                 torch._dynamo.config.caching_precompile = True
+                silence_dropped_guard_warnings()
+                log("compile: precompile on: dynamo's traced code is kept in the compile cache; torch drops its "
+                    "identity guards on modules and builtins from it (their warnings not shown: a changed model "
+                    "file is caught by the saved source hashes instead)")
     if not cfg.train.compile:
         return model
     from torch._dynamo.utils import counters
@@ -150,12 +155,12 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
     else:
         forward = torch.compile(model, dynamic=False, backend=backend, mode=mode)
     # With caching precompile a package found in the cache is installed inside torch.compile's call, before the
-    # warmup that the compile watch times: its backends loaded, on a CPU their C++ built
-    # (benchmarks/dynamo_precompile.py: 26-28 s of a fresh CPU start that "compile + warmup: 2.4s" did not show).
-    # Torch times it as a frame's compile with no backend call, which compile_breakdown would split as trace and
-    # a negative aot. The hit counter rose in this call: this run's install, not an earlier one's in-process.
+    # warmup: its backends loaded, on a CPU their C++ built (benchmarks/dynamo_precompile.py: 26-28 s of a fresh CPU
+    # start). The trainer counts this call in "compile + warmup". Torch times the install as a frame's compile with
+    # no backend call, which compile_breakdown would split as trace and a negative aot. The hit counter rose in
+    # this call: this run's install, not an earlier one's in-process.
     if torch._dynamo.config.caching_precompile and counters["dynamo_cache"]["dynamo_cache_hit"] > hits:
         log(f"compile: dynamo's saved package installed in {time.perf_counter() - t0:.1f}s (backends loaded, "
-            "kernels built; before the warmup, not in compile + warmup)")
+            "kernels built; nothing traced; counted in compile + warmup)")
     forward = forward if cache is None else cache.with_custom_functions(forward)
     return marking_steps(forward) if uses_cudagraphs(cfg) else forward
