@@ -120,6 +120,38 @@ def test_flex_reference_matches_sdpa_on_cpu():
     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_flex_masks_query_side_lists_are_flex_own():
+    """FlexMasks builds each mask's query-side block lists (the backward's) itself, without from_kv_blocks' vmap
+    (issue 33: dynamo's trace): they equal what BlockMask.from_kv_blocks computes from the same key-side lists, order
+    included, for documents across and inside blocks, paired-head (doubled) sequences, windows shorter and longer
+    than a document, 0-d tensor windows (YaRN's schedule); without grad (validation) there are none."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from speedgpt.model.attention import FlexMasks, document_ids
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50000, (2, 512), generator=g)
+    x[0, [0, 40, 41, 300]] = BOS_ID  # a one-token document, one starting mid-block, one long
+    x[1, [0, 64, 128, 129, 500]] = BOS_ID  # documents on block boundaries
+    doc = document_ids(x, BOS_ID)
+    checked = 0
+    for d in (doc, doc.repeat_interleave(2, dim=1)):
+        masks = FlexMasks(d, 32)
+        for window in (32, 64, 100, 1024, torch.tensor(96)):
+            ours = masks.block_mask(window)
+            flex = BlockMask.from_kv_blocks(ours.kv_num_blocks, ours.kv_indices, ours.full_kv_num_blocks,
+                                            ours.full_kv_indices, BLOCK_SIZE=32, mask_mod=ours.mask_mod)
+            assert ours.seq_lengths == flex.seq_lengths and ours.BLOCK_SIZE == flex.BLOCK_SIZE
+            for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+                a, b = getattr(ours, name), getattr(flex, name)
+                assert a.dtype == b.dtype and torch.equal(a, b), name
+            checked += 1
+            with torch.no_grad():
+                assert masks.block_mask(window).q_indices is None
+    assert checked == 10
+
+
 def test_kv_cache_matches_full_forward():
     from speedgpt.model.attention import KVCache
 

@@ -116,8 +116,29 @@ class FlexMasks:
 
         full_n = torch.clamp_max(self.full_n, w - 1)
         partial_n = torch.clamp_max(self.partial_n, w - full_n)
-        return BlockMask.from_kv_blocks(partial_n, self.partial_idx, full_n, self.full_idx,
-                                        BLOCK_SIZE=self.block, mask_mod=document_causal)
+        # The query-side lists serve only the backward: a forward without grad (validation, sampling) leaves them
+        # out. Built here by batched ops rather than by BlockMask.from_kv_blocks, whose per-row torch.vmap dynamo
+        # traces for ~0.5 s a mask (benchmarks/trace_time.py); the same lists, in the same order.
+        q_side = torch.is_grad_enabled()
+        partial_q = transposed_block_lists(partial_n, self.partial_idx) if q_side else (None, None)
+        full_q = transposed_block_lists(full_n, self.full_idx) if q_side else (None, None)
+        return BlockMask(seq_lengths=(doc.size(-1), doc.size(-1)), kv_num_blocks=partial_n, kv_indices=self.partial_idx,
+                         full_kv_num_blocks=full_n, full_kv_indices=self.full_idx, q_num_blocks=partial_q[0],
+                         q_indices=partial_q[1], full_q_num_blocks=full_q[0], full_q_indices=full_q[1],
+                         BLOCK_SIZE=(block, block), mask_mod=document_causal)
+
+
+def transposed_block_lists(num_BHQ: torch.Tensor, idx_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The query blocks of each key block, from the key blocks of each query block (the first num[..., q] entries
+    of idx[..., q, :]): counts and indices as flex's own transpose gives them (True blocks in ascending order,
+    int32), by one scatter into a dense block matrix and one sort, without its per-row vmap."""
+    n = idx_BHQK.size(-1)
+    listed = torch.arange(n, device=idx_BHQK.device) < num_BHQ[..., None]
+    cols = torch.where(listed, idx_BHQK, n).long()  # unlisted entries go to a spare column, dropped below
+    dense = torch.zeros(*idx_BHQK.shape[:-1], n + 1, dtype=torch.int32, device=idx_BHQK.device)
+    dense = dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1)
+    order = torch.argsort(dense, dim=-1, descending=True, stable=True)
+    return dense.sum(dim=-1, dtype=torch.int32).contiguous(), order.to(torch.int32).contiguous()
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
