@@ -297,6 +297,7 @@ class GPT(nn.Module):
             rope = (self.yarn_freq, self.yarn_scale)
         if rope is not None:  # YaRN only: without it the context is left as built
             ctx.rope = rope
+        ctx.rotary_tables = {}  # this forward's rotations: a context passed in again must not keep another call's
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None

@@ -50,28 +50,36 @@ class Rotary(nn.Module):
         self.cos = theta.cos()
         self.sin = theta.sin()
 
-    def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
-                freq: torch.Tensor | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
-        """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
-        (YaRN's attention scale, applied to the queries: one rounding instead of two)."""
-        B, T, H, D = x_BTHD.shape
+    def cos_sin(self, T: int, pos_offset: int = 0, *, paired: bool = False, freq: torch.Tensor | None = None,
+                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotation of T tokens from pos_offset: (cos, sin), shaped to broadcast against forward's x (viewed
+        (B, T, H/2, 2, D) when paired). Every layer of a forward rotates by the same tables: the attention
+        computes them once a forward (AttnContext.rotary_tables) and passes them in."""
         # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
         n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
         if pos_offset + T > self.max_seq_len:
             raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table ({self.max_seq_len}); "
                              f"raise data.seq_len or shorten the input")
         if freq is not None:
-            theta = torch.outer(torch.arange(start, start + n, dtype=torch.float32, device=x_BTHD.device), freq)
+            theta = torch.outer(torch.arange(start, start + n, dtype=torch.float32, device=device), freq)
             cos, sin = theta.cos(), theta.sin()
         else:
             cos, sin = self.cos[start:start + n], self.sin[start:start + n]
-        if paired:
-            # x viewed (B, T, H/2, 2, D): [t, p, j] is head 2p + j, rotated at position 2t + j
-            x = x_BTHD.view(B, T, H // 2, 2, D)
-            cos, sin = cos.view(1, T, 1, 2, D // 2), sin.view(1, T, 1, 2, D // 2)
-        else:
-            x = x_BTHD
-            cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+        half = self.head_dim // 2
+        if paired:  # [t, p, j] of x's paired view is head 2p + j, rotated at position 2t + j
+            return cos.view(1, T, 1, 2, half), sin.view(1, T, 1, 2, half)
+        return cos[None, :, None, :], sin[None, :, None, :]
+
+    def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
+                freq: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
+        (YaRN's attention scale, applied to the queries: one rounding instead of two); `cos_sin`: the tables
+        cos_sin(T, pos_offset, paired=paired, freq=freq) gives, made once for all layers."""
+        B, T, H, D = x_BTHD.shape
+        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(T, pos_offset, paired=paired, freq=freq,
+                                                                    device=x_BTHD.device)
+        x = x_BTHD.view(B, T, H // 2, 2, D) if paired else x_BTHD
         x1, x2 = x.float().chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin
         y2 = -x1 * sin + x2 * cos
