@@ -11,7 +11,7 @@ every layer picks the one its window pattern names.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -41,8 +41,9 @@ class AttnContext:
     # as tensors; None: the rotary tables and the layers' own scale
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
     # (paired, position offset) -> the rotary (cos, sin) of this forward (Rotary.cos_sin), made by its first layer
-    # and reused by the others: one set of ops for dynamo to trace instead of one a layer (issue 33)
-    rotary_tables: dict = field(default_factory=dict)
+    # and reused by the others: one set of ops for dynamo to trace instead of one a layer (issue 33). GPT.forward
+    # gives each forward a new dict (a dataclass default_factory cost dynamo ~0.17 s to trace); None: none kept.
+    rotary_tables: dict | None = None
 
 
 def document_ids(inputs_BT: torch.Tensor, bos_id: int) -> torch.Tensor:
@@ -353,10 +354,12 @@ class CausalSelfAttention(nn.Module):
         pos = kv_cache.pos if kv_cache is not None else 0
         # YaRN: rotary frequencies, and an attention scale (on the queries) that grows with the window
         freq, q_scale = ctx.rope if ctx.rope is not None else (None, None)
-        tables = ctx.rotary_tables.get((self.paired, pos))
+        kept = ctx.rotary_tables
+        tables = kept.get((self.paired, pos)) if kept is not None else None
         if tables is None:
             tables = self.rotary.cos_sin(T, pos, paired=self.paired, freq=freq, device=x_BTD.device)
-            ctx.rotary_tables[(self.paired, pos)] = tables
+            if kept is not None:
+                kept[(self.paired, pos)] = tables
         q = self.rotary(q, paired=self.paired, scale=q_scale, cos_sin=tables)
         k = self.rotary(k, paired=self.paired, cos_sin=tables)
         if self.key_offset:
