@@ -1,12 +1,14 @@
 # Wave 17 (issue 33) on one GPU: the compile figures of speedrun-latest and speedrun-124m each alone on the machine,
-# dynamo's package (train.compile_precompile, now with flex attention) on a fresh machine, and the run-plan pair.
+# dynamo's package (train.compile_precompile, now with flex attention) on a fresh machine, the run-plan pair, and the
+# step time of the trace cuts (the flex masks' query-side lists and the rotary tables made once a forward, e06b084 and
+# c509a38) against the tree before them (56de1ae). Not run on 2026-12-04: no machine was lent that session.
 # In priority order, ~27 device-minutes with the start; cut where the budget ends. Run from the repository root of
 # the device copy:
 #   setsid scripts/lease.sh /tmp/w17 scripts/plans/wave17.sh > /tmp/w17.log 2>&1 < /dev/null &
 # then poll `/tmp/w17/status` in calls of at most ~540 s, one right after another (the machine goes back after 30 s
 # idle), each ending with `scripts/lease.sh /tmp/w17 collect $OUT/w17.tgz`. The b064051 tree travels in .carry
-# (git-ignored; `mkdir -p .carry/tree-b064051 && git archive b064051 | tar -x -C .carry/tree-b064051`), named in
-# `carry` on the FIRST call only.
+# (git-ignored; `mkdir -p .carry/tree-b064051 && git archive b064051 | tar -x -C .carry/tree-b064051`), and so does
+# 56de1ae's (the same with 56de1ae), named in `carry` on the FIRST call only.
 # Sourced by scripts/lease.sh ($W $PY $DATA, phase, artifacts_only).
 # shellcheck shell=bash disable=SC2086,SC2154
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
@@ -50,4 +52,10 @@ phase plan-old 480 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench
     --data.train_files=$DATA"
 phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA" \
     --train.compile_cache="$W/cca" $OLD
+
+# 7. The trace cuts' step time: 56de1ae's tree, the same per-stage bench as 1. (cold), one after the other on the GPU
+# (expected: the same ms a step per stage as 1.; the kernels of the masks and rotations are tiny either way).
+BEFORE=$PWD/.carry/tree-56de1ae
+phase trace-old 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
+    --train.compile_cache=$W/cct"
 true
