@@ -226,6 +226,55 @@ def test_activation_checkpointing_gives_the_same_loss_and_gradients():
     assert load0.sum() == 2 * 32 * 2 and torch.equal(load0, load1)  # tokens x top_k, counted once
 
 
+@pytest.mark.parametrize("scope", ["model", "block"])
+def test_checkpointed_blocks_read_the_rotary_tables_without_breaking_the_compile(scope):
+    """The rotary tables every layer reads (AttnContext.rotary_tables) are made by GPT.forward before the blocks.
+    Filled by a block's first use instead, they broke activation checkpointing's recompute under per-block compile
+    (CheckpointError: the recomputed block took another graph) and broke a whole-model graph (dynamo refuses side
+    effects inside its checkpoint operator). Paired and unpaired layers, YaRN on: one graph and no break as a whole
+    model; per block, no break and the graphs of the same model without checkpointing; the loss and gradients
+    those of the uncompiled model without checkpointing."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.config import load_preset
+    from speedgpt.model.runtime import resolve_runtime
+    from speedgpt.train.compile import compile_blocks
+
+    cfg = apply_overrides(load_preset("tiny-cpu"), [
+        "--model.depth=4", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
+        "--model.paired_head_layers=[1, 2]", "--model.yarn=true", "--model.key_offset=true", "--data.seq_len=32"])
+    rt = resolve_runtime(cfg, "cpu")
+    x, y = batch(B=1, T=32)
+
+    def train_step(checkpointed: bool, compile_scope: str | None):
+        model = build_model(cfg.model, 32, rt.replace(activation_checkpointing=checkpointed), seed=0)
+        torch.nn.init.normal_(model.lm_head.weight, std=0.02, generator=torch.Generator().manual_seed(1))  # not 0
+        torch._dynamo.reset()
+        counters.clear()
+        try:
+            forward = model
+            if compile_scope == "model":
+                forward = torch.compile(model, backend="aot_eager", dynamic=False)
+            elif compile_scope == "block":
+                compile_blocks(model, backend="aot_eager")
+            loss = forward(x, y)
+            loss.backward()
+            grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            return loss.detach(), grads, counters["stats"]["unique_graphs"], dict(counters["graph_break"])
+        finally:
+            torch._dynamo.reset()
+
+    ref_loss, ref_grads, _, _ = train_step(False, None)
+    *_, plain_graphs, _ = train_step(False, scope)
+    loss, grads, graphs, breaks = train_step(True, scope)
+    assert breaks == {}
+    assert graphs == (1 if scope == "model" else plain_graphs)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+    assert grads.keys() == ref_grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, ref_grads[name], rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+
+
 def test_masks_of_several_rows_are_built_outside_the_compiled_graph():
     """B > 1: the flex masks are built eagerly, not traced into the graph that Inductor compiles (a
     whole-model graph that built them faulted on the GPU, attention.build_context_eagerly); B = 1

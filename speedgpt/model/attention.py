@@ -40,9 +40,8 @@ class AttnContext:
     # YaRN (model/yarn.py): (angular frequency per rotated pair of dims, attention-scale multiplier)
     # as tensors; None: the rotary tables and the layers' own scale
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
-    # (paired, position offset) -> the rotary (cos, sin) of this forward (Rotary.cos_sin), made by its first layer
-    # and reused by the others: one set of ops for dynamo to trace instead of one a layer (issue 33). GPT.forward
-    # gives each forward a new dict (a dataclass default_factory cost dynamo ~0.17 s to trace); None: none kept.
+    # paired (bool) -> this forward's rotary (cos, sin) (Rotary.cos_sin), made once by GPT.forward for all layers:
+    # one set of ops for dynamo to trace instead of one a layer (issue 33); None: each layer makes its own
     rotary_tables: dict | None = None
 
 
@@ -354,12 +353,9 @@ class CausalSelfAttention(nn.Module):
         pos = kv_cache.pos if kv_cache is not None else 0
         # YaRN: rotary frequencies, and an attention scale (on the queries) that grows with the window
         freq, q_scale = ctx.rope if ctx.rope is not None else (None, None)
-        kept = ctx.rotary_tables
-        tables = kept.get((self.paired, pos)) if kept is not None else None
-        if tables is None:
-            tables = self.rotary.cos_sin(T, pos, paired=self.paired, freq=freq, device=x_BTD.device)
-            if kept is not None:
-                kept[(self.paired, pos)] = tables
+        made = ctx.rotary_tables
+        tables = (made[self.paired] if made is not None else
+                  self.rotary.cos_sin(T, pos, paired=self.paired, freq=freq, device=x_BTD.device))
         q = self.rotary(q, paired=self.paired, scale=q_scale, cos_sin=tables)
         k = self.rotary(k, paired=self.paired, cos_sin=tables)
         if self.key_offset:

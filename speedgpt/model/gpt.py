@@ -117,6 +117,8 @@ class GPT(nn.Module):
         # The masks a forward builds: one per window, and per window of the paired-head layers
         self.mask_keys = sorted({b.attn.mask_key if b.attn is not None else b.window_key for b in self.blocks})
         self.key_offset = any(b.attn is not None and b.attn.key_offset for b in self.blocks)
+        # The rotations a forward makes its layers' tables for: unpaired, paired (record #58's layers), or both
+        self.rotary_kinds = tuple(sorted({b.attn.paired for b in self.blocks if b.attn is not None}))
         # The later records' switches (model/embeddings.py, model/gates.py). Off, they add no parameter,
         # buffer or computation: the state dict, the optimizer groups and the losses are as before.
         gate_dim = cfg.attn_gate_dim
@@ -297,7 +299,13 @@ class GPT(nn.Module):
             rope = (self.yarn_freq, self.yarn_scale)
         if rope is not None:  # YaRN only: without it the context is left as built
             ctx.rope = rope
-        ctx.rotary_tables = {}  # this forward's rotations: a context passed in again must not keep another call's
+        # Every layer rotates by the same tables: made here once a forward, before the blocks, which only read them (a
+        # dict filled inside a block broke activation checkpointing's recomputation and added per-block recompiles).
+        # A new dict each call: a context passed in again must not keep another call's.
+        pos = kv_cache.pos if kv_cache is not None else 0
+        freq = ctx.rope[0] if ctx.rope is not None else None
+        ctx.rotary_tables = {paired: self.rotary.cos_sin(inputs_BT.size(1), pos, paired=paired, freq=freq,
+                                                         device=inputs_BT.device) for paired in self.rotary_kinds}
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None
