@@ -4,6 +4,7 @@ No compile here: an artifact recorded through torch's own recorder stands in for
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -264,7 +265,8 @@ def test_precompile_a_flex_models_fresh_start_restores_its_guards(tmp_path, monk
     from speedgpt.train import compile as compile_module
 
     monkeypatch.setattr(attention, "FUSED_FLEX_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(package, "load_guards_state", package.load_guards_state)  # torch's own, put back after
+    # torch's own, whatever an earlier test in this process left there (monkeypatch puts that back after)
+    monkeypatch.setattr(package, "load_guards_state", inspect.unwrap(package.load_guards_state))
     if not fixed:
         monkeypatch.setattr(compile_module, "restore_guards_in_a_trace", lambda: True)  # precompile on, unfixed
     x = torch.randn(128, 16)
@@ -289,9 +291,13 @@ def test_precompile_a_flex_models_fresh_start_restores_its_guards(tmp_path, monk
             cache, first, traced, hits = start("first")
             assert (traced, hits) == (1, 0) and "saved" in cache.save()
             if not fixed:
-                with pytest.raises(Exception, match="CompilePackage is already initialized"):
+                try:
                     start("second")
-                return
+                except Exception as e:  # noqa: BLE001: torch's own error type for it is an AssertionError today
+                    assert "CompilePackage is already initialized" in str(e)
+                    return
+                pytest.skip("this torch restores a flex package's guards by itself: precompile_guards.py's wrap of "
+                            "load_guards_state is no longer needed there")
             _, again, traced, hits = start("second")  # another machine
             assert (traced, hits) == (0, 1)
             assert torch.equal(first, again)
@@ -299,19 +305,37 @@ def test_precompile_a_flex_models_fresh_start_restores_its_guards(tmp_path, monk
         torch._dynamo.reset()
 
 
+def test_precompile_is_off_with_flex_where_torch_has_no_guard_unpickling_to_wrap(monkeypatch):
+    """A torch without torch._dynamo.package.load_guards_state: a flex model's fresh start would die, so the switch
+    is off for it, with one line, and dynamo's setting untouched; other models keep it."""
+    from speedgpt.train import compile as compile_module
+
+    monkeypatch.setattr(compile_module, "restore_guards_in_a_trace", lambda: False)
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
+    lines = []
+    with torch._dynamo.config.patch(caching_precompile=False):
+        for backend, on in (("flex", False), ("sdpa", True)):
+            torch._dynamo.config.caching_precompile = False
+            compile_module.compiled_forward(cfg, Tiny(backend), "ddp", log=lines.append)
+            assert torch._dynamo.config.caching_precompile is on
+    assert sum("compile_precompile is off with flex attention" in line for line in lines) == 1
+
+
 def test_guards_are_restored_in_a_trace_once_a_process():
     import torch._dynamo.package as package
 
     from speedgpt.train.precompile_guards import PATCHED, restore_guards_in_a_trace
 
-    torchs = package.load_guards_state
+    before = package.load_guards_state
+    torchs = inspect.unwrap(before)  # an earlier test in this process may have wrapped it already
+    package.load_guards_state = torchs
     try:
         assert restore_guards_in_a_trace()
         wrapped = package.load_guards_state
-        assert getattr(wrapped, PATCHED) and wrapped is not torchs
+        assert getattr(wrapped, PATCHED) and wrapped is not torchs and inspect.unwrap(wrapped) is torchs
         assert restore_guards_in_a_trace() and package.load_guards_state is wrapped  # not wrapped twice
     finally:
-        package.load_guards_state = torchs
+        package.load_guards_state = before
 
 
 def test_a_save_that_torch_cannot_serialize_is_one_line_not_a_failed_run(tmp_path, monkeypatch, fresh_artifacts):

@@ -15,6 +15,10 @@ phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
 LATEST="--preset speedrun-latest --per-stage --steps 6 --data.train_files=$DATA"
 PC="--train.compile_precompile=true"
 
+# 0. The flex masks' query-side lists (built without from_kv_blocks since e06b084, none without grad) on the fused
+# kernels: forward and gradients against dense SDPA, and the forward without grad (~1 min).
+phase gpucheck-flex 300 $PY scripts/gpu_check.py flex
+
 # 1. speedrun-latest cold, alone on the machine, in a new cache folder: issue 33's bar (<= 90 s on one GPU; wave 15
 # measured 163.6 s with another compile on the host); its step time per stage.
 phase cold-b 420 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccb"

@@ -133,15 +133,16 @@ class FlexMasks:
 
 def transposed_block_lists(num_BHQ: torch.Tensor, idx_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The query blocks of each key block, from the key blocks of each query block (the first num[..., q] entries
-    of idx[..., q, :]): counts and indices as flex's own transpose gives them (True blocks in ascending order,
-    int32), by one scatter into a dense block matrix and one sort, without its per-row vmap."""
+    of idx[..., q, :]): one scatter into a dense block matrix, without flex's per-row vmap, then flex's own
+    dense-to-lists step (its sort, order and dtypes, and whatever compile hints this torch gives that sort: 2.13
+    keeps it out of Triton, whose sorts compiled slowly)."""
+    from torch.nn.attention.flex_attention import _dense_to_ordered
+
     n = idx_BHQK.size(-1)
     listed = torch.arange(n, device=idx_BHQK.device) < num_BHQ[..., None]
     cols = torch.where(listed, idx_BHQK, n).long()  # unlisted entries go to a spare column, dropped below
     dense = torch.zeros(*idx_BHQK.shape[:-1], n + 1, dtype=torch.int32, device=idx_BHQK.device)
-    dense = dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1)
-    order = torch.argsort(dense, dim=-1, descending=True, stable=True)
-    return dense.sum(dim=-1, dtype=torch.int32).contiguous(), order.to(torch.int32).contiguous()
+    return _dense_to_ordered(dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1))
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,

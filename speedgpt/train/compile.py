@@ -125,7 +125,7 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         if cfg.train.compile_precompile:
             if strategy == "fsdp":  # blocks compiled one by one there: not tried
                 log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
-            elif model.runtime.attn_backend == "flex" and not restore_guards_in_a_trace():
+            elif not restore_guards_in_a_trace() and model.runtime.attn_backend == "flex":
                 # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
                 # ("CompilePackage is already initialized"), and this torch lacks the function that
                 # precompile_guards.py wraps to fix that.
@@ -156,11 +156,11 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         forward = torch.compile(model, dynamic=False, backend=backend, mode=mode)
     # With caching precompile a package found in the cache is installed inside torch.compile's call, before the
     # warmup: its backends loaded, on a CPU their C++ built (benchmarks/dynamo_precompile.py: 26-28 s of a fresh CPU
-    # start). The trainer counts this call in "compile + warmup". Torch times the install as a frame's compile with
-    # no backend call, which compile_breakdown would split as trace and a negative aot. The hit counter rose in
-    # this call: this run's install, not an earlier one's in-process.
+    # start). The trainer counts this call in "compile + warmup" (with train.warmup_steps=0 this line alone says
+    # it). Torch times the install as a frame's compile with no backend call, which compile_breakdown would split as
+    # trace and a negative aot. The hit counter rose in this call: this run's install, not an earlier one's.
     if torch._dynamo.config.caching_precompile and counters["dynamo_cache"]["dynamo_cache_hit"] > hits:
         log(f"compile: dynamo's saved package installed in {time.perf_counter() - t0:.1f}s (backends loaded, "
-            "kernels built; nothing traced; counted in compile + warmup)")
+            "kernels built; nothing traced; part of compile + warmup when the run warms up)")
     forward = forward if cache is None else cache.with_custom_functions(forward)
     return marking_steps(forward) if uses_cudagraphs(cfg) else forward

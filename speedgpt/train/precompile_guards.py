@@ -9,11 +9,14 @@ with guard installation skipped, is the remedy proposed upstream (pytorch/pytorc
 as saved, and none leaks into a later trace.
 
 This patches one function of torch's (torch._dynamo.package.load_guards_state), once a process, and only where
-that function exists; a torch without it keeps its own behaviour and the caller is told so."""
+that function exists; a torch without it keeps its own behaviour and the caller is told so. Applied whenever
+precompile is on: the cause (guard sources that install themselves while unpickled) is not flex's alone, and
+guards that need no context unpickle the same inside one."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 PATCHED = "_speedgpt_guards_in_a_trace"  # marks torch's function once wrapped, so a second call changes nothing
@@ -32,6 +35,7 @@ def restore_guards_in_a_trace() -> bool:
     if getattr(load, PATCHED, False):
         return True
 
+    @functools.wraps(load)  # torch's own stays reachable as __wrapped__ (tests put it back)
     def load_guards_state(state):
         ctx = TracingContext(None)
         # guards rebuilt here belong to the saved entry, not to this throwaway context
