@@ -52,7 +52,7 @@ DROPPED_GUARD = "is dropped with caching_precompile"  # torch's warning, one per
 
 
 class DroppedGuardWarnings(logging.Filter):
-    """Keeps torch's per-guard warning about the identity guards (on modules, builtins, closures) that caching
+    """Holds back torch's per-guard warning about the identity guards (on modules, builtins, closures) that caching
     precompile drops out of a package: 46 an entry for a one-layer CPU model, ~1,780 a GPU run (wave 6). The
     dropping is by design (a new process has new objects; a changed model file is caught by the package's source
     hashes instead), so the run says it once (silence_dropped_guard_warnings' caller) instead of a line each."""
