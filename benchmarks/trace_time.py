@@ -43,18 +43,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
+    if args.rows <= 0 or args.rows % 128:
+        ap.error(f"--rows {args.rows}: give a positive multiple of 128 (flex's block; other rows trace the dense path)")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: give at least 1")
 
     from torch._dynamo.utils import compile_times, counters
 
-    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.config import ConfigError, apply_overrides, load_preset
     from speedgpt.model.build import model_from_config
 
+    try:
+        preset = load_preset(args.preset)
+    except ConfigError as e:
+        ap.error(str(e))
     flex_on_the_cpu()
     torch.set_num_threads(2)
-    cfg = apply_overrides(load_preset(args.preset), [
+    cfg = apply_overrides(preset, [
         "--train.device=cpu", "--model.attn_backend=flex", f"--data.seq_len={args.rows}",
         f"--data.val_seq_len={args.rows}", "--train.stages=[]", f"--train.batch_tokens={args.rows}"])
-    preset = load_preset(args.preset)
     mtp = preset.train.stages[0].mtp_weights if preset.train.stages else ()
     model = model_from_config(cfg, "cpu")
     g = torch.Generator().manual_seed(0)
