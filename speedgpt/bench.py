@@ -135,6 +135,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "model_tflops_per_s": tok_s * flops / 1e12,
         "setup_s": setup_s,
         "compile_warmup_s": warm_s,
+        # of it, torch.compile's own call: ~0 s, or the install of dynamo's saved package (train.compile_precompile)
+        "compile_call_s": trainer.compile_call_s,
         **(compile_rows(trainer.compile_watch.record()) if trainer.compile_watch.enabled else {}),
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
@@ -416,7 +418,7 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
             "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
             "strategy", "grad_comm_dtype", "loader_ms_per_step", "host_syncs_per_step", "comm_wait_ms_per_step",
             "comm_wait_ms_by_rank", "comm_exposed_frac",
-            "compile_warmup_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
+            "compile_warmup_s", "compile_call_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
             "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<{KEY_WIDTH}}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:

@@ -104,6 +104,7 @@ def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread
     text = format_results([("A", out)], None)
     assert "A per stage (1 timed steps in each" in text and "run mean (stages weighted by their steps)" in text
     assert "A memory estimate: ddp on 1 rank(s)" in text and "recompile(s) after the warmup" not in text
+    assert out["compile_call_s"] >= 0 and "compile_call_s" in text  # a saved package's install, where one is found
     assert "recompile(s) after the warmup" in format_results([("A", dict(out, per_stage=[dict(rows[0], recompiles=2)]))], None)
 
 
