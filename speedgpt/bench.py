@@ -417,8 +417,8 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
     keys = ["world_size", "tok_per_s", "step_ms_mean", "step_ms_median", "model_tflops_per_s", "mfu_datasheet",
             "mfu_measured", "peak_mem_alloc_gib", "peak_mem_reserved_gib", "memory_estimate_gib", "run_train_s",
             "strategy", "grad_comm_dtype", "loader_ms_per_step", "host_syncs_per_step", "comm_wait_ms_per_step",
-            "comm_wait_ms_by_rank", "comm_exposed_frac",
-            "compile_warmup_s", "compile_call_s", "compile_graphs", "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
+            "comm_wait_ms_by_rank", "comm_exposed_frac", "compile_warmup_s", "compile_call_s", "compile_graphs",
+            "compile_recompiles", "compile_compile_s", *COMPILE_PHASE_ROWS,
             "setup_s", "attn_backend", "fp8_head"]
     lines = [f"{'':<{KEY_WIDTH}}" + "".join(f"{name:>18}" for name, _ in rows)]
     for key in keys:
