@@ -26,7 +26,8 @@ phase cold-b 420 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccb"
 artifacts_only "$W/ccb" "$W/ccb2"
 phase fresh-b 300 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccb2"
 # 3. The same with dynamo's package in the artifacts (precompile): cold, then a fresh machine from its files alone
-# (expected: nothing traced, the ~15 s of dynamo's trace gone); its step times against 1.'s.
+# (expected: nothing traced, the ~15 s of dynamo's trace gone; bench's compile_call_s row is the package's install,
+# inside compile_warmup_s); its step times against 1.'s.
 phase pc-cold 420 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp"
 artifacts_only "$W/ccp" "$W/ccp2"
 phase pc-fresh 300 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp2"
