@@ -321,6 +321,19 @@ def test_precompile_is_off_with_flex_where_torch_has_no_guard_unpickling_to_wrap
     assert sum("compile_precompile is off with flex attention" in line for line in lines) == 1
 
 
+def test_a_second_config_in_one_process_does_not_inherit_precompile():
+    """torch's switch is process-wide: each compiled run sets it, off as well as on (bench --ab runs two configs in
+    one process; the second, without precompile, kept the first's)."""
+    from speedgpt.train.compile import compiled_forward
+
+    on = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
+    off = apply_overrides(Config(), ["--train.compile=true"])
+    with torch._dynamo.config.patch(caching_precompile=False):
+        for cfg, expected in ((on, True), (off, False), (on, True)):
+            compiled_forward(cfg, Tiny(), "ddp", log=lambda line: None)
+            assert torch._dynamo.config.caching_precompile is expected
+
+
 def test_guards_are_restored_in_a_trace_once_a_process():
     import torch._dynamo.package as package
 

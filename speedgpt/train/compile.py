@@ -122,24 +122,27 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
         if note:
             log(note)
-        if cfg.train.compile_precompile:
-            if strategy == "fsdp":  # blocks compiled one by one there: not tried
-                log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
-            elif not restore_guards_in_a_trace() and model.runtime.attn_backend == "flex":
-                # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
-                # ("CompilePackage is already initialized"), and this torch lacks the function that
-                # precompile_guards.py wraps to fix that.
-                log("compile: train.compile_precompile is off with flex attention (this torch cannot restore "
-                    "flex's saved guards on a fresh start: benchmarks/precompile_probe.py)")
-            else:
-                # Set before torch.compile: each compile call then loads a matching package from the cache's
-                # folder (put there by load_cache_artifacts) instead of tracing, and save_cache_artifacts
-                # writes this run's. Process-wide, as torch.compile's other settings of a run are.
-                torch._dynamo.config.caching_precompile = True
-                silence_dropped_guard_warnings()
-                log("compile: precompile on: dynamo's traced code is kept in the compile cache; torch drops its "
-                    "identity guards on modules and builtins from it (their warnings not shown: a changed model "
-                    "file is caught by the saved source hashes instead)")
+        precompile = cfg.train.compile_precompile
+        if precompile and strategy == "fsdp":  # blocks compiled one by one there: not tried
+            precompile = False
+            log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
+        elif precompile and not restore_guards_in_a_trace() and model.runtime.attn_backend == "flex":
+            # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
+            # ("CompilePackage is already initialized"), and this torch lacks the function that
+            # precompile_guards.py wraps to fix that.
+            precompile = False
+            log("compile: train.compile_precompile is off with flex attention (this torch cannot restore "
+                "flex's saved guards on a fresh start: benchmarks/precompile_probe.py)")
+        # Set before torch.compile, on or off for every compiled run: with it on, each compile call loads a matching
+        # package from the cache's folder (put there by load_cache_artifacts) instead of tracing, and
+        # save_cache_artifacts writes this run's. Process-wide, as torch.compile's other settings of a run are, so
+        # set off too: a second config in one process (bench --ab) must not inherit the first's.
+        torch._dynamo.config.caching_precompile = precompile
+        if precompile:
+            silence_dropped_guard_warnings()
+            log("compile: precompile on: dynamo's traced code is kept in the compile cache; torch drops its "
+                "identity guards on modules and builtins from it (their warnings not shown: a changed model "
+                "file is caught by the saved source hashes instead)")
     if not cfg.train.compile:
         return model
     from torch._dynamo.utils import counters
