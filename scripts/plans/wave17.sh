@@ -2,8 +2,8 @@
 # dynamo's package (train.compile_precompile, now with flex attention) on a fresh machine, the run-plan pair, and the
 # step time of the trace cuts (the flex masks' query-side lists and the rotary tables made once a forward, e06b084 and
 # c509a38) against the tree before them (56de1ae). Not run on 2026-12-04: no machine was lent that session.
-# In priority order, ~27 device-minutes with the start; cut where the budget ends. Run from the repository root of
-# the device copy:
+# In priority order, ~27 device-minutes with the start (8. only if time is left); cut where the budget ends. Run from
+# the repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w17 scripts/plans/wave17.sh > /tmp/w17.log 2>&1 < /dev/null &
 # then poll `/tmp/w17/status` in calls of at most ~540 s, one right after another (the machine goes back after 30 s
 # idle), each ending with `scripts/lease.sh /tmp/w17 collect $OUT/w17.tgz`. The b064051 tree travels in .carry
@@ -63,4 +63,11 @@ phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --da
 BEFORE=$PWD/.carry/tree-56de1ae
 phase trace-old 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/cct"
+
+# 8. Where a cold compile's seconds go inside Inductor (issue 33: wave 9's 4 graphs spent 92 of 215 s there, and the
+# phase timers stop at "inductor"): the host's Python profile of a cold start, its top functions in the log.
+phase prof-compile 480 $PY -m cProfile -o "$W/compile.prof" -m speedgpt bench $LATEST --steps 1 \
+    --train.compile_cache="$W/ccprof"
+phase prof-read 60 $PY -c "import pstats; s = pstats.Stats('$W/compile.prof'); \
+s.sort_stats('cumulative').print_stats(80); s.sort_stats('tottime').print_stats(40)"
 true
