@@ -90,10 +90,9 @@ def main() -> None:
         with torch.no_grad():
             compiled(x, y)
         t3 = time.perf_counter()
-        trace = compile_times(repr="csv", aggregate=True)
-        names, values = trace
+        names, values = compile_times(repr="csv", aggregate=True)
         tracing = dict(zip(names, values)).get("bytecode_tracing", float("nan"))
-        rows.append((t1 - t0, t2 - t1, t3 - t2, float(tracing), counters["stats"]["unique_graphs"]))
+        rows.append((t1 - t0, t2 - t1, t3 - t2))
         print(f"  repeat {repeat + 1}: training forward {t1 - t0:.2f} s"
               + (f" (+ backward {t2 - t1:.2f} s)" if args.backend == "aot_eager" else "")
               + f", validation forward {t3 - t2:.2f} s; dynamo's bytecode tracing {float(tracing):.2f} s in all; "

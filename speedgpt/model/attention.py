@@ -40,8 +40,9 @@ class AttnContext:
     # YaRN (model/yarn.py): (angular frequency per rotated pair of dims, attention-scale multiplier)
     # as tensors; None: the rotary tables and the layers' own scale
     rope: tuple[torch.Tensor, torch.Tensor] | None = None
-    # paired (bool) -> this forward's rotary (cos, sin) (Rotary.cos_sin), made once by GPT.forward for all layers:
-    # one set of ops for dynamo to trace instead of one a layer (issue 33); None: each layer makes its own
+    # paired (bool) -> this forward's rotary (cos, sin) (Rotary.cos_sin), made by GPT.forward before the blocks for
+    # all layers: one set of ops for dynamo to trace instead of one a layer (issue 33). None until then (a dataclass
+    # default_factory dict cost dynamo ~0.2 s to trace): each layer's Rotary makes its own
     rotary_tables: dict | None = None
 
 
@@ -354,11 +355,10 @@ class CausalSelfAttention(nn.Module):
         pos = kv_cache.pos if kv_cache is not None else 0
         # YaRN: rotary frequencies, and an attention scale (on the queries) that grows with the window
         freq, q_scale = ctx.rope if ctx.rope is not None else (None, None)
-        made = ctx.rotary_tables
-        tables = (made[self.paired] if made is not None else
-                  self.rotary.cos_sin(T, pos, paired=self.paired, freq=freq, device=x_BTD.device))
-        q = self.rotary(q, paired=self.paired, scale=q_scale, cos_sin=tables)
-        k = self.rotary(k, paired=self.paired, cos_sin=tables)
+        # the forward's tables (GPT.forward); a context of its own (a layer called alone) has none: Rotary makes them
+        tables = ctx.rotary_tables[self.paired] if ctx.rotary_tables is not None else None
+        q = self.rotary(q, pos, paired=self.paired, freq=freq, scale=q_scale, cos_sin=tables)
+        k = self.rotary(k, pos, paired=self.paired, freq=freq, cos_sin=tables)
         if self.key_offset:
             k = self.offset_keys(k, ctx.doc_start, kv_cache)
         if ve_BTD is not None:

@@ -54,7 +54,7 @@ class Rotary(nn.Module):
                 device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The rotation of T tokens from pos_offset: (cos, sin), shaped to broadcast against forward's x (viewed
         (B, T, H/2, 2, D) when paired). Every layer of a forward rotates by the same tables: GPT.forward makes
-        them once a forward (AttnContext.rotary_tables) and each attention layer passes its kind in."""
+        them once a forward (AttnContext.rotary_tables) and each attention layer takes its kind's."""
         # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
         n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
         if pos_offset + T > self.max_seq_len:
