@@ -335,6 +335,23 @@ def test_model_with_fp8_matmuls_trains_like_bf16(scaling, part, one_thread):
             assert err > 0.005, (name, err)  # the FP8 path is in the graph (bf16 reruns are bit-identical)
 
 
+@pytest.mark.parametrize("scaling", SCALINGS)
+def test_an_fp32_model_takes_the_fp8_attention_projections(scaling, one_thread):
+    """train.dtype=float32 with fp8_attn (a GPU preset run in fp32): the FP8 qkv matmul gives bf16, which met the fp32
+    value embeddings in v and attention refused the mixed q, k, v; the projection now gives the activations' dtype."""
+    cfg = tiny_model_cfg("--model.fp8_attn=true")
+    runtime = runtime_module.runtime_for(cfg, "cpu", dtype=torch.float32).replace(fp8_attn=scaling)
+    m = build_model(cfg, 32, runtime, seed=0)
+    assert [b.attn.fp8_scaling for b in m.blocks] == [scaling] * 4 and len(m.value_embeds) == 2
+    x, y = batch()
+    q, k, v = m.blocks[0].attn.qkv(torch.randn(2, 32, 64))
+    assert q.dtype == k.dtype == v.dtype == torch.float32
+    loss = m(x, y)
+    loss.backward()
+    assert loss.dtype == torch.float32 and torch.isfinite(loss)
+    assert all(torch.isfinite(b.attn.qkv_w.grad).all() for b in m.blocks)
+
+
 # -- config -----------------------------------------------------------------------------------------------
 
 def test_config_validates_fp8_scaling():

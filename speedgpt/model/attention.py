@@ -339,7 +339,10 @@ class CausalSelfAttention(nn.Module):
         if self.fp8_scaling:
             # bf16 input gradient: Inductor casts the 2304-wide rows of dqkv (out of the rotary and QK-norm
             # backward) only in two passes; in FP8 the whole model ran 1.2 % slower (docs/benchmarks.md)
-            qkv = fp8_linear_dynamic(x_BTD, qkv_w, self.fp8_scaling, fp8_grad_input=False).view(B, T, 3 * H, Dh)
+            # bf16 out; in the activations' dtype, else an fp32 run (train.dtype=float32) meets its fp32 value
+            # embeddings in v, and attention refuses the mixed q, k, v (a no-op in bf16)
+            qkv = fp8_linear_dynamic(x_BTD, qkv_w, self.fp8_scaling, fp8_grad_input=False).type_as(x_BTD)
+            qkv = qkv.view(B, T, 3 * H, Dh)
         else:
             qkv = F.linear(x_BTD, qkv_w.type_as(x_BTD)).view(B, T, 3 * H, Dh)
         q, k, v = qkv.chunk(3, dim=-2)
