@@ -533,3 +533,77 @@ def test_every_custom_autograd_function_is_in_a_module_the_cache_is_keyed_on():
         if classes:
             found[".".join(path.relative_to(root.parent).with_suffix("").parts)] = classes
     assert set(found) == set(compile_cache.AUTOGRAD_FUNCTION_MODULES), found
+
+
+def _cpu_rowwise_scaled_mm() -> bool:
+    """torch._scaled_mm on a CPU with row-wise scales (torch 2.13 on; 2.11 is per-tensor only)."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return False
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+        return True
+    except RuntimeError:
+        return False
+
+
+class TinyFP8(torch.nn.Module):
+    """The hidden linears' FP8 path (model/fp8_linear.py's custom autograd Function, row-wise), which torch 2.13
+    runs on a CPU. At module level: torch's package saves the class by its import path."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(32, 16) * 0.1)
+        self.runtime = SimpleNamespace(attn_backend="sdpa")
+
+    def forward(self, inputs):
+        from speedgpt.model.fp8_linear import fp8_linear_dynamic
+
+        return fp8_linear_dynamic(inputs, self.w, "rowwise").float().square().mean()
+
+
+class TinyFP8WithoutCache(TinyFP8):
+    """The same, compiled without the run's cache: a package installed in this process outlives
+    torch._dynamo.reset(), so each case compiles a function of its own."""
+
+    def forward(self, inputs):
+        return super().forward(inputs)
+
+
+@pytest.mark.skipif(not _cpu_rowwise_scaled_mm(), reason="this torch's CPU _scaled_mm takes per-tensor scales only")
+@pytest.mark.parametrize("with_cache", [True, False])
+def test_precompile_an_fp8_models_fresh_start_traces_nothing(tmp_path, monkeypatch, fresh_artifacts, with_cache):
+    """The FP8 Function's package (issue 33's warm start, GPU presets): with the run's cache (its scoped switch lets
+    AOTAutograd keep custom Functions' graphs) a fresh machine traces nothing and gives the cold start's loss and
+    gradient; without it the package has no backend for the graph ("Backend not found") and dynamo traces again."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.train.compile import compiled_forward
+
+    x = torch.randn(16, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
+                                     f"--train.compile_cache={tmp_path / 'cache'}"])
+
+    def start(inductor_dir: str):
+        torch._dynamo.reset()
+        counters.clear()
+        torch._dynamo.config.caching_precompile = False
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / inductor_dir))
+        cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
+        cache.load()
+        torch.manual_seed(0)
+        model = TinyFP8() if with_cache else TinyFP8WithoutCache()
+        loss = compiled_forward(cfg, model, "ddp", log=lambda line: None, cache=cache if with_cache else None)(x)
+        loss.backward()  # the backward compiles at its first call; the package is saved with both
+        return cache, (loss, model.w.grad), counters["stats"]["unique_graphs"], \
+            counters["dynamo_cache"]["dynamo_cache_hit"]
+
+    try:
+        with torch._dynamo.config.patch(caching_precompile=False):
+            cache, first, traced, hits = start("first")
+            assert (traced, hits) == (1, 0) and "saved" in cache.save()
+            _, again, traced, hits = start("second")  # another machine: only the artifact file
+            assert all(torch.equal(a, b) for a, b in zip(first, again))
+            assert (traced, hits) == ((0, 1) if with_cache else (1, 1))
+    finally:
+        torch._dynamo.reset()
