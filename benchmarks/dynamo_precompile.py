@@ -9,9 +9,9 @@ and with precompile on, starts of a changed config (`--changed`, e.g. another se
 fresh start's whole folder, where dynamo's saved package of GPT.forward now sits: its entries load but their
 guards must fail, so the changed config traces again and trains as a compiled run of it without the cache does
 (`--train.compile_cache=off`; losses compared to the bit).
-Per start: `start s` = `load` (the cache's load and torch.compile's call: with precompile the saved package is
-installed there, its backends loaded and their kernels built, before the warmup that the start log watches) +
-`c+w` (compile + warmup, as the log prints it); `proc`, the whole process; the warmup's trace / aot / inductor /
+Per start: `start s` = the cache's load + `c+w` (compile + warmup, as the log prints it: since a9e738b it counts
+torch.compile's call, where with precompile the saved package is installed, its backends loaded and their kernels
+built, before the warmup); `load`, the cache's load and torch.compile's call; `proc`, the whole process; the warmup's trace / aot / inductor /
 kernels seconds (train/compile_breakdown.py); graphs / frames dynamo compiled in the warmup and `late` (after it:
 a guard that failed at a later step); dynamo cache hits / misses / errors; the FX-graph and AOTAutograd caches'
 hits / misses; `drop`: guards caching precompile dropped (by type below the table); `bnf`: torch's "Backend not
@@ -20,7 +20,9 @@ found" warnings; train and val loss (a fresh start's against its cold start's: t
 Usage (CPU, ~10 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
   python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set="OVERRIDES"] [--modes off on]
       [--changed=--data.seq_len=64 --changed=--model.depth=3 | --changed=none] [--force] [--guards-in-trace]
-      [--keep DIR]
+      [--fp8] [--keep DIR]
+`--fp8` takes the GPU presets' FP8 paths on the CPU, in bf16 (FP8_SET below; torch 2.13's CPU _scaled_mm): their
+custom autograd Functions and custom ops in dynamo's package (the fused head + loss needs Triton and stays off).
 `--set` replaces the default small-model overrides (SMALL below); on a GPU give the preset's own, e.g.
 `--preset speedrun-124m --set="--train.steps=4 --train.warmup_steps=2 --train.val_every=0 --data.val_tokens=262144
 --data.train_files=DIR --run.report=false --run.sample_tokens=0"`. The trainer keeps precompile off with flex
@@ -52,7 +54,9 @@ MARK = "DYNAMO_PRECOMPILE_RESULT "
 SMALL = ["--model.depth=2", "--train.steps=3", "--train.warmup_steps=1", "--train.val_every=0",
          "--data.val_tokens=1024", "--run.report=false", "--run.sample_tokens=0"]
 INSTALL_TIMERS = ("after_deserialization", "precompile_load_guards", "precompile_build_guards")  # _dynamo/package.py
-FORCE, GUARDS_IN_TRACE = "DYNAMO_PRECOMPILE_FORCE", "DYNAMO_PRECOMPILE_GUARDS_IN_TRACE"
+FORCE, GUARDS_IN_TRACE, FP8 = "DYNAMO_PRECOMPILE_FORCE", "DYNAMO_PRECOMPILE_GUARDS_IN_TRACE", "DYNAMO_PRECOMPILE_FP8"
+# --fp8: the GPU presets' FP8 switches, in bf16 (their compute dtype); the child then lets the CPU take them
+FP8_SET = ["--model.fp8_head=true", "--model.fp8_attn=true", "--model.fp8_mlp=true", "--train.dtype=bfloat16"]
 DROPPED = re.compile(r"\] (\w+) guard on .* is dropped with caching_precompile=True")
 
 
@@ -72,6 +76,10 @@ def child(argv: list[str]) -> int:
     torch.set_num_threads(1)
     if os.environ.get(FORCE):  # caching precompile whatever the model (flex too): the trainer then leaves it on
         torch._dynamo.config.caching_precompile = True
+    if os.environ.get(FP8):  # torch 2.13's CPU runs _scaled_mm (row-wise scales too): the FP8 paths as on a GPU
+        import speedgpt.model.runtime as runtime
+
+        runtime.fp8_supported = lambda device: True
     if os.environ.get(GUARDS_IN_TRACE):
         sys.path.insert(0, str(ROOT / "benchmarks"))
         from precompile_probe import unpickle_guards_in_a_trace
@@ -165,13 +173,14 @@ HEADER = (f"{'start':26} {'start s':>7} {'load':>5} {'c+w':>5} {'proc':>5} {'tra
 
 
 def row(r: dict) -> str:
-    """start s = load + c+w: the cache's load and torch.compile's call (with precompile: the package's install)
-    plus compile + warmup; trace ... kern: the warmup's compile phases; proc: the whole process."""
+    """start s = the cache's load + c+w (compile + warmup, which since a9e738b counts torch.compile's call: with
+    precompile the package's install); load: the cache's load and torch.compile's call; trace ... kern: the warmup's
+    compile phases; proc: the whole process."""
     if "error" in r:
         return f"{r['label']:26} rc {r['rc']}: {r['error']}"
     dc = r["dynamo_cache"]
     hits = f"{dc.get('dynamo_cache_hit', 0)}/{dc.get('dynamo_cache_miss', 0)}/{dc.get('dynamo_cache_error', 0)}"
-    begin = None if r["warmup_s"] is None else r["load_s"] + r["warmup_s"]
+    begin = None if r["warmup_s"] is None else r["timed"]["load"]["wall_s"] + r["warmup_s"]
     phases = " ".join(f"{seconds(r.get(k)):>5}" for k in ("trace_s", "aot_s", "inductor_s", "kernels_s"))
     return (f"{r['label']:26} {seconds(begin):>7} {seconds(r['load_s']):>5} {seconds(r['warmup_s']):>5} "
             f"{seconds(r['process_s']):>5} {phases} {r.get('graphs', '-'):>3}/{r.get('frames', '-'):<3} "
@@ -197,9 +206,18 @@ def main() -> int:
     ap.add_argument("--guards-in-trace", action="store_true",
                     help="unpickle saved guards inside a throwaway trace (benchmarks/precompile_probe.py's probe "
                          "of torch's bug: patches torch internals; what a flex model's fresh start needs)")
+    ap.add_argument("--fp8", action="store_true",
+                    help="the FP8 paths of the GPU presets, on the CPU (head, attention and MLP, the fused ReLU² ops' "
+                         "torch reference; needs torch 2.13's row-wise CPU _scaled_mm)")
     ap.add_argument("--keep", help="a folder for the caches, run dirs and logs (default: a temporary one, removed)")
     args = ap.parse_args()
-    args.set = shlex.split(args.set)
+    if args.fp8:
+        sys.path.insert(0, str(ROOT / "benchmarks"))
+        from trace_time import fp8_runs_here
+
+        if not fp8_runs_here():
+            ap.error("--fp8 needs a torch whose CPU _scaled_mm takes row-wise scales (2.13 on); leave --fp8 out")
+    args.set = shlex.split(args.set) + (FP8_SET if args.fp8 else [])
     args.changed = [c for c in args.changed or ["--data.seq_len=64", "--model.depth=3"] if c != "none"]
     if args.keep and Path(args.keep).exists() and any(Path(args.keep).iterdir()):
         print(f"--keep {args.keep} is not empty: name a new folder (each start needs a cache of its own)")
@@ -218,6 +236,8 @@ def main() -> int:
             env = {FORCE: "1"} if on and args.force else {}
             if args.guards_in_trace:
                 env[GUARDS_IN_TRACE] = "1"
+            if args.fp8:
+                env[FP8] = "1"
             flags = [*args.set, f"--train.compile_precompile={'true' if on and not args.force else 'false'}"]
             cold = start(f"{mode}: cold", args.preset, flags, root / mode / "cold", root / mode / "run-cold", env)
             print(row(cold), flush=True)
@@ -239,7 +259,7 @@ def main() -> int:
                               env)
                 print(row(moved), flush=True)
                 ref = start(f"   uncached {change}", args.preset, [*args.set, change], "off",
-                            root / mode / f"run-uncached{i}")
+                            root / mode / f"run-uncached{i}", {FP8: "1"} if args.fp8 else None)
                 if "error" not in moved and "error" not in ref:
                     same = (moved["train_loss"], moved["val_loss"]) == (ref["train_loss"], ref["val_loss"])
                     print(f"{'':26} its losses {'equal' if same else 'DIFFER from'} those of a compiled run of it "

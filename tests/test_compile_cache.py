@@ -17,6 +17,7 @@ from torch.compiler._cache import CacheArtifactManager
 from speedgpt.config import Config, apply_overrides
 from speedgpt.train import compile_cache
 from speedgpt.train.compile_cache import CompileCache, config_digest, default_root, folder_name, versions
+from test_fp8_linear import needs_rowwise  # torch._scaled_mm on a CPU with row-wise scales (2.13 on)
 
 KEY = "speedgpt-test/kernel.best_config"  # an autotune entry: a JSON file under Inductor's cache dir
 
@@ -535,18 +536,6 @@ def test_every_custom_autograd_function_is_in_a_module_the_cache_is_keyed_on():
     assert set(found) == set(compile_cache.AUTOGRAD_FUNCTION_MODULES), found
 
 
-def _cpu_rowwise_scaled_mm() -> bool:
-    """torch._scaled_mm on a CPU with row-wise scales (torch 2.13 on; 2.11 is per-tensor only)."""
-    if not hasattr(torch, "float8_e4m3fn"):
-        return False
-    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
-        return True
-    except RuntimeError:
-        return False
-
-
 class TinyFP8(torch.nn.Module):
     """The hidden linears' FP8 path (model/fp8_linear.py's custom autograd Function, row-wise), which torch 2.13
     runs on a CPU. At module level: torch's package saves the class by its import path."""
@@ -570,7 +559,7 @@ class TinyFP8WithoutCache(TinyFP8):
         return super().forward(inputs)
 
 
-@pytest.mark.skipif(not _cpu_rowwise_scaled_mm(), reason="this torch's CPU _scaled_mm takes per-tensor scales only")
+@needs_rowwise
 @pytest.mark.parametrize("with_cache", [True, False])
 def test_precompile_an_fp8_models_fresh_start_traces_nothing(tmp_path, monkeypatch, fresh_artifacts, with_cache):
     """The FP8 Function's package (issue 33's warm start, GPU presets): with the run's cache (its scoped switch lets
