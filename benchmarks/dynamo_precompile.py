@@ -14,8 +14,9 @@ torch.compile's call, where with precompile the saved package is installed, its 
 built, before the warmup); `load`, the cache's load and torch.compile's call; `proc`, the whole process; the
 warmup's trace / aot / inductor / kernels seconds (train/compile_breakdown.py); graphs / frames dynamo compiled in
 the warmup and `late` (after it: a guard that failed at a later step); dynamo cache hits / misses / errors; the
-FX-graph and AOTAutograd caches' hits / misses; `drop`: guards caching precompile dropped (by type below the table); `bnf`: torch's "Backend not
-found" warnings; train and val loss (a fresh start's against its cold start's: to the bit).
+FX-graph and AOTAutograd caches' hits / misses; `drop`: guards caching precompile dropped (by type below the table);
+`bnf`: torch's "Backend not found" warnings; train and val loss (a fresh start's against its cold start's: to the
+bit).
 
 Usage (CPU, ~10 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
   python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set="OVERRIDES"] [--modes off on]
