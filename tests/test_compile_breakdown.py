@@ -5,6 +5,8 @@ in tests/test_compile_graphs.py (their breakdowns beside their pinned graphs).""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -116,3 +118,61 @@ def test_bench_rows_show_each_phase_and_cache_and_n_a_as_a_dash():
     row = {line.split()[0]: line.split()[1] for line in table[1:] if len(line.split()) == 2}
     assert row["compile_trace_s"] == "2.000" and row["compile_first_call_autotune_s"] == "0.500"
     assert row["compile_fx_cache_hits"] == "2/5" and "compile_kernels_s" not in row  # n/a: a row of "-" only
+
+
+def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_the_span(monkeypatch):
+    """Each compile's list of its slowest Triton kernels (torch's CompilationMetrics, JSON [[name, us], ...]): a
+    span takes the compiles made inside it (not those before), a kernel listed twice keeps its longer time, a list
+    torch could not serialize or of another shape is skipped, and the log line, the record and the spans' records
+    show the slowest."""
+    from types import SimpleNamespace
+
+    from speedgpt.train import compile_watch
+
+    def event(i, kernels):
+        return SimpleNamespace(compile_id=f"0/{i}", start_time_us=i, end_time_us=i + 1,
+                               triton_kernel_compile_times_us=kernels if kernels is None or isinstance(kernels, str)
+                               else json.dumps(kernels))
+
+    before = event(0, [["triton_tem_fused_flex_attention_backward_0", 30_000_000]])  # an earlier run's compile
+    forward = event(1, [["triton_tem_fused_flex_attention_0", 12_500_000], ["triton_poi_fused_add_1", 400_000]])
+    backward = event(2, [["triton_tem_fused_flex_attention_backward_2", 21_000_000],
+                         ["triton_poi_fused_add_1", 900_000]])
+    events = [before]
+    monkeypatch.setattr(compile_watch, "compile_events", lambda: list(events))
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    try:
+        with watch.span("training"):
+            events += [forward, backward, event(3, "<unknown>"), event(4, None), event(6, '{"a": 1}'),
+                       event(7, '[["x", 1, 2]]')]
+        with watch.span("validation"):
+            events.append(event(5, [["triton_tem_fused_flex_attention_3", 9_000_000]]))
+        training, validation = watch.spans
+        assert training.kernels == {"triton_tem_fused_flex_attention_backward_2": 21.0,
+                                    "triton_tem_fused_flex_attention_0": 12.5, "triton_poi_fused_add_1": 0.9}
+        assert validation.kernels == {"triton_tem_fused_flex_attention_3": 9.0}
+        line = next(ln for ln in watch.lines() if "slowest kernel compiles" in ln)
+        assert line.endswith("triton_tem_fused_flex_attention_backward_2 21.0s, triton_tem_fused_flex_attention_0 "
+                             "12.5s, triton_tem_fused_flex_attention_3 9.0s, triton_poi_fused_add_1 0.9s")
+        record = watch.record()
+        assert record["slowest_kernels"][0] == ["triton_tem_fused_flex_attention_backward_2", 21.0]
+        assert len(record["slowest_kernels"]) == 4 and record["spans"][1]["slowest_kernels"] == [
+            ["triton_tem_fused_flex_attention_3", 9.0]]
+    finally:
+        watch.close()
+        torch._dynamo.reset()
+
+
+def test_no_kernel_line_where_torch_recorded_no_triton_kernel():
+    """On a CPU (no Triton) the compiles list no kernels: no line, an empty list in the record."""
+    torch._dynamo.reset()
+    watch = CompileWatch()
+    try:
+        with watch.span("training"):
+            torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor", dynamic=False)(torch.ones(3))
+        assert not any("slowest kernel" in ln for ln in watch.lines())
+        assert watch.record()["slowest_kernels"] == []
+    finally:
+        watch.close()
+        torch._dynamo.reset()

@@ -5,11 +5,14 @@ minute.
 
 Counts come from torch._dynamo's counters (frames, unique graphs); seconds, their phases and the cache hits from
 compile_breakdown.py; the reason of each recompile from dynamo's "recompiles" log, which is switched on for the
-run (unless TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted).
+run (unless TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted);
+the slowest Triton kernels' own compile seconds from torch's record of each compile (below: which kernels the
+"kernels" phase waits for, e.g. flex attention's templates).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -33,6 +36,7 @@ class Span:
     wall_s: float = 0.0
     recompiles: list[str] = field(default_factory=list)  # one reason per recompile
     timers: dict = field(default_factory=dict)  # torch's compile timers and cache counters (compile_breakdown)
+    kernels: dict = field(default_factory=dict)  # Triton kernel name -> its own compile seconds (kernel_seconds)
 
     def breakdown(self) -> dict:
         """compile_s, its phases, first-call autotune and cache counts (compile_breakdown.phases)."""
@@ -45,7 +49,44 @@ class Span:
     def as_record(self) -> dict:
         return {"label": self.label, "graphs": self.graphs, "frames": self.frames, "recompiles": len(self.recompiles),
                 "reasons": self.recompiles, **compile_breakdown.rounded(self.breakdown()),
-                "wall_s": round(self.wall_s, 3)}
+                "wall_s": round(self.wall_s, 3), "slowest_kernels": slowest(self.kernels, 5)}
+
+
+def compile_events() -> list:
+    """torch's record of each compile so far (dynamo's CompilationMetrics: a frame's, a lazily compiled backward's;
+    the newest 64), or [] where this torch keeps none."""
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+    except ImportError:
+        return []
+    return get_compilation_metrics()
+
+
+def event_key(event) -> tuple:
+    return str(getattr(event, "compile_id", None)), getattr(event, "start_time_us", None), \
+        getattr(event, "end_time_us", None)
+
+
+def kernel_seconds(events) -> dict[str, float]:
+    """Triton kernels' own compile seconds by name, from each compile's list of its slowest (torch keeps 25 a
+    compile: `triton_kernel_compile_times_us`, JSON [[name, us], ...]). Kernels compile in parallel workers, so
+    these are not the "kernels" phase's wall seconds; the longest is a floor of that phase's wait. A list of
+    another shape (a torch that changed it, or its "<unknown>") is skipped: a diagnostic never stops a run."""
+    out: dict[str, float] = {}
+    for event in events:
+        raw = getattr(event, "triton_kernel_compile_times_us", None)
+        try:
+            pairs = [(str(name), float(us) / 1e6) for name, us in json.loads(raw)] if raw else []
+        except (ValueError, TypeError):
+            continue
+        for name, sec in pairs:
+            out[name] = max(out.get(name, 0.0), sec)
+    return out
+
+
+def slowest(kernels: dict[str, float], n: int) -> list[list]:
+    """The n slowest as [[name, seconds], ...], slowest first."""
+    return [[name, round(sec, 3)] for name, sec in sorted(kernels.items(), key=lambda kv: -kv[1])[:n]]
 
 
 class _Reasons(logging.Handler):
@@ -106,6 +147,7 @@ class CompileWatch:
             yield
             return
         graphs, frames, timers = self._counts()
+        seen = {event_key(e) for e in compile_events()}
         n_reasons, t0 = len(self._handler.reasons), time.perf_counter()
         try:
             yield
@@ -120,6 +162,8 @@ class CompileWatch:
             span.timers = compile_breakdown.combine(span.timers, compile_breakdown.combine(t, timers, -1))
             span.wall_s += time.perf_counter() - t0
             span.recompiles += self._handler.reasons[n_reasons:]
+            for name, sec in kernel_seconds(e for e in compile_events() if event_key(e) not in seen).items():
+                span.kernels[name] = max(span.kernels.get(name, 0.0), sec)
 
     def spans_compiled(self, label: str) -> bool:
         """Whether the span `label` compiled any frame."""
@@ -131,6 +175,8 @@ class CompileWatch:
             out.graphs, out.frames, out.wall_s = out.graphs + s.graphs, out.frames + s.frames, out.wall_s + s.wall_s
             out.recompiles += s.recompiles
             out.timers = compile_breakdown.combine(s.timers, out.timers) if out.timers else dict(s.timers)
+            for name, sec in s.kernels.items():
+                out.kernels[name] = max(out.kernels.get(name, 0.0), sec)
         return out
 
     def lines(self) -> list[str]:
@@ -142,6 +188,9 @@ class CompileWatch:
         lines = [f"compile: {t.graphs} graph(s) from {t.frames} frame(s), {len(t.recompiles)} recompile(s), "
                  f"{t.compile_s:.1f}s compiling",
                  f"  compile time: {compile_breakdown.describe(t.breakdown())}"]
+        if t.kernels:
+            lines.append("  slowest kernel compiles (each its own seconds, in parallel workers): "
+                         + ", ".join(f"{name} {sec:.1f}s" for name, sec in slowest(t.kernels, 5)))
         for s in self.spans:
             if s.frames:
                 lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
@@ -155,5 +204,5 @@ class CompileWatch:
         """The metrics record (event "compile"): the whole warmup's counts and breakdown, then each span's."""
         t = self.total()
         return {"graphs": t.graphs, "frames": t.frames, "recompiles": len(t.recompiles),
-                **compile_breakdown.rounded(t.breakdown()),
+                **compile_breakdown.rounded(t.breakdown()), "slowest_kernels": slowest(t.kernels, 10),
                 "spans": [s.as_record() for s in self.spans]}
