@@ -12,10 +12,14 @@ forward (no grad).
   --backend aot_eager_decomp_partition  the same with Inductor's decompositions and its min-cut partitioner
 --fp8 takes the preset's FP8 paths as a GPU does, in bf16 (torch 2.13's CPU runs _scaled_mm, row-wise scales too;
 the fused ReLU² custom ops run their torch reference), all but the fused head + loss, whose kernels need Triton (the
-FP8 head then takes its unfused custom ops).
+FP8 head then takes its unfused custom ops). --bf16 runs the model in bf16 without them (the baseline to set --fp8
+against: a bf16 model traces its weights' casts, which fp32, a CPU's default, does not have).
+The times printed per forward include running it once eagerly on the CPU (dynamo's eager backend runs the graph);
+"bytecode tracing" is dynamo's own timer of the trace alone.
 --profile prints dynamo's own per-function timings of the last repeat's training trace (torch's dynamo_profiler).
 
-Usage: python benchmarks/trace_time.py [--preset speedrun-latest] [--backend eager] [--repeats 3] [--fp8] [--profile]
+Usage: python benchmarks/trace_time.py [--preset speedrun-latest] [--backend eager] [--repeats 3] [--fp8 | --bf16]
+       [--profile]
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="speedrun-latest")
     ap.add_argument("--backend", default="eager", choices=("eager", "aot_eager", "aot_eager_decomp_partition"))
-    ap.add_argument("--fp8", action="store_true", help="the preset's FP8 paths that run without Triton (above)")
+    kind = ap.add_mutually_exclusive_group()
+    kind.add_argument("--fp8", action="store_true", help="the preset's FP8 paths that run without Triton, in bf16")
+    kind.add_argument("--bf16", action="store_true", help="the model in bf16, without the FP8 paths")
     ap.add_argument("--rows", type=int, default=1024, help="tokens in the traced row (a multiple of 128)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true")
@@ -83,6 +89,8 @@ def main() -> None:
         f"--data.val_seq_len={args.rows}", "--train.stages=[]", f"--train.batch_tokens={args.rows}"])
     mtp = preset.train.stages[0].mtp_weights if preset.train.stages else ()
     runtime = resolve_runtime(cfg, "cpu")
+    if args.bf16:
+        runtime = runtime.replace(dtype=torch.bfloat16)
     if args.fp8:
         if not fp8_runs_here():
             ap.error("--fp8 needs a torch whose CPU _scaled_mm takes row-wise scales (2.13 on); leave --fp8 out")
@@ -97,9 +105,10 @@ def main() -> None:
     weights = torch.tensor(mtp) if len(mtp) > 1 else None
     print(f"{args.preset}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
           f"depth {cfg.model.depth}, row of {args.rows}, MTP weights {list(mtp) or None}, backend {args.backend}, "
-          f"FP8 head / attention / MLP: {runtime.fp8_head} / {runtime.fp8_attn or 'off'} / {runtime.fp8_mlp or 'off'}; "
+          f"{str(runtime.dtype).removeprefix('torch.')}, FP8 head / attention / MLP: {runtime.fp8_head} / "
+          f"{runtime.fp8_attn or 'off'} / {runtime.fp8_mlp or 'off'}; "
           f"torch {torch.__version__}")
-    rows = []
+    rows, tracings = [], []
     for repeat in range(args.repeats):
         torch._dynamo.reset()
         counters.clear()
@@ -120,13 +129,15 @@ def main() -> None:
         names, values = compile_times(repr="csv", aggregate=True)
         tracing = dict(zip(names, values)).get("bytecode_tracing", float("nan"))
         rows.append((t1 - t0, t2 - t1, t3 - t2))
+        tracings.append(float(tracing))
         print(f"  repeat {repeat + 1}: training forward {t1 - t0:.2f} s"
               + (f" (+ backward {t2 - t1:.2f} s)" if args.backend.startswith("aot_eager") else "")
               + f", validation forward {t3 - t2:.2f} s; dynamo's bytecode tracing {float(tracing):.2f} s in all; "
                 f"{counters['stats']['unique_graphs']} graphs")
     train = statistics.median(r[0] + r[1] for r in rows)
     val = statistics.median(r[2] for r in rows)
-    print(f"median of {len(rows)}: training {train:.2f} s, validation {val:.2f} s, both {train + val:.2f} s")
+    print(f"median of {len(rows)}: training {train:.2f} s, validation {val:.2f} s, both {train + val:.2f} s; "
+          f"dynamo's bytecode tracing {statistics.median(tracings):.2f} s")
 
 
 if __name__ == "__main__":
