@@ -9,7 +9,7 @@ and with precompile on, starts of a changed config (`--changed`, e.g. another se
 fresh start's whole folder, where dynamo's saved package of GPT.forward now sits: its entries load but their
 guards must fail, so the changed config traces again and trains as a compiled run of it without the cache does
 (`--train.compile_cache=off`; losses compared to the bit).
-Per start: `start s` = the cache's load + `c+w` (compile + warmup, as the log prints it: since a9e738b it counts
+Per start: `start s` = the cache's load + `c+w` (compile + warmup, as the log prints it: since ad0ba09 it counts
 torch.compile's call, where with precompile the saved package is installed, its backends loaded and their kernels
 built, before the warmup); `load`, the cache's load and torch.compile's call; `proc`, the whole process; the
 warmup's trace / aot / inductor / kernels seconds (train/compile_breakdown.py); graphs / frames dynamo compiled in
@@ -174,7 +174,7 @@ HEADER = (f"{'start':26} {'start s':>7} {'load':>5} {'c+w':>5} {'proc':>5} {'tra
 
 
 def row(r: dict) -> str:
-    """start s = the cache's load + c+w (compile + warmup, which since a9e738b counts torch.compile's call: with
+    """start s = the cache's load + c+w (compile + warmup, which since ad0ba09 counts torch.compile's call: with
     precompile the package's install); load: the cache's load and torch.compile's call; trace ... kern: the warmup's
     compile phases; proc: the whole process."""
     if "error" in r:
