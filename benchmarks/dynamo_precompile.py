@@ -208,8 +208,8 @@ def main() -> int:
                     help="unpickle saved guards inside a throwaway trace (benchmarks/precompile_probe.py's probe "
                          "of torch's bug: patches torch internals; what a flex model's fresh start needs)")
     ap.add_argument("--fp8", action="store_true",
-                    help="the FP8 paths of the GPU presets, on the CPU (head, attention and MLP, the fused ReLU² ops' "
-                         "torch reference; needs torch 2.13's row-wise CPU _scaled_mm)")
+                    help="CPU only: the FP8 paths of the GPU presets (head, attention and MLP, the fused ReLU² ops' "
+                         "torch reference; needs torch 2.13's row-wise CPU _scaled_mm; a GPU takes them anyway)")
     ap.add_argument("--keep", help="a folder for the caches, run dirs and logs (default: a temporary one, removed)")
     args = ap.parse_args()
     if args.fp8:
