@@ -34,6 +34,14 @@ def test_this_torch_names_every_timer_and_counter():
                if t.since <= version and not names(t.key, t.source, t.suffix)]
     missing += [name for _, name, source in COUNTERS.values() if not names(name, source)]
     assert missing == []
+    # the slowest kernel compiles (compile_watch.py): read from torch's compile records, silently empty without them
+    import dataclasses
+
+    from torch._dynamo.utils import CompilationMetrics, get_compilation_metrics  # noqa: F401  (the reader's source)
+
+    assert {"triton_kernel_compile_times_us", "compile_id", "is_forward"} <= {
+        f.name for f in dataclasses.fields(CompilationMetrics)}
+    assert names("triton_kernel_compile_times_us", "_inductor/async_compile.py")
 
 
 def test_phases_subtract_the_timers_nested_inside_them():
@@ -122,22 +130,23 @@ def test_bench_rows_show_each_phase_and_cache_and_n_a_as_a_dash():
 
 def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_the_span(monkeypatch):
     """Each compile's list of its slowest Triton kernels (torch's CompilationMetrics, JSON [[name, us], ...]): a
-    span takes the compiles made inside it (not those before), a kernel listed twice keeps its longer time, a list
-    torch could not serialize or of another shape is skipped, and the log line, the record and the spans' records
-    show the slowest."""
+    span takes the compiles made inside it (not those before; all of the bounded list if it dropped the span's
+    newest), a kernel is named with its compile (names restart in every graph; " bwd" for a lazy backward), a
+    list torch could not serialize or of another shape is skipped, and the log line, the record and the spans'
+    records show the slowest."""
     from types import SimpleNamespace
 
     from speedgpt.train import compile_watch
 
-    def event(i, kernels):
-        return SimpleNamespace(compile_id=f"0/{i}", start_time_us=i, end_time_us=i + 1,
+    def event(i, kernels, forward=True):
+        return SimpleNamespace(compile_id=f"0/{i}", is_forward=forward,
                                triton_kernel_compile_times_us=kernels if kernels is None or isinstance(kernels, str)
                                else json.dumps(kernels))
 
-    before = event(0, [["triton_tem_fused_flex_attention_backward_0", 30_000_000]])  # an earlier run's compile
+    before = event(0, [["triton_tem_fused_flex_attention_backward_0", 30_000_000]])  # an earlier compile
     forward = event(1, [["triton_tem_fused_flex_attention_0", 12_500_000], ["triton_poi_fused_add_1", 400_000]])
-    backward = event(2, [["triton_tem_fused_flex_attention_backward_2", 21_000_000],
-                         ["triton_poi_fused_add_1", 900_000]])
+    backward = event(1, [["triton_tem_fused_flex_attention_backward_2", 21_000_000],
+                         ["triton_poi_fused_add_1", 900_000]], forward=False)
     events = [before]
     monkeypatch.setattr(compile_watch, "compile_events", lambda: list(events))
     torch._dynamo.reset()
@@ -148,17 +157,23 @@ def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_
                        event(7, '[["x", 1, 2]]')]
         with watch.span("validation"):
             events.append(event(5, [["triton_tem_fused_flex_attention_3", 9_000_000]]))
-        training, validation = watch.spans
-        assert training.kernels == {"triton_tem_fused_flex_attention_backward_2": 21.0,
-                                    "triton_tem_fused_flex_attention_0": 12.5, "triton_poi_fused_add_1": 0.9}
-        assert validation.kernels == {"triton_tem_fused_flex_attention_3": 9.0}
+        with watch.span("after the warmup"):  # torch's list (bounded) dropped every record the span started with
+            events[:] = [event(8, [["triton_red_fused_sum_0", 2_000_000]])]
+        training, validation, after = watch.spans
+        assert training.kernel_compile_s == {
+            "triton_tem_fused_flex_attention_backward_2 [0/1 bwd]": 21.0,
+            "triton_tem_fused_flex_attention_0 [0/1]": 12.5, "triton_poi_fused_add_1 [0/1 bwd]": 0.9,
+            "triton_poi_fused_add_1 [0/1]": 0.4}
+        assert validation.kernel_compile_s == {"triton_tem_fused_flex_attention_3 [0/5]": 9.0}
+        assert after.kernel_compile_s == {"triton_red_fused_sum_0 [0/8]": 2.0}
         line = next(ln for ln in watch.lines() if "slowest kernel compiles" in ln)
-        assert line.endswith("triton_tem_fused_flex_attention_backward_2 21.0s, triton_tem_fused_flex_attention_0 "
-                             "12.5s, triton_tem_fused_flex_attention_3 9.0s, triton_poi_fused_add_1 0.9s")
+        assert line.endswith("triton_tem_fused_flex_attention_backward_2 [0/1 bwd] 21.0s, "
+                             "triton_tem_fused_flex_attention_0 [0/1] 12.5s, triton_tem_fused_flex_attention_3 "
+                             "[0/5] 9.0s, triton_red_fused_sum_0 [0/8] 2.0s, triton_poi_fused_add_1 [0/1 bwd] 0.9s")
         record = watch.record()
-        assert record["slowest_kernels"][0] == ["triton_tem_fused_flex_attention_backward_2", 21.0]
-        assert len(record["slowest_kernels"]) == 4 and record["spans"][1]["slowest_kernels"] == [
-            ["triton_tem_fused_flex_attention_3", 9.0]]
+        assert record["slowest_kernels"][0] == ["triton_tem_fused_flex_attention_backward_2 [0/1 bwd]", 21.0]
+        assert len(record["slowest_kernels"]) == 6 and record["spans"][1]["slowest_kernels"] == [
+            ["triton_tem_fused_flex_attention_3 [0/5]", 9.0]]
     finally:
         watch.close()
         torch._dynamo.reset()
@@ -166,11 +181,16 @@ def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_
 
 def test_no_kernel_line_where_torch_recorded_no_triton_kernel():
     """On a CPU (no Triton) the compiles list no kernels: no line, an empty list in the record."""
+    from speedgpt.train.compile_watch import compile_events
+
     torch._dynamo.reset()
     watch = CompileWatch()
     try:
+        newest = (compile_events() or [None])[-1]
         with watch.span("training"):
             torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor", dynamic=False)(torch.ones(3))
+        seen = compile_events()
+        assert seen and seen[-1] is not newest and hasattr(seen[-1], "triton_kernel_compile_times_us")
         assert not any("slowest kernel" in ln for ln in watch.lines())
         assert watch.record()["slowest_kernels"] == []
     finally:

@@ -254,7 +254,7 @@ class TinyFlexTorchGuards(TinyFlex):
         return super().forward(inputs)
 
 
-def a_new_process(monkeypatch, cfg: Config, inductor_dir: Path) -> CompileCache:
+def start_as_a_new_process(monkeypatch, cfg: Config, inductor_dir: Path) -> CompileCache:
     """A process's start, in this one: dynamo emptied (its counters too), caching precompile off as a new process
     has it (the trainer's switch sets it; the tests restore it with config.patch), Inductor's cache dir, the run's
     compile cache opened and its artifacts loaded, the seed set."""
@@ -291,7 +291,7 @@ def test_precompile_a_flex_models_fresh_start_restores_its_guards(tmp_path, monk
                                      f"--train.compile_cache={tmp_path / 'cache'}"])
 
     def start(inductor_dir: str):
-        cache = a_new_process(monkeypatch, cfg, tmp_path / inductor_dir)
+        cache = start_as_a_new_process(monkeypatch, cfg, tmp_path / inductor_dir)
         with torch.no_grad():
             model = TinyFlex() if fixed else TinyFlexTorchGuards()
             out = compile_module.compiled_forward(cfg, model, "ddp", log=lambda line: None, cache=cache)(x)
@@ -584,7 +584,7 @@ def test_precompile_an_fp8_models_fresh_start_traces_nothing(tmp_path, monkeypat
                                      f"--train.compile_cache={tmp_path / 'cache'}"])
 
     def start(inductor_dir: str):
-        cache = a_new_process(monkeypatch, cfg, tmp_path / inductor_dir)
+        cache = start_as_a_new_process(monkeypatch, cfg, tmp_path / inductor_dir)
         model = TinyFP8() if with_cache else TinyFP8WithoutCache()
         loss = compiled_forward(cfg, model, "ddp", log=lambda line: None, cache=cache if with_cache else None)(x)
         loss.backward()  # the backward compiles at its first call; the package is saved with both

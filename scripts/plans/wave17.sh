@@ -21,7 +21,8 @@ phase gpucheck-flex 300 $PY scripts/gpu_check.py flex
 
 # 1. speedrun-latest cold, alone on the machine, in a new cache folder: issue 33's bar (<= 90 s on one GPU; wave 15
 # measured 163.6 s with another compile on the host); its step time per stage. Its start log names the slowest
-# Triton kernel compiles since 963af1c ("slowest kernel compiles: ..."): does flex attention's backward set the wait?
+# Triton kernel compiles since 963af1c ("slowest kernel compiles (each its own seconds, ...): ..."): is a flex
+# attention template near the "kernels" phase's wait?
 phase cold-b 420 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccb"
 # 2. A fresh machine: a new folder holding only 1.'s artifact files (bar <= 20 s; wave 15, same machine: 29.0 s).
 artifacts_only "$W/ccb" "$W/ccb2"

@@ -6,8 +6,8 @@ minute.
 Counts come from torch._dynamo's counters (frames, unique graphs); seconds, their phases and the cache hits from
 compile_breakdown.py; the reason of each recompile from dynamo's "recompiles" log, which is switched on for the
 run (unless TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted);
-the slowest Triton kernels' own compile seconds from torch's record of each compile (below: which kernels the
-"kernels" phase waits for, e.g. flex attention's templates).
+the slowest Triton kernel compiles from torch's record of each compile (kernel_compile_seconds: which kernels the
+"kernels" phase may wait for, e.g. flex attention's templates).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from . import compile_breakdown
 
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
+COMPILE_RECORDS_KEPT = 512
 AFTER_WARMUP = "after the warmup"  # the span of the measured steps: anything compiled there cost training time
 
 
@@ -36,7 +37,7 @@ class Span:
     wall_s: float = 0.0
     recompiles: list[str] = field(default_factory=list)  # one reason per recompile
     timers: dict = field(default_factory=dict)  # torch's compile timers and cache counters (compile_breakdown)
-    kernels: dict = field(default_factory=dict)  # Triton kernel name -> its own compile seconds (kernel_seconds)
+    kernel_compile_s: dict = field(default_factory=dict)  # "kernel [compile]" -> its seconds (kernel_compile_seconds)
 
     def breakdown(self) -> dict:
         """compile_s, its phases, first-call autotune and cache counts (compile_breakdown.phases)."""
@@ -49,12 +50,12 @@ class Span:
     def as_record(self) -> dict:
         return {"label": self.label, "graphs": self.graphs, "frames": self.frames, "recompiles": len(self.recompiles),
                 "reasons": self.recompiles, **compile_breakdown.rounded(self.breakdown()),
-                "wall_s": round(self.wall_s, 3), "slowest_kernels": slowest(self.kernels, 5)}
+                "wall_s": round(self.wall_s, 3), "slowest_kernels": slowest_kernels(self.kernel_compile_s, 5)}
 
 
 def compile_events() -> list:
-    """torch's record of each compile so far (dynamo's CompilationMetrics: a frame's, a lazily compiled backward's;
-    the newest 64), or [] where this torch keeps none."""
+    """torch's record of each compile so far (dynamo's CompilationMetrics, oldest first: a frame's, a lazily compiled
+    backward's), or [] where this torch keeps none."""
     try:
         from torch._dynamo.utils import get_compilation_metrics
     except ImportError:
@@ -62,31 +63,37 @@ def compile_events() -> list:
     return get_compilation_metrics()
 
 
-def event_key(event) -> tuple:
-    return str(getattr(event, "compile_id", None)), getattr(event, "start_time_us", None), \
-        getattr(event, "end_time_us", None)
+def events_after(events: list, last) -> list:
+    """The events after `last` (the newest one a span started with, None if none): compared by identity; if torch's
+    bounded list has dropped `last`, every event it holds came after it."""
+    at = next((i for i in range(len(events) - 1, -1, -1) if events[i] is last), None) if last is not None else None
+    return events if at is None else events[at + 1:]
 
 
-def kernel_seconds(events) -> dict[str, float]:
-    """Triton kernels' own compile seconds by name, from each compile's list of its slowest (torch keeps 25 a
-    compile: `triton_kernel_compile_times_us`, JSON [[name, us], ...]). Kernels compile in parallel workers, so
-    these are not the "kernels" phase's wall seconds; the longest is a floor of that phase's wait. A list of
-    another shape (a torch that changed it, or its "<unknown>") is skipped: a diagnostic never stops a run."""
+def kernel_compile_seconds(events) -> dict[str, float]:
+    """Triton kernels' compile seconds, from each compile's list of its slowest (torch keeps 25 a compile:
+    `triton_kernel_compile_times_us`, JSON [[name, us], ...]), keyed "name [compile id]" (" bwd" for a lazily
+    compiled backward): kernel names restart in every graph. Each is the kernel's own time in its worker; kernels
+    compile in parallel and while Inductor still generates code, so these are neither a sum nor a bound of the
+    "kernels" phase's wait, only where to look: one near that wait is the likely cause. Kernels compiled outside a
+    compile (a precompiled package's install, autotuning) are not listed. A list of another shape (a torch that
+    changed it, or its "<unknown>") is skipped: a diagnostic never stops a run."""
     out: dict[str, float] = {}
     for event in events:
         raw = getattr(event, "triton_kernel_compile_times_us", None)
+        where = f"{getattr(event, 'compile_id', '?')}{' bwd' if getattr(event, 'is_forward', None) is False else ''}"
         try:
-            pairs = [(str(name), float(us) / 1e6) for name, us in json.loads(raw)] if raw else []
-        except (ValueError, TypeError):
+            pairs = [(f"{name} [{where}]", float(us) / 1e6) for name, us in json.loads(raw)] if raw else []
+        except (ValueError, TypeError, OverflowError):
             continue
-        for name, sec in pairs:
-            out[name] = max(out.get(name, 0.0), sec)
+        for key, sec in pairs:
+            out[key] = max(out.get(key, 0.0), sec)
     return out
 
 
-def slowest(kernels: dict[str, float], n: int) -> list[list]:
-    """The n slowest as [[name, seconds], ...], slowest first."""
-    return [[name, round(sec, 3)] for name, sec in sorted(kernels.items(), key=lambda kv: -kv[1])[:n]]
+def slowest_kernels(kernel_compile_s: dict[str, float], n: int) -> list[list]:
+    """The n slowest as [["kernel [compile]", seconds], ...], slowest first."""
+    return [[key, round(sec, 3)] for key, sec in sorted(kernel_compile_s.items(), key=lambda kv: -kv[1])[:n]]
 
 
 class _Reasons(logging.Handler):
@@ -128,6 +135,13 @@ class CompileWatch:
             logger.propagate = False  # ours to summarize, not torch's to print (TORCH_LOGS=recompiles prints them)
         self._handler = _Reasons()
         logger.addHandler(self._handler)
+        from torch._dynamo import utils as dynamo_utils
+
+        # torch keeps its newest 64 compile records; per-block compiles (fsdp, compile_scope=block) make more in a
+        # span, and the kernel list reads them after it (a few KB each)
+        kept = getattr(getattr(dynamo_utils, "_compilation_metrics", None), "maxlen", None) or 0
+        if hasattr(dynamo_utils, "set_compilation_metrics_limit") and kept < COMPILE_RECORDS_KEPT:
+            dynamo_utils.set_compilation_metrics_limit(COMPILE_RECORDS_KEPT)
 
     def close(self) -> None:
         if self._handler is not None:
@@ -147,7 +161,8 @@ class CompileWatch:
             yield
             return
         graphs, frames, timers = self._counts()
-        seen = {event_key(e) for e in compile_events()}
+        events = compile_events()
+        newest = events[-1] if events else None
         n_reasons, t0 = len(self._handler.reasons), time.perf_counter()
         try:
             yield
@@ -162,8 +177,8 @@ class CompileWatch:
             span.timers = compile_breakdown.combine(span.timers, compile_breakdown.combine(t, timers, -1))
             span.wall_s += time.perf_counter() - t0
             span.recompiles += self._handler.reasons[n_reasons:]
-            for name, sec in kernel_seconds(e for e in compile_events() if event_key(e) not in seen).items():
-                span.kernels[name] = max(span.kernels.get(name, 0.0), sec)
+            for key, sec in kernel_compile_seconds(events_after(compile_events(), newest)).items():
+                span.kernel_compile_s[key] = max(span.kernel_compile_s.get(key, 0.0), sec)
 
     def spans_compiled(self, label: str) -> bool:
         """Whether the span `label` compiled any frame."""
@@ -175,8 +190,8 @@ class CompileWatch:
             out.graphs, out.frames, out.wall_s = out.graphs + s.graphs, out.frames + s.frames, out.wall_s + s.wall_s
             out.recompiles += s.recompiles
             out.timers = compile_breakdown.combine(s.timers, out.timers) if out.timers else dict(s.timers)
-            for name, sec in s.kernels.items():
-                out.kernels[name] = max(out.kernels.get(name, 0.0), sec)
+            for key, sec in s.kernel_compile_s.items():
+                out.kernel_compile_s[key] = max(out.kernel_compile_s.get(key, 0.0), sec)
         return out
 
     def lines(self) -> list[str]:
@@ -188,9 +203,9 @@ class CompileWatch:
         lines = [f"compile: {t.graphs} graph(s) from {t.frames} frame(s), {len(t.recompiles)} recompile(s), "
                  f"{t.compile_s:.1f}s compiling",
                  f"  compile time: {compile_breakdown.describe(t.breakdown())}"]
-        if t.kernels:
+        if t.kernel_compile_s:
             lines.append("  slowest kernel compiles (each its own seconds, in parallel workers): "
-                         + ", ".join(f"{name} {sec:.1f}s" for name, sec in slowest(t.kernels, 5)))
+                         + ", ".join(f"{key} {sec:.1f}s" for key, sec in slowest_kernels(t.kernel_compile_s, 5)))
         for s in self.spans:
             if s.frames:
                 lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
@@ -204,5 +219,5 @@ class CompileWatch:
         """The metrics record (event "compile"): the whole warmup's counts and breakdown, then each span's."""
         t = self.total()
         return {"graphs": t.graphs, "frames": t.frames, "recompiles": len(t.recompiles),
-                **compile_breakdown.rounded(t.breakdown()), "slowest_kernels": slowest(t.kernels, 10),
+                **compile_breakdown.rounded(t.breakdown()), "slowest_kernels": slowest_kernels(t.kernel_compile_s, 10),
                 "spans": [s.as_record() for s in self.spans]}
