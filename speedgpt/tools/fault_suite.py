@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import signal
@@ -36,6 +37,15 @@ from pathlib import Path
 from .fault_runs import (CHECKPOINT_EVERY, FAULTS, STEPS, ReferenceRunFailed, Runs, Tally, flatten_state, check_runs,
                          final_losses, make_data, replay_and_drift)
 from .processes import last_line, run_env, speedgpt_command
+
+
+def truncate_atomically(path: Path, n_bytes: int) -> None:
+    """Cut the file to its first n_bytes in one rename: a run reading it meanwhile sees the whole file or the cut
+    one, never the empty file that truncating in place shows for an instant (a loader thread once read it there,
+    "at byte 0", and failed the suite's check of the named offset)."""
+    cut = path.with_name(path.name + ".cut")
+    cut.write_bytes(path.read_bytes()[:n_bytes])
+    os.replace(cut, path)
 
 
 class Suite:
@@ -244,7 +254,7 @@ class Suite:
                 for line in p.stdout:
                     out += line
                     if "model:" in line:
-                        bad.write_bytes(bad.read_bytes()[:1500])
+                        truncate_atomically(bad, 1500)
                 p.wait()
                 ok = p.returncode == 2 and f"bad training shard {bad} at byte 1500" in out
                 tally.survived += ok
@@ -253,8 +263,7 @@ class Suite:
                 data = self.work / "data-bad"
                 if not data.exists():
                     shutil.copytree(self.data, data)
-                    bad = data / "train_000003.bin"
-                    bad.write_bytes(bad.read_bytes()[:1500])
+                    truncate_atomically(data / "train_000003.bin", 1500)
                 sub = Tally()
                 self.kill9(1, sub, data=data, ref="bad", extra=["--data.on_bad_shard=skip"])
                 tally.survived += sub.survived
