@@ -11,11 +11,12 @@ import numpy as np
 
 STEPS = 12
 CHECKPOINT_EVERY = 2
+BATCH_TOKENS = 256
 # As small as the trainer allows while keeping GPT-2's vocabulary: a run is a few seconds of
 # compute, and checkpoints every 2 steps make a kill during a save likely.
 CONFIG = [
     "--model.depth=1", "--model.model_dim=32", "--model.head_dim=16", "--model.value_embeds=0",
-    "--data.seq_len=64", "--train.batch_tokens=256", f"--train.steps={STEPS}", "--train.log_every=4",
+    "--data.seq_len=64", f"--train.batch_tokens={BATCH_TOKENS}", f"--train.steps={STEPS}", "--train.log_every=4",
     "--train.val_every=0", "--data.val_tokens=256", "--train.device=cpu", "--run.report=false",
     "--run.sample_tokens=0", "--schedule.window_start=64", "--schedule.window_end=64",
     "--schedule.window_block=16", "--optim.muon_momentum_warmup_steps=5",

@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from .fault_runs import (CHECKPOINT_EVERY, FAULTS, STEPS, ReferenceRunFailed, Runs, Tally, flatten_state, check_runs,
-                         final_losses, make_data, replay_and_drift)
+from .fault_runs import (BATCH_TOKENS, CHECKPOINT_EVERY, FAULTS, STEPS, ReferenceRunFailed, Runs, Tally,
+                         flatten_state, check_runs, final_losses, make_data, replay_and_drift)
 from .processes import last_line, run_env, speedgpt_command
 
 
@@ -68,6 +68,13 @@ class Suite:
     def _dir(self, name: str) -> Path:
         self._n += 1
         return self.work / f"{self._n:04d}-{name}"
+
+    def epochs_steps(self, epochs: int) -> int:
+        """Steps of the suite's config that read its training shards `epochs` times over."""
+        from ..data.shards import read_header
+
+        tokens = sum(read_header(f) for f in self.data.glob("train_*.bin"))
+        return -(-epochs * tokens // BATCH_TOKENS)
 
     def _args(self, run_dir: Path, data: Path | None = None, extra=(), resume: str = "auto") -> list[str]:
         cmd = ["train", *self.runs.config()]
@@ -249,7 +256,10 @@ class Suite:
                 shutil.copytree(self.data, data)
                 bad = data / "train_000002.bin"
                 d = self._dir("shard-stop")
-                p = self.start(self._args(d, data))
+                # The cut lands when this process reads "model:", and the run may have read the shard by then (a
+                # busy machine). So the run goes on into further epochs, which read it again from disk (the loader
+                # keeps 3 shards): whenever the cut lands, a later read meets it.
+                p = self.start(self._args(d, data, extra=[f"--train.steps={self.epochs_steps(3)}"]))
                 out = ""
                 for line in p.stdout:
                     out += line
