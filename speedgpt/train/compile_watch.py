@@ -86,9 +86,14 @@ def kernel_compile_seconds(events) -> dict[str, float]:
             pairs = [(f"{name} [{where}]", float(us) / 1e6) for name, us in json.loads(raw)] if raw else []
         except (ValueError, TypeError, OverflowError):
             continue
-        for key, sec in pairs:
-            out[key] = max(out.get(key, 0.0), sec)
+        keep_longest(out, pairs)
     return out
+
+
+def keep_longest(into: dict[str, float], more) -> None:
+    """Adds the (kernel, seconds) pairs `more` to `into`; a kernel listed twice keeps its longer time."""
+    for key, sec in more:
+        into[key] = max(into.get(key, 0.0), sec)
 
 
 def slowest_kernels(kernel_compile_s: dict[str, float], n: int) -> list[list]:
@@ -177,8 +182,7 @@ class CompileWatch:
             span.timers = compile_breakdown.combine(span.timers, compile_breakdown.combine(t, timers, -1))
             span.wall_s += time.perf_counter() - t0
             span.recompiles += self._handler.reasons[n_reasons:]
-            for key, sec in kernel_compile_seconds(events_after(compile_events(), newest)).items():
-                span.kernel_compile_s[key] = max(span.kernel_compile_s.get(key, 0.0), sec)
+            keep_longest(span.kernel_compile_s, kernel_compile_seconds(events_after(compile_events(), newest)).items())
 
     def spans_compiled(self, label: str) -> bool:
         """Whether the span `label` compiled any frame."""
@@ -190,8 +194,7 @@ class CompileWatch:
             out.graphs, out.frames, out.wall_s = out.graphs + s.graphs, out.frames + s.frames, out.wall_s + s.wall_s
             out.recompiles += s.recompiles
             out.timers = compile_breakdown.combine(s.timers, out.timers) if out.timers else dict(s.timers)
-            for key, sec in s.kernel_compile_s.items():
-                out.kernel_compile_s[key] = max(out.kernel_compile_s.get(key, 0.0), sec)
+            keep_longest(out.kernel_compile_s, s.kernel_compile_s.items())
         return out
 
     def lines(self) -> list[str]:
