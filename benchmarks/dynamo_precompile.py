@@ -213,10 +213,9 @@ def main() -> int:
     ap.add_argument("--keep", help="a folder for the caches, run dirs and logs (default: a temporary one, removed)")
     args = ap.parse_args()
     if args.fp8:
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from trace_time import fp8_runs_here
+        from speedgpt.model.runtime import cpu_runs_rowwise_fp8
 
-        if not fp8_runs_here():
+        if not cpu_runs_rowwise_fp8():
             ap.error("--fp8 needs a torch whose CPU _scaled_mm takes row-wise scales (2.13 on); leave --fp8 out")
     args.set = shlex.split(args.set) + (FP8_SET if args.fp8 else [])
     args.changed = [c for c in args.changed or ["--data.seq_len=64", "--model.depth=3"] if c != "none"]

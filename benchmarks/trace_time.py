@@ -44,18 +44,6 @@ def flex_on_the_cpu() -> None:
     flex_module._validate_device = lambda *args: None  # flex's Python check before the op; its math runs on CPU
 
 
-def fp8_runs_here() -> bool:
-    """torch._scaled_mm on this CPU with row-wise scales (torch 2.11's CPU path is per-tensor only)."""
-    if not hasattr(torch, "float8_e4m3fn"):
-        return False
-    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
-    except RuntimeError:
-        return False
-    return True
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="speedrun-latest")
@@ -76,7 +64,7 @@ def main() -> None:
 
     from speedgpt.config import ConfigError, apply_overrides, load_preset
     from speedgpt.model.build import build_model
-    from speedgpt.model.runtime import max_seq_len, resolve_runtime
+    from speedgpt.model.runtime import cpu_runs_rowwise_fp8, max_seq_len, resolve_runtime
 
     try:
         preset = load_preset(args.preset)
@@ -92,7 +80,7 @@ def main() -> None:
     if args.bf16:
         runtime = runtime.replace(dtype=torch.bfloat16)
     if args.fp8:
-        if not fp8_runs_here():
+        if not cpu_runs_rowwise_fp8():
             ap.error("--fp8 needs a torch whose CPU _scaled_mm takes row-wise scales (2.13 on); leave --fp8 out")
         m = cfg.model
         runtime = runtime.replace(fp8_head=m.fp8_head, fp8_mlp=m.fp8_scaling if m.fp8_mlp else "",

@@ -25,19 +25,8 @@ E4M3, E5M2 = (torch.float8_e4m3fn, torch.float8_e5m2) if hasattr(torch, "float8_
 FORMATS = {"e4m3": (E4M3, E4M3_MAX, 2.0 ** -4, 2.0 ** -10), "e5m2": (E5M2, E5M2_MAX, 2.0 ** -3, 2.0 ** -17)}
 
 
-def _cpu_rowwise_scaled_mm() -> bool:
-    """torch._scaled_mm on CPU takes row-wise scales from torch 2.13 on (2.11 asserts per-tensor only)."""
-    if E4M3 is None:
-        return False
-    a = torch.ones(16, 16).to(E4M3)
-    try:
-        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
-        return True
-    except RuntimeError:
-        return False
-
-
-needs_rowwise = pytest.mark.skipif(not _cpu_rowwise_scaled_mm(), reason="this torch's CPU _scaled_mm is per-tensor only")
+needs_rowwise = pytest.mark.skipif(not runtime_module.cpu_runs_rowwise_fp8(),
+                                   reason="this torch's CPU _scaled_mm is per-tensor only")
 SCALINGS = [pytest.param("rowwise", marks=needs_rowwise), "tensorwise"]
 
 

@@ -26,6 +26,19 @@ def fp8_supported(device: torch.device) -> bool:
         and hasattr(torch, "float8_e4m3fn")
 
 
+def cpu_runs_rowwise_fp8() -> bool:
+    """Whether this torch's CPU runs torch._scaled_mm with row-wise scales (2.13 on; 2.11 asserts per-tensor only):
+    what lets the tests and the CPU benchmarks take the FP8 paths a GPU takes (fp8_supported stays CUDA's)."""
+    if not hasattr(torch, "float8_e4m3fn"):
+        return False
+    a = torch.ones(16, 16).to(torch.float8_e4m3fn)
+    try:
+        torch._scaled_mm(a, a.t(), scale_a=torch.ones(16, 1), scale_b=torch.ones(1, 16), out_dtype=torch.bfloat16)
+    except RuntimeError:
+        return False
+    return True
+
+
 def fused_ce_supported(device: torch.device) -> bool:
     from .kernels.softcap_ce import available
 
