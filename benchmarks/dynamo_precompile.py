@@ -20,16 +20,14 @@ bit).
 
 Usage (CPU, ~10 min on 2 shared cores; figures: docs/benchmarks.md, "Can a warm start skip dynamo's trace?"):
   python benchmarks/dynamo_precompile.py [--preset tiny-cpu] [--set="OVERRIDES"] [--modes off on]
-      [--changed=--data.seq_len=64 --changed=--model.depth=3 | --changed=none] [--force] [--guards-in-trace]
-      [--fp8] [--keep DIR]
+      [--changed=--data.seq_len=64 --changed=--model.depth=3 | --changed=none] [--fp8] [--keep DIR]
 `--fp8` takes the GPU presets' FP8 paths on the CPU, in bf16 (FP8_SET below; torch 2.13's CPU _scaled_mm): their
 custom autograd Functions and custom ops in dynamo's package (the fused head + loss needs Triton and stays off).
 `--set` replaces the default small-model overrides (SMALL below); on a GPU give the preset's own, e.g.
 `--preset speedrun-124m --set="--train.steps=4 --train.warmup_steps=2 --train.val_every=0 --data.val_tokens=262144
---data.train_files=DIR --run.report=false --run.sample_tokens=0"`. The trainer keeps precompile off with flex
-attention (torch cannot restore flex's saved guards: benchmarks/precompile_probe.py); `--force` sets dynamo's switch
-in the process instead, and `--guards-in-trace` applies the probe's workaround (a patch of torch internals), which
-a flex model's fresh start needs.
+--data.train_files=DIR --run.report=false --run.sample_tokens=0"`. Precompile is the trainer's switch
+(`train.compile_precompile`), flex attention included: the trainer restores a package's saved guards in a tracing
+context (speedgpt/train/precompile_guards.py).
 """
 
 from __future__ import annotations
@@ -55,7 +53,7 @@ MARK = "DYNAMO_PRECOMPILE_RESULT "
 SMALL = ["--model.depth=2", "--train.steps=3", "--train.warmup_steps=1", "--train.val_every=0",
          "--data.val_tokens=1024", "--run.report=false", "--run.sample_tokens=0"]
 INSTALL_TIMERS = ("after_deserialization", "precompile_load_guards", "precompile_build_guards")  # _dynamo/package.py
-FORCE, GUARDS_IN_TRACE, FP8 = "DYNAMO_PRECOMPILE_FORCE", "DYNAMO_PRECOMPILE_GUARDS_IN_TRACE", "DYNAMO_PRECOMPILE_FP8"
+FP8 = "DYNAMO_PRECOMPILE_FP8"
 # --fp8: the GPU presets' FP8 switches, in bf16 (their compute dtype); the child then lets the CPU take them
 FP8_SET = ["--model.fp8_head=true", "--model.fp8_attn=true", "--model.fp8_mlp=true", "--train.dtype=bfloat16"]
 DROPPED = re.compile(r"\] (\w+) guard on .* is dropped with caching_precompile=True")
@@ -75,17 +73,10 @@ def child(argv: list[str]) -> int:
     from speedgpt.train import compile_breakdown
 
     torch.set_num_threads(1)
-    if os.environ.get(FORCE):  # caching precompile whatever the model (flex too): the trainer then leaves it on
-        torch._dynamo.config.caching_precompile = True
     if os.environ.get(FP8):  # torch 2.13's CPU runs _scaled_mm (row-wise scales too): the FP8 paths as on a GPU
         import speedgpt.model.runtime as runtime
 
         runtime.fp8_supported = lambda device: True
-    if os.environ.get(GUARDS_IN_TRACE):
-        sys.path.insert(0, str(ROOT / "benchmarks"))
-        from precompile_probe import unpickle_guards_in_a_trace
-
-        unpickle_guards_in_a_trace()
     timed: dict[str, dict] = {}
 
     def timing(name, fn):
@@ -201,12 +192,6 @@ def main() -> int:
     ap.add_argument("--changed", action="append",
                     help="a changed config's override (repeat for more; 'none': no such start; default: "
                          "--data.seq_len=64 and --model.depth=3)")
-    ap.add_argument("--force", action="store_true",
-                    help="precompile on by setting torch._dynamo.config.caching_precompile in the process, not by "
-                         "the trainer's switch (which keeps it off with flex attention)")
-    ap.add_argument("--guards-in-trace", action="store_true",
-                    help="unpickle saved guards inside a throwaway trace (benchmarks/precompile_probe.py's probe "
-                         "of torch's bug: patches torch internals; what a flex model's fresh start needs)")
     ap.add_argument("--fp8", action="store_true",
                     help="CPU only: the FP8 paths of the GPU presets (head, attention and MLP, the fused ReLU² ops' "
                          "torch reference; needs torch 2.13's row-wise CPU _scaled_mm; a GPU takes them anyway)")
@@ -226,19 +211,14 @@ def main() -> int:
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="dynamo_precompile-"))
     root.mkdir(parents=True, exist_ok=True)
-    print(f"torch {torch.__version__}; speedgpt train --preset {args.preset} {' '.join(args.set)}; force "
-          f"{args.force}, guards in a trace {args.guards_in_trace}; work in {root}")
+    print(f"torch {torch.__version__}; speedgpt train --preset {args.preset} {' '.join(args.set)}; work in {root}")
     print(HEADER)
     results = []
     try:
         for mode in args.modes:
             on = mode == "on"
-            env = {FORCE: "1"} if on and args.force else {}
-            if args.guards_in_trace:
-                env[GUARDS_IN_TRACE] = "1"
-            if args.fp8:
-                env[FP8] = "1"
-            flags = [*args.set, f"--train.compile_precompile={'true' if on and not args.force else 'false'}"]
+            env = {FP8: "1"} if args.fp8 else {}
+            flags = [*args.set, f"--train.compile_precompile={'true' if on else 'false'}"]
             cold = start(f"{mode}: cold", args.preset, flags, root / mode / "cold", root / mode / "run-cold", env)
             print(row(cold), flush=True)
             artifacts_only(root / mode / "cold", root / mode / "fresh")
