@@ -16,6 +16,16 @@ from speedgpt.train.compile_breakdown import COUNTERS, PHASES, TIMERS, names, ph
 from speedgpt.train.compile_watch import CompileWatch
 
 
+@pytest.fixture
+def watch():
+    """A CompileWatch over an emptied dynamo; closed, and dynamo emptied again, after the test."""
+    torch._dynamo.reset()
+    compile_watch = CompileWatch()
+    yield compile_watch
+    compile_watch.close()
+    torch._dynamo.reset()
+
+
 def check_breakdown(b: dict, wall_s: float | None = None) -> None:
     """Every phase present and >= 0, their sum no more than the compile time (no more than the wall time)."""
     seconds = [b[f"{name}_s"] for name in PHASES]
@@ -64,55 +74,43 @@ def test_phases_subtract_the_timers_nested_inside_them():
     assert "kernels n/a" in compile_breakdown.describe(p) and "fx graph cache n/a" in compile_breakdown.describe(p)
 
 
-def test_a_timer_this_torch_does_not_name_reads_missing_not_zero(monkeypatch):
+def test_a_timer_this_torch_does_not_name_reads_missing_not_zero(monkeypatch, watch):
     """A real compile (aot_eager: dynamo and AOTAutograd without code generation), with torch's backend timer
     hidden as an older or newer torch might lack it: trace and aot read None and n/a, the rest still add up."""
     hidden = TIMERS["backend"][0].key
     real = compile_breakdown.names
     monkeypatch.setattr(compile_breakdown, "names", lambda key, *a, **kw: key != hidden and real(key, *a, **kw))
-    torch._dynamo.reset()
-    watch = CompileWatch()
-    try:
-        f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager", dynamic=False)
-        with watch.span("training"):
-            f(torch.ones(3, requires_grad=True)).backward()
-        (span,) = watch.spans
-        b = span.breakdown()
-        assert b["compile_s"] > 0 and (b["trace_s"], b["aot_s"]) == (None, None)
-        assert [b[f"{name}_s"] for name in ("inductor", "kernels", "autotune")] == [0.0, 0.0, 0.0]  # none ran
-        assert "trace n/a, aot n/a" in watch.lines()[1]
-        assert watch.record()["trace_s"] is None and watch.record()["compile_s"] > 0
-    finally:
-        watch.close()
-        torch._dynamo.reset()
+    f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager", dynamic=False)
+    with watch.span("training"):
+        f(torch.ones(3, requires_grad=True)).backward()
+    (span,) = watch.spans
+    b = span.breakdown()
+    assert b["compile_s"] > 0 and (b["trace_s"], b["aot_s"]) == (None, None)
+    assert [b[f"{name}_s"] for name in ("inductor", "kernels", "autotune")] == [0.0, 0.0, 0.0]  # none ran
+    assert "trace n/a, aot n/a" in watch.lines()[1]
+    assert watch.record()["trace_s"] is None and watch.record()["compile_s"] > 0
 
 
-def test_spans_split_training_and_validation_and_report_them():
-    torch._dynamo.reset()
-    watch = CompileWatch()
-    try:
-        f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager", dynamic=False)
-        x = torch.ones(3, requires_grad=True)
-        with watch.span("training"):
-            f(x).backward()
-        with watch.span("validation"), torch.no_grad():
-            f(x)
-        training, validation = watch.spans
-        for span in (training, validation, watch.total()):
-            check_breakdown(span.breakdown(), span.wall_s)
-        assert training.breakdown()["aot_s"] > 0 and validation.breakdown()["compile_s"] > 0
-        total = watch.total().breakdown()
-        assert total["compile_s"] == pytest.approx(training.compile_s + validation.compile_s)
-        lines = watch.lines()
-        assert lines[1].startswith("  compile time: trace ") and "fx graph cache 0/0 hits" in lines[1]
-        assert lines[2].startswith("  training: 1 graph(s)") and "(trace " in lines[2]
-        record = watch.record()
-        assert set(record) >= {f"{name}_s" for name in PHASES} | set(COUNTERS) | {"first_call_autotune_s"}
-        assert [s["label"] for s in record["spans"]] == ["training", "validation"]
-        assert record["spans"][1]["aot_s"] == round(validation.breakdown()["aot_s"], 3)
-    finally:
-        watch.close()
-        torch._dynamo.reset()
+def test_spans_split_training_and_validation_and_report_them(watch):
+    f = torch.compile(lambda x: (x.sin() * 2).sum(), backend="aot_eager", dynamic=False)
+    x = torch.ones(3, requires_grad=True)
+    with watch.span("training"):
+        f(x).backward()
+    with watch.span("validation"), torch.no_grad():
+        f(x)
+    training, validation = watch.spans
+    for span in (training, validation, watch.total()):
+        check_breakdown(span.breakdown(), span.wall_s)
+    assert training.breakdown()["aot_s"] > 0 and validation.breakdown()["compile_s"] > 0
+    total = watch.total().breakdown()
+    assert total["compile_s"] == pytest.approx(training.compile_s + validation.compile_s)
+    lines = watch.lines()
+    assert lines[1].startswith("  compile time: trace ") and "fx graph cache 0/0 hits" in lines[1]
+    assert lines[2].startswith("  training: 1 graph(s)") and "(trace " in lines[2]
+    record = watch.record()
+    assert set(record) >= {f"{name}_s" for name in PHASES} | set(COUNTERS) | {"first_call_autotune_s"}
+    assert [s["label"] for s in record["spans"]] == ["training", "validation"]
+    assert record["spans"][1]["aot_s"] == round(validation.breakdown()["aot_s"], 3)
 
 
 def test_bench_rows_show_each_phase_and_cache_and_n_a_as_a_dash():
@@ -128,7 +126,7 @@ def test_bench_rows_show_each_phase_and_cache_and_n_a_as_a_dash():
     assert row["compile_fx_cache_hits"] == "2/5" and "compile_kernels_s" not in row  # n/a: a row of "-" only
 
 
-def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_the_span(monkeypatch):
+def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_the_span(monkeypatch, watch):
     """Each compile's list of its slowest Triton kernels (torch's CompilationMetrics, JSON [[name, us], ...]): a
     span takes the compiles made inside it (not those before; all of the bounded list if it dropped the span's
     newest), a kernel is named with its compile (names restart in every graph; " bwd" for a lazy backward), a
@@ -149,50 +147,38 @@ def test_the_slowest_kernel_compiles_come_from_torchs_record_of_each_compile_in_
                          ["triton_poi_fused_add_1", 900_000]], forward=False)
     events = [before]
     monkeypatch.setattr(compile_watch, "compile_events", lambda: list(events))
-    torch._dynamo.reset()
-    watch = CompileWatch()
-    try:
-        with watch.span("training"):
-            events += [forward, backward, event(3, "<unknown>"), event(4, None), event(6, '{"a": 1}'),
-                       event(7, '[["x", 1, 2]]')]
-        with watch.span("validation"):
-            events.append(event(5, [["triton_tem_fused_flex_attention_3", 9_000_000]]))
-        with watch.span("after the warmup"):  # torch's list (bounded) dropped every record the span started with
-            events[:] = [event(8, [["triton_red_fused_sum_0", 2_000_000]])]
-        training, validation, after = watch.spans
-        assert training.kernel_compile_s == {
-            "triton_tem_fused_flex_attention_backward_2 [0/1 bwd]": 21.0,
-            "triton_tem_fused_flex_attention_0 [0/1]": 12.5, "triton_poi_fused_add_1 [0/1 bwd]": 0.9,
-            "triton_poi_fused_add_1 [0/1]": 0.4}
-        assert validation.kernel_compile_s == {"triton_tem_fused_flex_attention_3 [0/5]": 9.0}
-        assert after.kernel_compile_s == {"triton_red_fused_sum_0 [0/8]": 2.0}
-        line = next(ln for ln in watch.lines() if "slowest kernel compiles" in ln)
-        assert line.endswith("triton_tem_fused_flex_attention_backward_2 [0/1 bwd] 21.0s, "
-                             "triton_tem_fused_flex_attention_0 [0/1] 12.5s, triton_tem_fused_flex_attention_3 "
-                             "[0/5] 9.0s, triton_red_fused_sum_0 [0/8] 2.0s, triton_poi_fused_add_1 [0/1 bwd] 0.9s")
-        record = watch.record()
-        assert record["slowest_kernels"][0] == ["triton_tem_fused_flex_attention_backward_2 [0/1 bwd]", 21.0]
-        assert len(record["slowest_kernels"]) == 6 and record["spans"][1]["slowest_kernels"] == [
-            ["triton_tem_fused_flex_attention_3 [0/5]", 9.0]]
-    finally:
-        watch.close()
-        torch._dynamo.reset()
+    with watch.span("training"):
+        events += [forward, backward, event(3, "<unknown>"), event(4, None), event(6, '{"a": 1}'),
+                   event(7, '[["x", 1, 2]]')]
+    with watch.span("validation"):
+        events.append(event(5, [["triton_tem_fused_flex_attention_3", 9_000_000]]))
+    with watch.span("after the warmup"):  # torch's list (bounded) dropped every record the span started with
+        events[:] = [event(8, [["triton_red_fused_sum_0", 2_000_000]])]
+    training, validation, after = watch.spans
+    assert training.kernel_compile_s == {
+        "triton_tem_fused_flex_attention_backward_2 [0/1 bwd]": 21.0,
+        "triton_tem_fused_flex_attention_0 [0/1]": 12.5, "triton_poi_fused_add_1 [0/1 bwd]": 0.9,
+        "triton_poi_fused_add_1 [0/1]": 0.4}
+    assert validation.kernel_compile_s == {"triton_tem_fused_flex_attention_3 [0/5]": 9.0}
+    assert after.kernel_compile_s == {"triton_red_fused_sum_0 [0/8]": 2.0}
+    line = next(ln for ln in watch.lines() if "slowest kernel compiles" in ln)
+    assert line.endswith("triton_tem_fused_flex_attention_backward_2 [0/1 bwd] 21.0s, "
+                         "triton_tem_fused_flex_attention_0 [0/1] 12.5s, triton_tem_fused_flex_attention_3 "
+                         "[0/5] 9.0s, triton_red_fused_sum_0 [0/8] 2.0s, triton_poi_fused_add_1 [0/1 bwd] 0.9s")
+    record = watch.record()
+    assert record["slowest_kernels"][0] == ["triton_tem_fused_flex_attention_backward_2 [0/1 bwd]", 21.0]
+    assert len(record["slowest_kernels"]) == 6 and record["spans"][1]["slowest_kernels"] == [
+        ["triton_tem_fused_flex_attention_3 [0/5]", 9.0]]
 
 
-def test_no_kernel_line_where_torch_recorded_no_triton_kernel():
+def test_no_kernel_line_where_torch_recorded_no_triton_kernel(watch):
     """On a CPU (no Triton) the compiles list no kernels: no line, an empty list in the record."""
     from speedgpt.train.compile_watch import compile_events
 
-    torch._dynamo.reset()
-    watch = CompileWatch()
-    try:
-        newest = (compile_events() or [None])[-1]
-        with watch.span("training"):
-            torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor", dynamic=False)(torch.ones(3))
-        seen = compile_events()
-        assert seen and seen[-1] is not newest and hasattr(seen[-1], "triton_kernel_compile_times_us")
-        assert not any("slowest kernel" in ln for ln in watch.lines())
-        assert watch.record()["slowest_kernels"] == []
-    finally:
-        watch.close()
-        torch._dynamo.reset()
+    newest = (compile_events() or [None])[-1]
+    with watch.span("training"):
+        torch.compile(lambda x: (x.sin() * 2).sum(), backend="inductor", dynamic=False)(torch.ones(3))
+    seen = compile_events()
+    assert seen and seen[-1] is not newest and hasattr(seen[-1], "triton_kernel_compile_times_us")
+    assert not any("slowest kernel" in ln for ln in watch.lines())
+    assert watch.record()["slowest_kernels"] == []
