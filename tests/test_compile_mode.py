@@ -97,11 +97,11 @@ def test_with_cuda_graphs_each_micro_step_and_validation_batch_marks_a_step(mode
     batches = []
     score = validation.Validator.loss
 
-    def counting_loss(self, model, forward, windows, rope):
+    def counting_loss(self, model, forward, windows, rope, **kw):
         def counted_forward(*a, **k):
             batches.append(1)
             return forward(*a, **k)
-        return score(self, model, counted_forward, windows, rope)
+        return score(self, model, counted_forward, windows, rope, **kw)
 
     monkeypatch.setattr(validation.Validator, "loss", counting_loss)
     cfg = apply_overrides(load_preset("tiny-cpu"), [

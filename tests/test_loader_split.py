@@ -262,3 +262,23 @@ def test_validation_rows_are_the_same_whatever_the_world_size(tmp_path, rows, wo
                 assert real == x.shape[0]
                 scored += y.flatten().tolist()
     assert sorted(scored) == sorted(data[1:rows * seq + 1].tolist())  # every row once, nothing else
+
+
+@pytest.mark.parametrize("rows,world_size,batch_size", [(15, 2, 4), (6, 4, 1), (3, 4, 2), (12, 3, 5), (8, 1, 3),
+                                                        (40, 1, 1), (40, 4, 1), (9, 4, 2)])
+def test_a_validation_warmup_meets_every_batch_shape_of_every_rank(tmp_path, rows, world_size, batch_size):
+    """The compile warmup's validation (Validator.loss(warmup=True)) runs the batches batches_of_each_shape picks,
+    one index set for all ranks (collectives stay matched): each rank meets every batch shape a whole validation
+    gives it, and a validation of one shape runs one batch."""
+    from speedgpt.data.val import batches_of_each_shape, rank_val_batches
+
+    files, _ = make_corpus(tmp_path, random_lens(40, seed=11), [40], prefix="val")
+    chosen = batches_of_each_shape(rows, world_size, batch_size)
+    for r in range(world_size):
+        shapes = lambda only: {x.shape for x, _, _ in rank_val_batches(  # noqa: E731
+            files, seq_len=16, batch_size=batch_size, rows=rows, rank=r, world_size=world_size, only=only)}
+        assert shapes(chosen) == shapes(None)
+        assert len(list(rank_val_batches(files, seq_len=16, batch_size=batch_size, rows=rows, rank=r,
+                                         world_size=world_size, only=chosen))) == len(chosen)
+    if rows % (world_size * batch_size) == 0:  # every batch of every rank full: one shape
+        assert chosen == {0}

@@ -99,28 +99,50 @@ def rank_val_batches(
     rank: int = 0,
     world_size: int = 1,
     device: str | torch.device = "cpu",
+    only: set[int] | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
     """The first `rows` rows of seq_len tokens of the val stream, dealt to the ranks in contiguous blocks
     (sizes differing by at most one row), in batches of up to `batch_size` rows: (inputs, targets, real
     rows). Every rank yields the same number of batches, so a step with collectives (FSDP) never waits on
     a rank that ran out: a rank short of batches gets a one-row batch that scores nothing (0 real rows).
     The ranks together score exactly those rows whatever the world size, so a validation loss is the
-    same figure on 1, 2 or 4 GPUs (up to the order of the float sums)."""
+    same figure on 1, 2 or 4 GPUs (up to the order of the float sums). `only`: the batches of these
+    indices alone (every rank must pass the same set, for the same reason)."""
     _check_shape(batch_size, seq_len)
-    per_rank, extra = divmod(rows, world_size)
-    start = rank * per_rank + min(rank, extra)
-    mine = per_rank + (rank < extra)
-    most = per_rank + (extra > 0)
+    start = rank * (rows // world_size) + min(rank, rows % world_size)
     device = torch.device(device)
     stream = _read_stream(files, [read_header(f) for f in files], rows * seq_len + 1)
     row = start
-    for _ in range(-(-most // batch_size)):
-        n = min(batch_size, start + mine - row)
-        if n > 0:
-            yield (*_to_device(stream[row * seq_len:(row + n) * seq_len + 1], n, seq_len, device), n)
-            row += n
-        else:
-            yield (*_to_device(stream[:seq_len + 1], 1, seq_len, device), 0)
+    for i, n in enumerate(batch_rows(rows, world_size, batch_size, rank)):
+        if only is None or i in only:
+            if n > 0:
+                yield (*_to_device(stream[row * seq_len:(row + n) * seq_len + 1], n, seq_len, device), n)
+            else:
+                yield (*_to_device(stream[:seq_len + 1], 1, seq_len, device), 0)
+        row += n
+
+
+def batch_rows(rows: int, world_size: int, batch_size: int, rank: int) -> list[int]:
+    """The real rows of each of `rank`'s validation batches as rank_val_batches deals them (0: its one-row batch
+    that scores nothing); every rank has as many batches."""
+    per_rank, extra = divmod(rows, world_size)
+    mine, most = per_rank + (rank < extra), per_rank + (extra > 0)
+    return [max(0, min(batch_size, mine - i * batch_size)) for i in range(-(-most // batch_size))]
+
+
+def batches_of_each_shape(rows: int, world_size: int, batch_size: int) -> set[int]:
+    """The fewest batch indices, the same on every rank, that give each rank every batch shape it meets in a whole
+    validation: a compile warmup that runs these compiles all of validation's graphs (a batch's rows are its only
+    shape that varies: a short last batch, a rank's empty one-row batch) without scoring every row."""
+    chosen: set[int] = set()
+    for rank in range(world_size):
+        shapes = [max(n, 1) for n in batch_rows(rows, world_size, batch_size, rank)]
+        met = {shapes[i] for i in chosen}
+        for i, shape in enumerate(shapes):
+            if shape not in met:
+                chosen.add(i)
+                met.add(shape)
+    return chosen
 
 
 def _val_iter(files, sizes, seq_len, batch_size, max_tokens, rank, world_size, device):

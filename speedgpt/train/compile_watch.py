@@ -25,6 +25,8 @@ from . import compile_breakdown
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
 COMPILE_RECORDS_KEPT = 512
 AFTER_WARMUP = "after the warmup"  # the span of the measured steps: anything compiled there cost training time
+# the run's validations: what compiles there the warmup missed too (it costs wall time, not training time)
+VALIDATION_AFTER_WARMUP = "validation after the warmup"
 
 
 @dataclass

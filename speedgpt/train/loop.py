@@ -39,7 +39,7 @@ from .build import (build_model, check_data_capacity, check_row_lengths, choose_
                     describe_run, document_sample, fallback_notes, mix_preview, resolve_data_files, train_loader)
 from .checkpointing import Checkpointer, should_resume
 from .compile import compiled_forward, grads_out_of_cudagraph_pool, open_compile_cache, uses_cudagraphs
-from .compile_watch import AFTER_WARMUP, CompileWatch
+from .compile_watch import AFTER_WARMUP, VALIDATION_AFTER_WARMUP, CompileWatch
 from .control import RunControl
 from .guard import NonFiniteError, NumericsGuard
 from .hardware import peak_flops
@@ -237,14 +237,16 @@ class Trainer:
         self.model.zero_grad(set_to_none=True)
         return total
 
-    def evaluate(self, step: int | None = None) -> float:
+    def evaluate(self, step: int | None = None, *, warmup: bool = False) -> float:
         """Mean validation loss of the model after `step` training steps (default: the current one),
-        at that step's attention windows."""
+        at that step's attention windows; `warmup`: one batch of each shape only (Validator.loss)."""
         step = self.step if step is None else step
-        return self.validator.loss(self.model, self.forward, self.inputs.windows_at(step), self.inputs.rope_at(step))
+        return self.validator.loss(self.model, self.forward, self.inputs.windows_at(step), self.inputs.rope_at(step),
+                                   warmup=warmup)
 
     def record_validation(self, result: TrainResult) -> None:
-        val = self.evaluate()
+        with self.compile_watch.span(VALIDATION_AFTER_WARMUP):  # a graph compiled here is one the warmup missed
+            val = self.evaluate()
         result.val_history.append((self.step, val))
         self.progress.log_validation(self.step, self.tokens, self.train_time, val)
 
@@ -259,7 +261,7 @@ class Trainer:
                 with watch.span(f"stage {self.plan.stage_at(step).index}" if self.plan.from_table else "training"):
                     self.train_step(step)
             with watch.span("validation"):
-                self.evaluate()
+                self.evaluate(warmup=True)
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.has_experts:  # nor what its forwards counted for the MoE metrics
@@ -399,7 +401,7 @@ class Trainer:
         return result
 
     def finish(self, result: TrainResult) -> None:
-        late = self.compile_watch.spans_compiled(AFTER_WARMUP)
+        late = any(self.compile_watch.spans_compiled(label) for label in (AFTER_WARMUP, VALIDATION_AFTER_WARMUP))
         if late:  # a finding: the warmup did not compile every graph the run needed
             for line in self.compile_watch.lines():
                 self.log(line)

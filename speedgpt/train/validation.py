@@ -44,16 +44,20 @@ class Validator:
         check_val_ids(val_files, self.tokens + 1, vocab_size)  # the ids the model's table must hold
 
     @torch.no_grad()
-    def loss(self, model, forward, windows, rope) -> float:
+    def loss(self, model, forward, windows, rope, *, warmup: bool = False) -> float:
         """Mean loss with `forward` (the model, compiled or not) at the given windows and rotary state;
-        `model` is in eval mode meanwhile."""
-        from ..data.val import rank_val_batches
+        `model` is in eval mode meanwhile. `warmup`: only one batch of each shape the ranks meet, which compiles
+        every validation graph in a fraction of a whole validation's time (the speedrun presets score 40 rows of
+        262,144 tokens: seconds of every start); what it returns is then not the validation loss."""
+        from ..data.val import batches_of_each_shape, rank_val_batches
 
         model.eval()
         weighted, rows = [], self.tokens // self.seq_len
+        only = batches_of_each_shape(rows, self.dist.world_size, self.micro_batch) if warmup else None
         for inputs, targets, real in rank_val_batches(self.val_files, seq_len=self.seq_len,
                                                       batch_size=self.micro_batch, rows=rows, rank=self.dist.rank,
-                                                      world_size=self.dist.world_size, device=self.dist.device):
+                                                      world_size=self.dist.world_size, device=self.dist.device,
+                                                      only=only):
             weighted.append(forward(inputs, targets, windows=windows, rope=rope) * real)
         model.train()
         # Each batch's mean times its rows: a sum over rows, exact to divide (every row has seq_len tokens).
