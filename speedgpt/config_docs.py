@@ -183,7 +183,8 @@ DESCRIPTIONS: dict[str, str] = {
                            "$XDG_CACHE_HOME/speedgpt/compile; off: none",
     "train.coordinate_descent_tuning": "Inductor tunes its kernels' launch configs: slower compile, faster steps",
     "train.persistent_reductions_upto": "keep reduction rows up to this many elements in registers; 0: Inductor's choice",
-    "train.warmup_steps": "compile/kernel warmup steps on real data, then an exact state reset",
+    "train.warmup_steps": "compile warmup on real data, then an exact state reset: this many steps spread over the run "
+                          "(each later stage's first step added) and one validation batch of each shape; 0: none",
     "train.time_budget_s": "stop early (final eval and checkpoint) after this much training time; 0: no limit",
     "train.peak_flops": "bf16 peak FLOP/s for MFU; 0: the device's table value",
     "train.stages": "training stages ([[train.stages]] tables, speedgpt/stages.py): spans of the run with their own "

@@ -15,7 +15,7 @@ from test_compile_breakdown import check_breakdown
 from torch._dynamo.utils import counters
 
 from speedgpt.config import apply_overrides, load_preset
-from speedgpt.train.compile_watch import CompileWatch, recompile_reason
+from speedgpt.train.compile_watch import AFTER_WARMUP, VALIDATION_AFTER_WARMUP, CompileWatch, recompile_reason
 from speedgpt.train.loop import Trainer
 
 # (span, graphs, recompile reasons) per preset, at this commit. moe-d12 (on its CUDA path, `cuda_moe_path`): one
@@ -88,6 +88,30 @@ def test_each_presets_graphs_are_pinned(preset, text_shards, tmp_path, one_threa
         for span in [*tr.compile_watch.spans, tr.compile_watch.total()]:
             check_breakdown(span.breakdown(), span.wall_s)
         assert tr.compile_watch.spans[-1].breakdown()["compile_s"] > 0  # validation's own graph
+    finally:
+        torch._dynamo.reset()
+
+
+# speedrun-124m's validation (3 rows in batches of 2) ends in a short batch, a second shape the warmup must meet;
+# speedrun-latest's rows in a micro-step (1 a micro-step, as the preset's 32K rows) leave it batches of 1 row.
+@pytest.mark.parametrize("preset,rows", [("speedrun-124m", 2), ("speedrun-latest", 1)])
+def test_nothing_compiles_after_the_presets_warmup(preset, rows, text_shards, tmp_path, one_thread):
+    """The presets warm up on step 0 and each stage's first step alone (train.warmup_steps=1), and validation on
+    one batch of each shape: a whole (shortened) run after it, windows growing, YaRN, the MTP weights' decay,
+    the untie and validations every 10 steps, compiles no graph, in training or in validation."""
+    torch._dynamo.reset()
+    try:
+        cfg = apply_overrides(scaled_preset(preset, text_shards),
+                              ["--train.steps=40", "--train.val_every=10", "--data.val_tokens=768",
+                               f"--train.micro_batch_size={rows}", "--train.checkpoint_every=0",
+                               "--train.save_final_checkpoint=false"])
+        assert cfg.train.warmup_steps == 1  # the preset's own
+        tr = Trainer(cfg, run_dir=tmp_path / "run", quiet=True)
+        result = tr.run()
+        spans = {s.label: s for s in tr.compile_watch.spans}
+        assert len(result.val_history) == 5 and spans["validation"].graphs == rows, "\n".join(tr.compile_watch.lines())
+        late = {s.label: s.frames for s in tr.compile_watch.spans if s.label.endswith("after the warmup")}
+        assert late == {AFTER_WARMUP: 0, VALIDATION_AFTER_WARMUP: 0}, "\n".join(tr.compile_watch.lines())
     finally:
         torch._dynamo.reset()
 
