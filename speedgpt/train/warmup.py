@@ -16,8 +16,8 @@ def warmup_steps(cfg: Config, plan: StagePlan) -> list[int]:
     stage (its batch, row length and MTP weight count may be new shapes), in order. One spread step (step 0) is
     enough where nothing else about a step changes its graphs: windows, YaRN state, MTP weights and
     model.tie_embed_frac's untie are data (step_schedule.py, model/embeddings.py EmbedTying; the untie's own work is
-    eager), so the speedrun presets take 1 (each further step costs seconds of every start: speedrun-latest's ten
-    spread steps ran ~4 s of its warm start). More serve a model whose graphs change with the step; a graph the
+    eager), so the speedrun presets take 1 (each further step costs a step's time at every start: by wave 15's step
+    times, speedrun-latest's nine more came to ~4 s). More serve a model whose graphs change with the step; a graph the
     warmup missed is logged at the run's end (compile_watch.AFTER_WARMUP)."""
     n, total = cfg.train.warmup_steps, cfg.train.steps
     spread = [min(total - 1, (i * total) // n) for i in range(n)]
