@@ -59,11 +59,14 @@ OLDER=$PWD/.carry/tree-b064051
 phase old-tree 30 test -f $OLDER/speedgpt/__main__.py
 phase plan-old 480 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
     --data.train_files=$DATA"
+# (--train.warmup_steps=10: b064051's warmup, so that the pair differs only in the run plan's code)
 phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA" \
-    --train.compile_cache="$W/cca" $OLD
+    --train.compile_cache="$W/cca" $OLD --train.warmup_steps=10
 
 # 7. The trace cuts' step time: 56de1ae's tree, the same per-stage bench as 1. (cold), one after the other on the GPU
-# (expected: the same ms a step per stage as 1.; the kernels of the masks and rotations are tiny either way).
+# (expected: the same ms a step per stage as 1.; the kernels of the masks and rotations are tiny either way). Its
+# warmup is the old one (12 steps, a whole validation): compare the compile seconds (trace, aot, ...), not
+# compile_warmup_s, with 1.'s.
 BEFORE=$PWD/.carry/tree-56de1ae
 phase trace-old 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/cct"
