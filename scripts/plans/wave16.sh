@@ -73,7 +73,7 @@ phase old-tree 30 test -f $OLDER/speedgpt/__main__.py
     --preset speedrun-latest --steps 6 --data.train_files=$DATA" ) &
 [ "$NG" -lt 2 ] && wait
 phase plan-new 540 env CUDA_VISIBLE_DEVICES=$(gpu 1) $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
-    --data.train_files="$DATA" --train.compile_cache="$W/cca" $OLD
+    --data.train_files="$DATA" --train.compile_cache="$W/cca" $OLD --train.warmup_steps=10  # b064051's warmup
 wait
 
 # 6. Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
