@@ -136,6 +136,23 @@ def test_rerun_replaces_old_outputs(tmp_path):
     assert len(list(tmp_path.glob("train_*.bin"))) < n_before  # no stale shards left behind
 
 
+@pytest.mark.parametrize("failure", ["no documents", "one document", "interrupted"])
+def test_a_failed_build_leaves_the_folders_earlier_data_as_it_was(tmp_path, monkeypatch, failure):
+    """A build that fails (nothing usable read, no val split possible, stopped mid-way) must not cost the data its
+    --out folder already holds: the old shards, manifest and tokenizer copy stay, byte for byte, and no partial
+    build is left beside them."""
+    tokenize_corpus(Documents(many_docs(300)), tmp_path, shard_tokens=1000, workers=1, progress=False)
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    if failure == "interrupted":
+        def stop(*args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(tok.Splitter, "add", stop)
+    docs = {"no documents": [], "one document": ["only one"], "interrupted": many_docs(10)}[failure]
+    with pytest.raises((tokenize_pool.TokenizeError, KeyboardInterrupt)):
+        tokenize_corpus(Documents(docs), tmp_path, shard_tokens=1000, workers=1, progress=False, ensure_val=True)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+
+
 def test_text_files_jsonl_parquet_sources(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

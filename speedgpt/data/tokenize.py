@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..tokenizer.core import Tokenizer
 
 MANIFEST = "manifest.json"
+BUILD_SUBDIR = ".tokenizing"  # where a build writes its shards until it has succeeded
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
 # The local corpus in pieces validates on whole files (corpus.PythonSourceFiles): 1% of a 5M-token
 # build is about 6 files, too few for a val loss that does not hang on which files they are.
@@ -120,7 +121,9 @@ def tokenize_corpus(
     ``tokenizer``: a trained tokenizer (speedgpt.tokenizer), recorded in every shard header and copied
     to ``out_dir/tokenizer/`` so the shards carry it; None: GPT-2's.
     Existing ``train_*.bin``, ``val_*.bin``, ``manifest.json`` and ``tokenizer/`` in ``out_dir`` are
-    replaced. Returns the manifest (also written as JSON).
+    replaced, but only by a build that succeeded: the new shards are written in ``out_dir/.tokenizing``
+    first (so the disk holds both for a while), and a build that fails leaves the old ones as they were.
+    Returns the manifest (also written as JSON).
     """
     sources = _as_sources(sources)
     if not 0.0 <= val_fraction < 1.0:
@@ -138,7 +141,10 @@ def tokenize_corpus(
     if tokenizer is not None and tokenizer.folder is None:  # GPT-2's, given explicitly
         tokenizer = None
     keep = tokenizer.folder if tokenizer is not None else None
-    _clear_outputs(out_dir, keep)
+    # The new build goes to a folder of its own; a previous one's, left by a killed process, is partial.
+    build_dir = out_dir / BUILD_SUBDIR
+    shutil.rmtree(build_dir, ignore_errors=True)
+    build_dir.mkdir()
     stamp = stamp_of(tokenizer) if tokenizer is not None else GPT2_STAMP
 
     params = {
@@ -151,7 +157,7 @@ def tokenize_corpus(
         "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
         "dedupe": "exact" if dedupe else "none",
     }
-    split = Splitter(out_dir, shard_tokens, len(sources), val_fraction, val_docs,
+    split = Splitter(build_dir, shard_tokens, len(sources), val_fraction, val_docs,
                       ensure_val and val_docs is None and val_fraction > 0, stamp)
     total_tokens = 0
     n_docs = 0
@@ -160,40 +166,39 @@ def tokenize_corpus(
     start = time.perf_counter()
     bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
     try:
-        with ordered_results(document_chunks(sources), workers, tokenizer) as results:
-            for (source_idx, keys), (tokens, lengths, hashes) in results:
-                offsets = np.concatenate([[0], np.cumsum(lengths)])
-                # The text's own hash decides (not the split key: two files may share a piece).
-                new = seen.first_seen(hashes) if seen is not None else np.ones(len(hashes), dtype=bool)
-                for j, s in enumerate(source_idx):
-                    doc = tokens[offsets[j] : offsets[j + 1]]
-                    if not new[j]:
-                        split.duplicate(s, len(doc))
-                        continue
-                    # The text's hash, or its source's split key (every piece of one file alike)
-                    split.add(s, doc, hashes[j] if keys[j] is None else keys[j], n_docs)
-                    n_docs += 1
-                    total_tokens += len(doc)
-                    if max_tokens is not None and total_tokens >= max_tokens:
-                        stopped_early = True
+        try:
+            with ordered_results(document_chunks(sources), workers, tokenizer) as results:
+                for (source_idx, keys), (tokens, lengths, hashes) in results:
+                    offsets = np.concatenate([[0], np.cumsum(lengths)])
+                    # The text's own hash decides (not the split key: two files may share a piece).
+                    new = seen.first_seen(hashes) if seen is not None else np.ones(len(hashes), dtype=bool)
+                    for j, s in enumerate(source_idx):
+                        doc = tokens[offsets[j] : offsets[j + 1]]
+                        if not new[j]:
+                            split.duplicate(s, len(doc))
+                            continue
+                        # The text's hash, or its source's split key (every piece of one file alike)
+                        split.add(s, doc, hashes[j] if keys[j] is None else keys[j], n_docs)
+                        n_docs += 1
+                        total_tokens += len(doc)
+                        if max_tokens is not None and total_tokens >= max_tokens:
+                            stopped_early = True
+                            break
+                    bar.update(total_tokens, n_docs)
+                    if stopped_early:
                         break
-                bar.update(total_tokens, n_docs)
-                if stopped_early:
-                    break
-    except WorkerDied:
-        _clear_outputs(out_dir, keep)  # the shards written so far end early: not a build to train on
+        finally:
+            bar.close()
+        duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
+        problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
+        if problem:
+            raise TokenizeError(problem)
+        if not split.finish():
+            raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
+                                "use a smaller --val-fraction or add inputs")
+    except BaseException:  # a failed or interrupted build (WorkerDied too): its shards go, the earlier ones stay
+        shutil.rmtree(build_dir, ignore_errors=True)
         raise
-    finally:
-        bar.close()
-    duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
-    problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
-    if problem:
-        _clear_outputs(out_dir, keep)  # no partial build left behind to be mistaken for data
-        raise TokenizeError(problem)
-    if not split.finish():
-        _clear_outputs(out_dir, keep)
-        raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
-                            "use a smaller --val-fraction or add inputs")
     train, val, per_source = split.train, split.val, split.per_source
     elapsed = time.perf_counter() - start
 
@@ -218,9 +223,13 @@ def tokenize_corpus(
     }
     if stopped_early:
         manifest["note"] = f"stopped at max_tokens={max_tokens:,}: documents after that were not read"
+    _clear_outputs(out_dir, keep)
+    for shard in build_dir.iterdir():
+        shard.replace(out_dir / shard.name)
+    build_dir.rmdir()
     if tokenizer is not None:  # the shards carry their tokenizer (training finds it there)
         copy_folder(tokenizer, out_dir / RUN_SUBDIR)
-    _write_json(out_dir / MANIFEST, manifest)
+    _write_json(out_dir / MANIFEST, manifest)  # last: its presence means the folder is complete
     return manifest
 
 
