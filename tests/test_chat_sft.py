@@ -132,6 +132,39 @@ def test_bad_data_is_one_line_naming_file_and_line(base_run, tmp_path, capsys, l
     assert not (tmp_path / "out").exists()
 
 
+def test_no_held_out_conversation_is_trained_on_whatever_the_weights_and_copies(tmp_path):
+    """The held-out loss scores conversations the run never trains on: exact copies (within a file or across files)
+    are dropped and counted, the held-out ones (the first of every 20 distinct) are chosen before the files'
+    weights repeat the rest. A weight of 2 once held out 3 of 3 training conversations."""
+    from speedgpt.chat.data import Source, mixture
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.tokenizer.core import gpt2_tokenizer
+
+    def conv(i):
+        return json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                        {"role": "assistant", "content": f"answer {i}"}]})
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text("\n".join(conv(i) for i in [*range(30), 0]) + "\n")  # conversation 0 twice
+    b.write_text("\n".join(conv(i) for i in range(20, 40)) + "\n")  # 20-29 are a's too
+    mix = mixture([Source(a, 2.0), Source(b, 1.5)], ChatTemplate(gpt2_tokenizer()), max_len=256)
+    held = {tuple(ids) for ids, _ in mix.heldout}
+    trained = [tuple(ids) for ids, _ in mix.train]
+    assert mix.duplicates == 11 and len(held) == len(mix.heldout) == 2  # distinct 0 and 20 of the 40
+    assert not held & set(trained)
+    assert len(set(trained)) == 38 and len(trained) == 28 * 2 + 10 + 5  # a twice; b's 10 new once and a half
+
+
+def test_data_that_leaves_nothing_to_train_on_says_why(base_run, tmp_path, capsys):
+    from speedgpt.cli import main
+
+    data = tmp_path / "one.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    assert main(["sft", str(base_run), "--data", str(data), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "all held out" in err and "nothing to train on" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @requires_hf
 def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, hf_offline):
     import transformers

@@ -3,7 +3,8 @@
 row), several mixed by weight (`FILE:WEIGHT`), or the built-in tasks (tasks.py) when none is given.
 
 Every conversation is rendered (template.py) and checked as it is read; a bad one stops the command with
-one line naming its file and line (or row): nothing is silently dropped.
+one line naming its file and line (or row). Exact copies of an earlier conversation are dropped and counted (the
+run's start line says how many), so that none is both trained on and held out.
 """
 
 from __future__ import annotations
@@ -96,16 +97,33 @@ def read_conversations(path: Path, template: ChatTemplate, max_len: int) -> list
     return out
 
 
-def mixture(sources: list[Source], template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
-    """One epoch's conversations: each file `weight` times (a fraction: its first part)."""
-    out = []
+@dataclass
+class Mixture:
+    """An SFT run's conversations from files: `train` (one epoch, each file's part `weight` times), `heldout` (never
+    trained on), and how many exact copies of an earlier conversation were dropped."""
+
+    train: list[tuple[list[int], list[int]]]
+    heldout: list[tuple[list[int], list[int]]]
+    duplicates: int
+
+
+def mixture(sources: list[Source], template: ChatTemplate, max_len: int, every: int = 20) -> Mixture:
+    """Every distinct conversation of the files, in file order, is held out if it is the `every`-th; each file's
+    other conversations train `weight` times (a fraction: their first part). The held-out set is chosen before the
+    weighting and after exact copies (the same rendered tokens, within or across files) are dropped, so no held-out
+    conversation is ever trained on: a weight of 2, or a file that repeats another, made the held-out loss score
+    training conversations."""
+    seen: set[tuple[int, ...]] = set()
+    train, heldout, duplicates = [], [], 0
     for s in sources:
-        convs = read_conversations(s.path, template, max_len)
+        mine = []
+        for conv in read_conversations(s.path, template, max_len):
+            key = tuple(conv[0])  # the ids decide the mask too (the roles are tokens)
+            if key in seen:
+                duplicates += 1
+                continue
+            (heldout if len(seen) % every == 0 else mine).append(conv)  # the 1st, the (every+1)-th, ...
+            seen.add(key)
         whole, part = divmod(s.weight, 1.0)
-        out += convs * int(whole) + convs[:round(part * len(convs))]
-    return out
-
-
-def split_heldout(convs: list, every: int = 20) -> tuple[list, list]:
-    """(train, held out): every `every`-th conversation is held out for the SFT's validation loss."""
-    return [c for i, c in enumerate(convs) if i % every], [c for i, c in enumerate(convs) if not i % every]
+        train += mine * int(whole) + mine[:round(part * len(mine))]
+    return Mixture(train, heldout, duplicates)

@@ -77,6 +77,7 @@ class SFTTrainer:
         self.cfg, self.spec, self.run_dir, self.resume, self.quiet = cfg, spec, Path(run_dir), resume, quiet
         self.template = ChatTemplate(tokenizer)
         self.device = resolve_device(cfg.train.device)
+        self.duplicates = 0  # exact copies dropped from the --data files (data.mixture)
 
     def log(self, line: str) -> None:
         if not self.quiet:
@@ -84,13 +85,18 @@ class SFTTrainer:
 
     def conversations(self):
         """(training, held-out) rendered conversations."""
-        from .data import mixture, parse_source, split_heldout
+        from .data import ChatDataError, mixture, parse_source
         from .tasks import first_heldout, training_examples
 
         row_len = self.cfg.data.seq_len + 1
         if self.spec.data:
-            sources = [parse_source(s) for s in self.spec.data]
-            return split_heldout(mixture(sources, self.template, row_len))
+            mix = mixture([parse_source(s) for s in self.spec.data], self.template, row_len)
+            if not mix.train:
+                raise ChatDataError(f"--data holds {len(mix.heldout):,} distinct conversation(s), all held out (the "
+                                    f"first of every 20, for the held-out loss), or weighted to none: nothing to "
+                                    f"train on; add conversations or raise the files' weights")
+            self.duplicates = mix.duplicates
+            return mix.train, mix.heldout
         stream = training_examples(self.cfg.train.seed)
         train = [self.template.render(next(stream).conversation()) for _ in range(self.spec.builtin_examples)]
         held = first_heldout(self.spec.heldout_examples)
@@ -135,7 +141,9 @@ class SFTTrainer:
             if self.spec.load_optimizer:
                 self.warm_start_optimizers()
         self.metrics = self.rundir.metrics_logger(config=cfg.to_dict())
-        self.log(f"sft: {len(self.train_convs):,} training conversations, {len(self.heldout_convs):,} held out; "
+        dropped = f" ({self.duplicates:,} exact duplicates dropped)" if self.duplicates else ""
+        self.log(f"sft: {len(self.train_convs):,} training conversations, {len(self.heldout_convs):,} held out"
+                 f"{dropped}; "
                  f"{cfg.train.steps} steps of {self.plan.micro_batch * self.plan.grad_accum} rows x "
                  f"{cfg.data.seq_len} tokens; base run {self.spec.base_run}")
 
