@@ -177,4 +177,16 @@ def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, h
     messages = [{"role": "user", "content": "What is 3 + 4?"}, {"role": "assistant", "content": "7"}]
     ids = hf.apply_chat_template(messages, tokenize=True)
     ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-    assert ids == ChatTemplate(run_tokenizer(sft_run.run_dir)).render(messages)[0]
+    template = ChatTemplate(run_tokenizer(sft_run.run_dir))
+    assert ids == template.render(messages)[0]
+    # generation stops at the answer's end (it ran on past <|assistant_end|>), and the README's chat code runs
+    eos = json.loads((out / "generation_config.json").read_text())["eos_token_id"]
+    assert eos == [template.bos, template.assistant_end]
+    readme = (out / "README.md").read_text()
+    code = readme.split("A chat model")[1].split("```python\n")[1].split("```")[0]
+    code = code.replace("max_new_tokens=64", "max_new_tokens=16")  # this model's context is 64 tokens
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), trust_remote_code=True)
+    namespace = {"tok": hf, "model": model, "print": lambda *a: None}
+    exec(code, namespace)
+    new_ids = namespace["out"][0, namespace["inputs"]["input_ids"].shape[1]:].tolist()
+    assert template.assistant_end not in new_ids[:-1]  # nothing generated after the answer's end

@@ -91,25 +91,41 @@ def hf_config(model, cfg, provenance: dict, dtype: torch.dtype) -> dict:
     }
 
 
-def generation_config(cfg) -> dict:
-    """Stop at end-of-text; never pick the padded vocabulary's ids (no token has them; `speedgpt
-    sample` likewise picks among the tokenizer's ids only)."""
+def generation_config(cfg, assistant_end: int | None = None) -> dict:
+    """Stop at end-of-text, and a chat model (`assistant_end`: its <|assistant_end|> id) at the end of its answer
+    too, as `speedgpt chat` does (without it generate ran on past the answer); never pick the padded vocabulary's
+    ids (no token has them; `speedgpt sample` likewise picks among the tokenizer's ids only)."""
     bos = cfg.model.bos_id
-    return {"bos_token_id": bos, "eos_token_id": bos, "pad_token_id": bos,
-            "suppress_tokens": list(range(cfg.model.vocab_size, cfg.model.padded_vocab()))}
+    return {"bos_token_id": bos, "eos_token_id": bos if assistant_end is None else [bos, assistant_end],
+            "pad_token_id": bos, "suppress_tokens": list(range(cfg.model.vocab_size, cfg.model.padded_vocab()))}
 
 
-def readme(provenance: dict, notes: list[str]) -> str:
+CHAT_USAGE = """
+A chat model (fine-tuned by `speedgpt sft`): the tokenizer's chat template renders a conversation as in its
+training, and generation stops at <|assistant_end|>:
+
+```python
+messages = [{"role": "user", "content": "What is 3 + 4?"}]
+inputs = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+out = model.generate(**inputs, max_new_tokens=64, do_sample=False)
+print(tok.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+```
+"""
+
+
+def readme(provenance: dict, notes: list[str], chat: bool = False) -> str:
     dropped = "".join(f"- {n}\n" for n in notes) or "- nothing\n"
+    # an SFT checkpoint counts steps, not tokens
+    tokens = f", {provenance['tokens']:,} tokens" if isinstance(provenance.get("tokens"), int) else ""
     return f"""---
 library_name: transformers
 tags: [speedgpt]
 ---
 # speedgpt model
 
-Exported by `speedgpt export --format hf` from `{provenance['source']}` (step {provenance['step']},
-{provenance['tokens']} tokens, {provenance['dtype']} weights). The modeling code runs with
-`trust_remote_code=True`; it needs torch and transformers only.
+Exported by `speedgpt export --format hf` from `{provenance['source']}` (step {provenance['step']}{tokens},
+{provenance['dtype']} weights). The modeling code runs with `trust_remote_code=True`; it needs torch and
+transformers only.
 
 ```python
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +134,7 @@ model = AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)
 out = model.generate(**tok("Once upon a time", return_tensors="pt"), max_new_tokens=32, do_sample=False)
 print(tok.decode(out[0], skip_special_tokens=True))
 ```
-
+{CHAT_USAGE if chat else ""}
 lm-evaluation-harness: `lm_eval --model hf --model_args pretrained=DIR,trust_remote_code=True --tasks TASK`.
 
 Dropped at export (training only):
@@ -139,17 +155,19 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
     state = {k: (v.to(dtype) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}
     tensors = {k: v.detach().contiguous() for k, v in hf_state(state).items()}
     save_file(tensors, str(folder / WEIGHTS), metadata={"format": "pt"})
-    files = {CONFIG: hf_config(model, cfg, provenance, dtype), GENERATION_CONFIG: generation_config(cfg)}
+    from ..chat.template import ChatTemplate, chat_vocab_size
+
+    chat = cfg.model.vocab_size == chat_vocab_size(tok)  # an SFT model
+    assistant_end = ChatTemplate(tok).assistant_end if chat else None
+    files = {CONFIG: hf_config(model, cfg, provenance, dtype),
+             GENERATION_CONFIG: generation_config(cfg, assistant_end)}
     for name, data in files.items():
         (folder / name).write_text(json.dumps(data, indent=1) + "\n")
     for name in CODE_FILES:  # the package's own modules, copied as they are (tests import them directly)
         (folder / name).write_text((resources.files("speedgpt.hf") / name).read_text(encoding="utf-8"),
                                    encoding="utf-8")
-    (folder / README).write_text(readme(provenance, notes))
-    from ..chat.template import chat_vocab_size
-
-    write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len,
-                          chat=cfg.model.vocab_size == chat_vocab_size(tok))  # an SFT model
+    (folder / README).write_text(readme(provenance, notes, chat))
+    write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len, chat=chat)
 
 
 def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
