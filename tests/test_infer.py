@@ -222,3 +222,30 @@ def test_decode_steps_flags_forced_prompt_tokens():
     # Row 0 samples from position 3; row 1 is fed its prompt up to position 5, then samples.
     assert flags == [(3, [True, False]), (4, [True, False]), (5, [True, False]), (6, [True, True]),
                      (7, [True, True])]
+
+
+def test_sampling_an_sft_model_prints_its_chat_tokens_by_name(monkeypatch):
+    """An SFT model's vocabulary ends in the chat specials, which the tokenizer has no bytes for: `speedgpt sample`
+    died of a KeyError the first time one came ('50260'). Streamed and returned, they read as their names."""
+    from types import SimpleNamespace
+
+    from speedgpt.chat.template import ChatTemplate, chat_vocab_size
+    from speedgpt.infer import generate as gen
+    from speedgpt.tokenizer.core import gpt2_tokenizer
+
+    tok = gpt2_tokenizer()
+    end = ChatTemplate(tok).assistant_end
+    hello = tok.encode(" hello")
+
+    def fake_generate(model, ids, max_new_tokens, on_token=None, **kw):
+        for t in [*hello, end]:
+            if on_token is not None:
+                on_token(0, t)
+        return [[*hello, end] for _ in ids]
+
+    monkeypatch.setattr(gen, "generate_batch", fake_generate)
+    model = SimpleNamespace(vocab_size=chat_vocab_size(tok))
+    pieces: list[str] = []
+    assert gen.sample_texts(model, ["Hi"], stream=pieces.append) == ["Hi hello<|assistant_end|>"]
+    assert "".join(pieces) == " hello<|assistant_end|>"
+    assert gen.sample_texts(model, ["Hi", "Yo"]) == ["Hi hello<|assistant_end|>", "Yo hello<|assistant_end|>"]

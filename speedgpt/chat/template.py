@@ -36,6 +36,13 @@ def chat_vocab_size(tokenizer: Tokenizer) -> int:
     return tokenizer.vocab_size + len(SPECIALS)
 
 
+def special_token_bytes(tokenizer: Tokenizer, vocab_size: int) -> dict[int, bytes]:
+    """The chat specials a model of `vocab_size` ids has (none for a base model), each id with its name's bytes: how
+    `speedgpt sample` prints one that an SFT model emits (the tokenizer has no bytes for them)."""
+    return {tokenizer.vocab_size + i: name.encode() for i, name in enumerate(SPECIALS)
+            if tokenizer.vocab_size + i < vocab_size}
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     tokenizer: Tokenizer

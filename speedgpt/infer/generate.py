@@ -151,15 +151,18 @@ class Utf8Stream:
     """Turns token ids into printable text as they come: a BPE token may end mid-way through a
     multi-byte character, so bytes are held back until they complete one."""
 
-    def __init__(self, tokenizer, write: Callable[[str], None]):
+    def __init__(self, tokenizer, write: Callable[[str], None], extra: dict[int, bytes] | None = None):
+        """`tokenizer`: a tiktoken Encoding; `extra`: the bytes of ids it does not have (a chat model's specials)."""
         import codecs
 
         self.tokenizer = tokenizer
         self.write = write
+        self.extra = extra or {}
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, token: int) -> None:
-        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token))
+        piece = self.extra.get(token)
+        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token) if piece is None else piece)
         if text:
             self.write(text)
 
@@ -183,22 +186,32 @@ def sample_texts(model: GPT, prompts: Sequence[str], *, max_new_tokens: int = 64
     """Continue each prompt (one batch); returns prompt + continuation per prompt. With `stream`,
     a single prompt's continuation is passed to it piece by piece as it is generated. `tokenizer`:
     the one the model was trained with (default GPT-2's); a row stops at its separator."""
+    from ..chat.template import special_token_bytes
     from ..tokenizer.core import gpt2_tokenizer
 
     tok = tokenizer or gpt2_tokenizer()
     ids = [encode_prompt(p, tok) for p in prompts]
+    specials = special_token_bytes(tok, model.vocab_size)  # an SFT model's chat tokens, printed by name
     on_token = None
     streamer = None
     if stream is not None:
         if len(prompts) != 1:
             raise ValueError("streaming shows one prompt's continuation; pass a single prompt or no stream")
-        streamer = Utf8Stream(tok.encoding, stream)
+        streamer = Utf8Stream(tok.encoding, stream, specials)
         on_token = lambda row, t: streamer(t)  # noqa: E731
     new = generate_batch(model, ids, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                          use_cache=use_cache, stop_token=tok.bos_id, on_token=on_token)
     if streamer is not None:
         streamer.flush()
-    return [p + tok.decode(toks) for p, toks in zip(prompts, new)]
+    return [p + decode_with(tok, toks, specials) for p, toks in zip(prompts, new)]
+
+
+def decode_with(tok: Tokenizer, ids: Sequence[int], extra: dict[int, bytes]) -> str:
+    """tok.decode(ids), the ids it does not have (`extra`: a chat model's specials) by their bytes."""
+    if not extra:
+        return tok.decode(ids)
+    pieces = (extra.get(t) or tok.encoding.decode_single_token_bytes(t) for t in ids)
+    return b"".join(pieces).decode("utf-8", errors="replace")
 
 
 def sample_text(model: GPT, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
