@@ -154,6 +154,35 @@ def test_no_held_out_conversation_is_trained_on_whatever_the_weights_and_copies(
     assert len(set(trained)) == 38 and len(trained) == 28 * 2 + 10 + 5  # a twice; b's 10 new once and a half
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--train.steps=0"], "config error: train.steps=0 must be at least 1"),  # was a ZeroDivisionError
+    (["--run-dir", "BASE"], "continue an SFT run there with `speedgpt sft --resume"),  # not train's --overwrite
+    (["--resume"], "holds no SFT run (no sft.json)"),  # was [Errno 2] ... sft.json
+])
+def test_sft_refuses_in_one_line(base_run, tmp_path, capsys, args, says):
+    from speedgpt.cli import main
+
+    args = [str(base_run) if a == "BASE" else a for a in args]
+    argv = ["sft", "--resume", str(base_run)] if args == ["--resume"] else ["sft", str(base_run), *args]
+    if "--run-dir" not in argv and "--resume" not in argv:
+        argv += ["--run-dir", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flag", [["--data", "x.jsonl"], ["--load-optimizer"], ["--eval-examples", "3"],
+                                  ["--run-dir", "elsewhere"]])
+def test_sft_resume_refuses_a_new_runs_flags(tmp_path, capsys, flag):
+    """--resume continues with the run's own sft.json: a new run's flags were silently ignored."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", "--resume", str(tmp_path), *flag])
+    assert e.value.code == 2 and f"{flag[0]} belong to a new SFT run" in capsys.readouterr().err
+
+
 def test_data_that_leaves_nothing_to_train_on_says_why(base_run, tmp_path, capsys):
     from speedgpt.cli import main
 

@@ -47,6 +47,7 @@ class SFTSpec:
 def sft_config(base_run: str | Path, overrides: list[str]):
     """The base run's config with room for the chat tokens, then `overrides`."""
     from ..config import apply_overrides
+    from ..config.validate import check_config
     from ..rundir import RunDir
     from ..tokenizer.folder import run_tokenizer
     from .template import chat_vocab_size, check_room
@@ -58,7 +59,9 @@ def sft_config(base_run: str | Path, overrides: list[str]):
     base = run.read_config()
     tok = run_tokenizer(base_run, base)
     check_room(tok, base.model)
-    return apply_overrides(base, [f"--model.vocab_size={chat_vocab_size(tok)}", *overrides]), tok
+    cfg = apply_overrides(base, [f"--model.vocab_size={chat_vocab_size(tok)}", *overrides])
+    check_config(cfg)  # a bad override (--train.steps=0, say) is one line, as `speedgpt train` says it
+    return cfg, tok
 
 
 @dataclass
@@ -242,13 +245,18 @@ def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None =
     """Fine-tune `base_run` into `run_dir`; with `resume`, continue `run_dir` from its latest checkpoint
     (its sft.json and config.toml, then `overrides`)."""
     from ..config import apply_overrides
+    from ..config.validate import check_config
     from ..rundir import RunDir
     from ..tokenizer.folder import run_tokenizer
 
     run_dir = Path(run_dir)
     if resume:
+        if not (run_dir / SPEC_FILE).is_file():
+            raise FileNotFoundError(f"{run_dir} holds no SFT run (no {SPEC_FILE}): --resume continues a run of "
+                                    f"`speedgpt sft`; to fine-tune a base run: speedgpt sft {run_dir}")
         spec = SFTSpec.load(run_dir)
         cfg = apply_overrides(RunDir(run_dir).read_config(), list(overrides or []))
+        check_config(cfg)
         tok = run_tokenizer(run_dir, cfg)
     else:
         spec = spec or SFTSpec(str(base_run))

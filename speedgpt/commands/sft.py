@@ -33,7 +33,7 @@ def cmd_sft(argv: list[str]) -> int:
     p.add_argument("--resume", metavar="SFT_RUN", help="continue an SFT run from its latest checkpoint")
     p.add_argument("--load-optimizer", action="store_true",
                    help="warm-start the optimizer state from the base run's latest checkpoint")
-    p.add_argument("--eval-examples", type=int, default=50,
+    p.add_argument("--eval-examples", type=int, default=None,
                    help="held-out examples per built-in task scored by exact match at each eval (default 50)")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
@@ -41,6 +41,13 @@ def cmd_sft(argv: list[str]) -> int:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --train.steps=200)")
     if bool(args.base_run) == bool(args.resume):
         p.error("give BASE_RUN to start an SFT run, or --resume SFT_RUN to continue one")
+    fixed = [flag for flag, given in (("--data", args.data), ("--load-optimizer", args.load_optimizer),
+                                      ("--eval-examples", args.eval_examples is not None)) if given]
+    if args.resume and (fixed or args.run_dir):
+        p.error(f"--resume continues the run with its own data and settings (its sft.json): "
+                f"{', '.join(fixed + ['--run-dir'] * bool(args.run_dir))} belong to a new SFT run (give BASE_RUN)")
+    if args.eval_examples is None:
+        args.eval_examples = 50
     if args.eval_examples < 0:
         p.error(f"--eval-examples {args.eval_examples}: must be >= 0")
 
@@ -59,7 +66,11 @@ def cmd_sft(argv: list[str]) -> int:
             held.enter_context(lock_run_dir(run_dir, flag="--resume" if args.resume else "--run-dir",
                                             notice=lambda line: print(f"speedgpt sft: {line}", file=sys.stderr)))
             if not args.resume:
-                prepare_new_run_dir(run_dir, overwrite=False)
+                try:
+                    prepare_new_run_dir(run_dir, overwrite=False)
+                except RunDirInUse:  # sft has no --overwrite: a run there is kept
+                    raise RunDirInUse(f"{run_dir} already holds a run; continue an SFT run there with `speedgpt sft "
+                                      f"--resume {run_dir}`, or pick a fresh --run-dir") from None
             spec = None if args.resume else SFTSpec(args.base_run, list(args.data), args.load_optimizer,
                                                     eval_examples=args.eval_examples)
             sft(args.base_run, run_dir, overrides, spec=spec, resume=bool(args.resume))
