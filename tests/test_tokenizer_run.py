@@ -89,6 +89,7 @@ def test_hf_export_carries_the_runs_tokenizer_and_bos(trained, tmp_path):
 
     from speedgpt.hf.export import export_hf
     from speedgpt.infer.load import load_model
+    from speedgpt.tokenizer.folder import run_tokenizer
 
     run, tok, _, _ = trained
     out, _ = export_hf(run, tmp_path / "hf", dtype="fp32")
@@ -104,6 +105,9 @@ def test_hf_export_carries_the_runs_tokenizer_and_bos(trained, tmp_path):
     row = torch.tensor([ids])
     with torch.no_grad():
         torch.testing.assert_close(model(row, use_cache=False).logits, ref(row), rtol=0, atol=1e-5)
+    # speedgpt reads the folder back with the run's tokenizer (it once took GPT-2's and refused the folder)
+    assert run_tokenizer(out).sha256 == tok.sha256
+    assert main(["sample", str(out), "--prompt", "今日は", "--max-tokens", "3"]) == 0
 
 
 def test_bits_per_byte_counts_the_texts_true_bytes(trained, capsys, text_shards):

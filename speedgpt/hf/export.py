@@ -147,6 +147,7 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
     from safetensors.torch import save_file
 
     from ..export import scalar_param_names
+    from ..tokenizer.folder import RUN_SUBDIR, copy_folder
 
     # Scalars (residual, value and skip lambdas, routers) and the experts' balancing bias stay fp32, as in
     # speedgpt's own bf16 export: a few hundred numbers whose precision matters more than their size.
@@ -168,6 +169,8 @@ def write_folder(folder: Path, model, cfg, tok, provenance: dict, dtype: torch.d
                                    encoding="utf-8")
     (folder / README).write_text(readme(provenance, notes, chat))
     write_tokenizer_files(folder, tok, model_max_length=model.rotary.max_seq_len, chat=chat)
+    # speedgpt's own tokenizer files too (GPT-2's: none), so `speedgpt sample / eval / chat` read the folder back
+    copy_folder(tok, folder / RUN_SUBDIR)
 
 
 def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str = "bf16",
