@@ -110,6 +110,30 @@ def test_hf_export_carries_the_runs_tokenizer_and_bos(trained, tmp_path):
     assert main(["sample", str(out), "--prompt", "今日は", "--max-tokens", "3"]) == 0
 
 
+@requires_hf
+def test_hf_export_ships_the_tokenizer_its_identity_covers(trained, tmp_path):
+    """The folder's tokenizer.json is outside the identity check (ranks, pattern, specials): a changed or foreign
+    one there must not ship. The export makes it again from the verified ranks."""
+    import shutil
+
+    from speedgpt.hf.tokenizer_files import write_tokenizer_files
+    from speedgpt.tokenizer.folder import load_folder
+
+    _, tok, _, _ = trained
+    (tmp_path / "good").mkdir()
+    (tmp_path / "out").mkdir()
+    write_tokenizer_files(tmp_path / "good", tok, model_max_length=64)
+    copy = tmp_path / "tok"
+    shutil.copytree(tok.folder, copy)
+    changed = json.loads((copy / "tokenizer.json").read_text())
+    vocab = changed["model"]["vocab"]
+    a, b = list(vocab)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]  # two tokens swap ids: the same BOS, another tokenizer
+    (copy / "tokenizer.json").write_text(json.dumps(changed))
+    write_tokenizer_files(tmp_path / "out", load_folder(copy), model_max_length=64)
+    assert (tmp_path / "out" / "tokenizer.json").read_text() == (tmp_path / "good" / "tokenizer.json").read_text()
+
+
 def test_bits_per_byte_counts_the_texts_true_bytes(trained, capsys, text_shards):
     """The bytes bpb divides by are the UTF-8 bytes the scored target tokens decode to (BOS excluded),
     counted independently here; and eval refuses data from another tokenizer."""

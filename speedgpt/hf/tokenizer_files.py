@@ -64,15 +64,12 @@ def _gpt2_tokenizer_json(vocab: dict[str, int], merges: list[str]) -> dict:
 
 
 def _trained_tokenizer_json(tok) -> dict:
-    """A trained tokenizer's own tokenizer.json (tokenizer/folder.py wrote it from the same ranks and
-    pattern), with the BOS-first post-processor."""
-    from ..tokenizer.folder import HF_FILE, TokenizerError
+    """A trained tokenizer's tokenizer.json, made again from the ranks and pattern its identity covers (as
+    tokenizer/folder.py made the folder's copy: a changed or foreign copy there is not what ships), with the
+    BOS-first post-processor."""
+    from ..tokenizer.folder import RANKS_FILE, read_ranks, hf_tokenizer_json
 
-    data = json.loads((tok.folder / HF_FILE).read_text(encoding="utf-8"))
-    ids = {t.get("content"): t.get("id") for t in data.get("added_tokens", [])}
-    if ids.get(BOS_TEXT) != tok.bos_id:
-        raise TokenizerError(f"{tok.folder / HF_FILE} gives {BOS_TEXT} id {ids.get(BOS_TEXT)}, its tokenizer "
-                         f"{tok.bos_id}; train the tokenizer again")
+    data = json.loads(hf_tokenizer_json(read_ranks(tok.folder / RANKS_FILE), tok.pattern, tok.bos_id))
     return {**data, "post_processor": _bos_first(tok.bos_id)}
 
 

@@ -140,7 +140,7 @@ def copy_folder(tok: Tokenizer, dest: str | Path) -> Path | None:
 # ----------------------------------------------------------------------------- reading
 
 
-def _read_ranks(path: Path) -> dict[bytes, int]:
+def read_ranks(path: Path) -> dict[bytes, int]:
     # Parsed here, not with tiktoken.load.load_tiktoken_bpe: that caches files by path under /tmp, so a
     # tokenizer trained again into the same folder would load the old ranks.
     ranks = {}
@@ -175,7 +175,7 @@ def load_folder(folder: str | Path) -> Tokenizer:
         pattern, specials, recorded = meta["pattern"], meta["special_tokens"], meta["sha256"]
     except (ValueError, KeyError, TypeError):
         raise TokenizerError(f"{folder / META_FILE} is not a {FORMAT} file; train the tokenizer again") from None
-    ranks = _read_ranks(folder / RANKS_FILE)
+    ranks = read_ranks(folder / RANKS_FILE)
     sha = identity_sha256(ranks, pattern, specials)
     if sha != recorded:
         raise TokenizerError(f"tokenizer folder {folder}: its files do not match its recorded identity (changed "
