@@ -117,6 +117,8 @@ def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys, tmp_pa
     ('{"text": "hi"}', "no 'messages' key"),
     ('{"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}', "unknown role 'robot'"),
     ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": " "}]}', "empty content"),
+    ('{"messages": [{"role": "user", "content": ["hi"]}, {"role": "assistant", "content": "x"}]}',
+     "content of type list: it must be a string"),
     ('{"messages": [{"role": "user", "content": "' + "word " * 200 + '"}, {"role": "assistant", "content": "x"}]}',
      "more than the context"),
 ])

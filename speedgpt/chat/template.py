@@ -75,7 +75,10 @@ class ChatTemplate:
             role, text = m["role"], m["content"]
             if role not in ROLES:
                 raise ConversationError(f"message {i} has unknown role {role!r}; roles: {', '.join(ROLES)}")
-            if not isinstance(text, str) or not text.strip():
+            if not isinstance(text, str):
+                raise ConversationError(f"message {i} ({role}) has content of type {type(text).__name__}: it must "
+                                        f"be a string (the text of the turn)")
+            if not text.strip():
                 raise ConversationError(f"message {i} ({role}) has empty content")
             if role == "system":
                 if i != 0:
