@@ -4,6 +4,7 @@ get one answer for a script (--prompt)."""
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 
 from .sampling_options import add_sampling_options, check_sampling_options
@@ -101,8 +102,9 @@ def _serve(session_factory, host: str, port: int) -> int:
 
     try:
         server = make_server(session_factory, host, port)
-    except OSError as e:
-        print(f"speedgpt chat: cannot listen on {host}:{port} ({e.strerror}); pick another --port", file=sys.stderr)
+    except OSError as e:  # a port in use, or a --host this machine does not have (or cannot resolve)
+        fix = "pick another --port" if e.errno == errno.EADDRINUSE else "give --host an address of this machine"
+        print(f"speedgpt chat: cannot listen on {host}:{port} ({e.strerror or e}); {fix}", file=sys.stderr)
         return 2
     h, p = server.server_address[:2]
     print(f"chat page: http://{h}:{p}/  (Ctrl-C stops the server)", flush=True)
