@@ -92,3 +92,25 @@ def test_page_and_streamed_answer_over_http(server, chat_model):
     conn.request("POST", "/chat", body=b'{"messages": [{"role": "wizard", "content": "x"}]}')
     bad = conn.getresponse()
     assert bad.status == 400 and b"unknown role" in bad.read()
+
+
+def test_an_answer_cut_short_says_why(chat_model, monkeypatch):
+    """An answer that stops before its <|assistant_end|> (max_new_tokens, a full context) is marked, so `chat` can
+    say it was cut (a --prompt answer once ended silently at the context, exit 0); one that ends is not."""
+    from speedgpt.chat import session as session_module
+    from speedgpt.commands.chat import cut_reason
+
+    model, template = chat_model
+    word = template.tokenizer.encode(" word")[0]
+    picks = iter([word] * 6 + [template.assistant_end])
+    monkeypatch.setattr(session_module, "pick_tokens", lambda *a: torch.tensor([[next(picks)]]))
+    chat = session(chat_model)  # max_new_tokens=6
+    assert "".join(chat.reply("hi")) == " word" * 6 and chat.cut == "tokens"
+    assert cut_reason(chat) == "cut at --max-tokens 6"
+    "".join(chat.reply("again"))  # the next pick ends the answer
+    assert chat.cut is None
+    picks = iter([word] * 1000)
+    chat = session_module.ChatSession(model, template, temperature=0.0, max_new_tokens=1000)
+    "".join(chat.reply("hi"))
+    assert chat.cut == "context" and len(chat.ids) == chat.context + 1  # every position, then the closing end
+    assert cut_reason(chat) == f"cut: the conversation fills the model's context ({chat.context} tokens)"

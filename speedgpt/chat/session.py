@@ -30,6 +30,7 @@ class ChatSession:
         self.temperature, self.top_k, self.max_new_tokens = temperature, top_k, max_new_tokens
         self.device = next(model.parameters()).device
         self.context = model.rotary.max_seq_len
+        self.cut = None  # why the last answer stopped before its <|assistant_end|>: None, "tokens" or "context"
         self.gen = torch.Generator(device=self.device).manual_seed(seed) if seed is not None else None
         self.clear()
 
@@ -69,14 +70,17 @@ class ChatSession:
         end, vocab = self.template.assistant_end, self.model.vocab_size
         pieces: list[str] = []
         stream = Utf8Stream(self.template.tokenizer.encoding, pieces.append)
+        self.cut = "tokens"  # unless the model ends its answer or the context fills first
         try:
             for _ in range(self.max_new_tokens):
                 if len(self.ids) >= self.context:
+                    self.cut = "context"
                     break
                 new = torch.tensor([self.ids[self.cache.pos:]], device=self.device)
                 logits = self.model(new, kv_cache=self.cache)[0, -1, :vocab]
                 tok = int(pick_tokens(logits[None], self.temperature, self.top_k, self.gen)[0, 0])
                 if tok == end:
+                    self.cut = None
                     break
                 self.ids.append(tok)
                 if tok < self.template.tokenizer.vocab_size:  # a stray special token is not text

@@ -38,7 +38,7 @@ def cmd_chat(argv: list[str]) -> int:
     if args.prompt is not None and args.serve:
         p.error("--prompt answers once in the terminal; --serve serves the web page: pick one")
 
-    from ..chat.session import ChatSession
+    from ..chat.session import ChatSession, ContextFull
     from ..chat.template import ConversationError, chat_template
     from ..config import ConfigError
     from ..infer.load import LoadError, load_model
@@ -58,15 +58,29 @@ def cmd_chat(argv: list[str]) -> int:
     if args.serve:
         return _serve(session, args.host, args.port)
     if args.prompt is not None:
+        chat = session()
         try:
-            for piece in session().reply(args.prompt):
+            for piece in chat.reply(args.prompt):
                 print(piece, end="", flush=True)
+        except ContextFull:
+            print(f"speedgpt chat: the prompt fills the model's context ({chat.context} tokens); shorten it",
+                  file=sys.stderr)
+            return 2
         except ConversationError as e:
             print(f"speedgpt chat: {e}", file=sys.stderr)
             return 2
         print()
+        if chat.cut:  # the answer is printed as far as it went; say that it did not end
+            print(f"speedgpt chat: the answer was {cut_reason(chat)}", file=sys.stderr)
         return 0
     return _terminal(session())
+
+
+def cut_reason(chat) -> str:
+    """Why the session's last answer stopped before its end (ChatSession.cut), in the user's words."""
+    if chat.cut == "context":
+        return f"cut: the conversation fills the model's context ({chat.context} tokens)"
+    return f"cut at --max-tokens {chat.max_new_tokens}"
 
 
 def _terminal(chat) -> int:
@@ -90,6 +104,8 @@ def _terminal(chat) -> int:
         try:
             for piece in chat.reply(text):
                 print(piece, end="", flush=True)
+            if chat.cut:
+                print(f" [{cut_reason(chat)}{'; /clear starts a new one' * (chat.cut == 'context')}]", end="")
         except KeyboardInterrupt:
             print(" [stopped]", end="")
         except ValueError as e:  # the context is full
