@@ -135,6 +135,8 @@ def test_cli_train_and_eval(tmp_path, capsys):
     (["eval", "{tmp}/nothing", "{data}"], "tokenizer folder"),
     (["eval", "{tmp}/other", "{data}"], "is not a tokenizer folder"),
     (["eval", "gpt2", "{tmp}/missing.txt"], "no files found for"),
+    (["eval", "gpt2", "{data}", "--text-field", "body"], "(skipped: no string field 'body'); check the inputs or "
+                                                          "--text-field (now 'body')"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, message):
     data = write_jsonl(tmp_path / "d.jsonl", corpus_docs(2))

@@ -88,6 +88,7 @@ def _eval(args) -> int:
     from rich.console import Console
 
     from ..report.tables import _print_table
+    from ..data.corpus import MISSING_FIELD
     from .compression import compare_inputs, table
     from .folder import load_tokenizer
 
@@ -95,8 +96,12 @@ def _eval(args) -> int:
         raise ValueError(f"--max-chars {args.max_chars}: must be >= 1")
     tok = load_tokenizer(args.tokenizer)
     rows = compare_inputs(tok, args.inputs, max_chars=args.max_chars, text_field=args.text_field)
-    empty = [r["input"] for r in rows if not r["documents"]]
+    empty = [r for r in rows if not r["documents"]]
     if empty:
-        raise ValueError(f"no text read from {', '.join(empty)} (every item was skipped or empty); check the inputs")
+        reasons = sorted({reason for r in empty for reason in r["skip_reasons"]})
+        why = f"skipped: {'; '.join(reasons)}" if reasons else "every item was empty"
+        field = any(r.startswith(MISSING_FIELD) for r in reasons)
+        raise ValueError(f"no text read from {', '.join(r['input'] for r in empty)} ({why}); check the inputs"
+                         + (f" or --text-field (now '{args.text_field}')" if field else ""))
     _print_table(Console(), f"{tok.describe()} against gpt2", *table(tok, rows), text_columns=1)
     return 0

@@ -78,6 +78,7 @@ def compare_inputs(tok: Tokenizer, inputs: Sequence[str | os.PathLike], *, max_c
         row["input"] = str(item)
         row["capped"] = left[0] <= 0
         row["skipped"] = sum(s.skipped.total() for s in sources)
+        row["skip_reasons"] = sorted({reason for s in sources for reason in s.skipped.counts})
         rows.append(row)
     return rows
 
