@@ -85,11 +85,16 @@ def test_world_size_must_divide_rows():
         validate(cfg, world_size=2)
 
 
-def test_toml_round_trip(tmp_path):
-    cfg = apply_overrides(load_preset("speedrun-124m"), ['--run.name=quote"me', "--model.attn_free_layers=[3, 7]"])
+@pytest.mark.parametrize("prompt", ["def f():\n    return", "tab\there", "cr\r\nlf", "back\\slash \"q\"",
+                                    "del\x7f and \x01", "日本語 🙂"])
+def test_toml_round_trip(tmp_path, prompt):
+    """Every string a user can give survives config.toml: a run.sample_prompt with a newline once wrote a file no
+    later command (resume, eval, export) could read."""
+    cfg = apply_overrides(load_preset("speedrun-124m"), ['--run.name=quote"me', "--model.attn_free_layers=[3, 7]",
+                                                         f"--run.sample_prompt={prompt}"])
     save_toml(cfg, tmp_path / "config.toml")
     again = load_toml(tmp_path / "config.toml")
-    assert again == cfg
+    assert again == cfg and again.run.sample_prompt == prompt
 
 
 def test_missing_and_broken_config_files(tmp_path):
