@@ -97,6 +97,26 @@ def test_toml_round_trip(tmp_path, prompt):
     assert again == cfg and again.run.sample_prompt == prompt
 
 
+def test_a_hand_written_file_starts_from_the_preset_it_names(tmp_path):
+    """`preset = "tiny-cpu"` and a [train] table: tiny-cpu with those keys (it was read on the built-in defaults, a
+    278M-parameter model saved under tiny-cpu's name); a run's complete config.toml stands alone as before; an
+    unknown preset, or --preset beside --config, is refused."""
+    from speedgpt.config import resolve
+
+    (tmp_path / "my.toml").write_text('preset = "tiny-cpu"\n[train]\nsteps = 5\n')
+    cfg = load_toml(tmp_path / "my.toml")
+    assert cfg == apply_overrides(load_preset("tiny-cpu"), ["--train.steps=5"])
+    (tmp_path / "typo.toml").write_text('preset = "tiny-cpux"\n[train]\nsteps = 5\n')
+    with pytest.raises(ConfigError, match="preset 'tiny-cpux' is not a preset; available presets: d12"):
+        load_toml(tmp_path / "typo.toml")
+    with pytest.raises(ConfigError, match="give --preset or --config, not both"):
+        resolve("d12", str(tmp_path / "my.toml"))
+    # a complete file whose values differ from its preset's: its own values, every one
+    full = apply_overrides(load_preset("speedrun-124m"), ["--model.depth=6", "--data.seq_len=2048"])
+    save_toml(full, tmp_path / "config.toml")
+    assert load_toml(tmp_path / "config.toml") == full
+
+
 def test_missing_and_broken_config_files(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_toml(tmp_path / "nope.toml")
@@ -110,3 +130,12 @@ def test_missing_and_broken_config_files(tmp_path):
         load_toml(tmp_path)
     with pytest.raises(ConfigError, match="unknown preset 'nope'"):
         load_preset("nope")
+
+
+def test_the_config_command_refuses_what_train_refuses(capsys):
+    from speedgpt.cli import main
+
+    assert main(["config", "--model.depth=0"]) == 2  # it printed the value and exited 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["speedgpt config: config error: model.depth=0 must be at least 1"]
+    assert main(["config", "--preset", "speedrun-latest"]) == 0

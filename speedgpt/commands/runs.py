@@ -220,10 +220,12 @@ def cmd_config(argv: list[str]) -> int:
     args, overrides = p.parse_known_args(argv)
 
     from ..config import Config, ConfigError, resolve
+    from ..config.validate import check_config
     from ..config_docs import describe_config
 
     try:
         cfg = resolve(args.preset, args.config, overrides) if (args.preset or args.config or overrides) else Config()
+        check_config(cfg)  # what `speedgpt train` would refuse is refused here too, not printed as a config
     except ConfigError as e:
         print(f"speedgpt config: config error: {e}", file=sys.stderr)
         return 2

@@ -57,7 +57,23 @@ def load_toml(path: str | Path) -> Config:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    return config_from_dict(data)
+    return config_from_dict(data, base=preset_base(path, data))
+
+
+def preset_base(path: Path, data: dict) -> Config | None:
+    """What a config file's keys apply to: a run's config.toml holds every section and stands alone (its `preset`
+    says where it started), but a hand-written file that names a preset and leaves out sections the preset sets
+    (`preset = "tiny-cpu"` and a [train] table) means that preset plus its keys: read on the built-in defaults it
+    once trained a 278M-parameter model under the preset's name."""
+    name = data.get("preset")
+    if not isinstance(name, str) or not name:
+        return None
+    if name not in preset_names():
+        raise ConfigError(f"{path}: preset '{name}' is not a preset; available presets: {', '.join(preset_names())}")
+    preset_file = tomllib.loads((resources.files("speedgpt") / "presets" / f"{name}.toml").read_text())
+    missing = [section for section in preset_file if section != "preset" and section not in data]
+    return load_preset(name) if missing else None
+
 
 def _toml_value(v: Any) -> str:
     if isinstance(v, bool):

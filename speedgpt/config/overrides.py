@@ -57,6 +57,9 @@ def _horizon_of_overrides(cfg: Config, named: dict[str, Any]) -> Config:
 
 def resolve(preset: str | None = None, config_file: str | None = None, overrides: list[str] | None = None) -> Config:
     """Build a Config from a preset or a saved config file, then overrides."""
+    if preset and config_file:
+        raise ConfigError(f"give --preset or --config, not both: a config file holds its own settings (one that "
+                          f"leaves sections out starts from the preset its `preset = ...` line names)")
     if config_file:
         cfg = load_toml(config_file)
     else:
