@@ -153,6 +153,25 @@ def test_a_failed_build_leaves_the_folders_earlier_data_as_it_was(tmp_path, monk
     assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
 
 
+def test_a_bad_jsonl_line_is_skipped_alone(tmp_path):
+    """A line that is not UTF-8 costs that line only: the whole file was read as text and every line after it was
+    lost, counted as one skipped item. A truncated .jsonl.gz keeps what it held and names the file."""
+    lines = [json.dumps({"text": f"document {i}"}).encode() for i in range(1000)]
+    lines[899] = '{"text": "caf\xe9"}'.encode("latin-1")
+    (tmp_path / "late.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    src = JsonlFiles(tmp_path / "late.jsonl")
+    docs = [text for _, text in src.documents()]
+    assert len(docs) == 999 and docs[-1] == "document 999" and src.skipped.counts == {"not UTF-8": 1}
+    assert src.skipped.examples["not UTF-8"] == [f"{tmp_path / 'late.jsonl'}:900"]
+    whole = gzip.compress(b"\n".join(lines[:100]) + b"\n")
+    (tmp_path / "cut.jsonl.gz").write_bytes(whole[:len(whole) // 2])
+    src = JsonlFiles(tmp_path / "cut.jsonl.gz")
+    docs = [text for _, text in src.documents()]
+    assert 0 < len(docs) < 100 and docs == [f"document {i}" for i in range(len(docs))]
+    (reason,) = src.skipped.counts
+    assert reason == "unreadable (EOFError)" and "cut.jsonl.gz (read up to line" in src.skipped.examples[reason][0]
+
+
 def test_text_files_jsonl_parquet_sources(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq

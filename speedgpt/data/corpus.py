@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import sysconfig
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -172,12 +173,20 @@ class JsonlFiles(Source):
     def _iter(self):
         for path in self.files:
             opener = gzip.open if path.name.endswith(".gz") else open
+            lineno = 0
             try:
-                with opener(path, "rt", encoding="utf-8") as f:
-                    for lineno, line in enumerate(f, 1):
+                # Bytes, decoded line by line: one line that is not UTF-8 is skipped alone (decoding the whole
+                # file as text dropped every line after it)
+                with opener(path, "rb") as f:
+                    for lineno, raw in enumerate(f, 1):
+                        item = f"{path}:{lineno}"
+                        try:
+                            line = raw.decode("utf-8")
+                        except UnicodeDecodeError:
+                            self.skipped.add(item, "not UTF-8")
+                            continue
                         if not line.strip():
                             continue
-                        item = f"{path}:{lineno}"
                         try:
                             obj = json.loads(line)
                         except json.JSONDecodeError:
@@ -190,8 +199,9 @@ class JsonlFiles(Source):
                             self.skipped.add(item + fields, f"{MISSING_FIELD} {self.text_field!r}")
                             continue
                         yield item, text
-            except (OSError, UnicodeDecodeError) as e:
-                self.skipped.add(str(path), f"unreadable ({type(e).__name__})")
+            except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz ends the file there
+                after = f" (read up to line {lineno}: {e})" if lineno else f" ({e})"
+                self.skipped.add(f"{path}{after}", f"unreadable ({type(e).__name__})")
 
 
 class ParquetFiles(Source):
