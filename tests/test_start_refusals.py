@@ -73,3 +73,18 @@ def test_which_run_dirs_took_no_step(metrics, files, stepless, tmp_path):
         assert not took_no_step(run)
         with pytest.raises(RunDirInUse, match="already holds a run"):
             prepare_new_run_dir(run, overwrite=False)
+
+
+def test_overwrite_removes_every_file_a_run_wrote_and_keeps_the_users(tmp_path):
+    """--overwrite replaces a run: its exports go too (an export-hf/ left behind held the old model, and `eval` on
+    it scored that model under the new run's name); files the user put there stay."""
+    from speedgpt.rundir.reuse import RUN_FILES
+
+    run = write_start(tmp_path / "run", [{"step": 4, "train_loss": 7.1}])
+    for name in ("export", "export-hf", "checkpoints"):
+        (run / name).mkdir(exist_ok=True)
+        (run / name / "model.safetensors").write_text("old")
+    (run / "notes.md").write_text("mine")
+    prepare_new_run_dir(run, overwrite=True)
+    assert sorted(p.name for p in run.iterdir()) == ["notes.md"]
+    assert "export-hf" in RUN_FILES
