@@ -56,8 +56,13 @@ def test_rejects_bad_magic(tmp_path):
     raw[0:4] = np.array([12345], dtype="<i4").tobytes()
     path.write_bytes(bytes(raw))
     for fn in (read_header, load_shard):
-        with pytest.raises(ShardError, match=r"s\.bin has magic 12345"):
+        with pytest.raises(ShardError, match=r"s\.bin has magic 12345.*delete it and download/tokenize again"):
             fn(path)
+    # text given where shards belong (eval --data corpus.jsonl) is not to be deleted: it is tokenized first
+    text = tmp_path / "corpus.jsonl"
+    text.write_text('{"text": "a document of the user"}\n')
+    with pytest.raises(ShardError, match=r"if it is text, tokenize it first \(speedgpt data tokenize .*corpus.jsonl"):
+        read_header(text)
 
 
 def test_rejects_bad_version(tmp_path):

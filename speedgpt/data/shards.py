@@ -124,10 +124,11 @@ def read_shard_info(path: str | os.PathLike) -> ShardInfo:
         )
     header = np.frombuffer(raw, dtype="<i4")
     if header[0] != MAGIC:
-        raise ShardError(
-            f"shard {path} has magic {int(header[0])}, expected {MAGIC}: not a token shard "
-            "(see docs/format.md); delete it and download/tokenize again", offset=0
-        )
+        # a .bin is a damaged shard; anything else is most likely the text itself, given where shards belong
+        fix = ("delete it and download/tokenize again" if path.suffix == ".bin" else
+               f"if it is text, tokenize it first (speedgpt data tokenize {path} --out DIR) and pass DIR")
+        raise ShardError(f"shard {path} has magic {int(header[0])}, expected {MAGIC}: not a token shard "
+                         f"(see docs/format.md); {fix}", offset=0)
     if int(header[1]) not in TOKEN_BYTES_OF:
         raise ShardError(
             f"shard {path} has format version {int(header[1])}, this speedgpt reads versions "
