@@ -139,3 +139,19 @@ def test_the_config_command_refuses_what_train_refuses(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["speedgpt config: config error: model.depth=0 must be at least 1"]
     assert main(["config", "--preset", "speedrun-latest"]) == 0
+
+
+def test_resume_takes_the_runs_own_preset_again_and_refuses_another(tmp_path, capsys):
+    """`train --preset P --resume RUN` (the first command again) goes on with the run's config; a preset other than
+    the run's is refused in one line (it was dropped without a word)."""
+    from speedgpt.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_toml(load_preset("tiny-cpu"), run / "config.toml")
+    assert main(["train", "--preset", "d12", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"speedgpt train: --resume {run} continues a run of preset 'tiny-cpu' with its own config; "
+                   f"drop --preset d12"]
+    assert main(["train", "--preset", "tiny-cpu", "--resume", str(run)]) == 2  # gets past the preset: no checkpoint
+    assert "nothing to resume" in capsys.readouterr().err

@@ -60,9 +60,10 @@ def test_rejects_bad_magic(tmp_path):
             fn(path)
     # text given where shards belong (eval --data corpus.jsonl) is not to be deleted: it is tokenized first
     text = tmp_path / "corpus.jsonl"
-    text.write_text('{"text": "a document of the user"}\n')
-    with pytest.raises(ShardError, match=r"if it is text, tokenize it first \(speedgpt data tokenize .*corpus.jsonl"):
-        read_header(text)
+    for size in (1, 100):  # shorter than a header, and longer
+        text.write_text('{"text": "a document of the user"}\n' * size)
+        with pytest.raises(ShardError, match=r"if it is text, tokenize it first \(speedgpt data tokenize .*corpus"):
+            read_header(text)
 
 
 def test_rejects_bad_version(tmp_path):

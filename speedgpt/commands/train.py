@@ -99,7 +99,7 @@ def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:
 def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     """The run's config from --preset / --config / --resume and the overrides, on a device that
     exists here; None (after a one-line error) when it cannot be had."""
-    from ..config import ConfigError, default_preset, resolve
+    from ..config import ConfigError, default_preset, load_toml, resolve
     from ..device import DeviceError, resolve_device
 
     # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
@@ -124,6 +124,18 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
             return None
         config_file = config_file or str(run.config_path)
     preset = args.preset
+    if args.resume and preset and not args.config:
+        # The first command again with --resume: the run goes on from its own config, which names its preset.
+        try:
+            started_from = load_toml(config_file).preset
+        except ConfigError as e:
+            print(f"speedgpt train: config error: {e}", file=sys.stderr)
+            return None
+        if started_from != preset:
+            print(f"speedgpt train: --resume {args.resume} continues a run of preset '{started_from or 'none'}' "
+                  f"with its own config; drop --preset {preset}", file=sys.stderr)
+            return None
+        preset = None
     if not preset and not config_file:
         preset = default_preset()
     try:

@@ -117,16 +117,14 @@ def read_shard_info(path: str | os.PathLike) -> ShardInfo:
             size = os.fstat(f.fileno()).st_size
     except FileNotFoundError:
         raise FileNotFoundError(f"shard {path} does not exist; check the path or re-create the data") from None
+    # A .bin is a damaged shard; anything else is most likely the text itself, given where shards belong.
+    fix = ("delete it and download/tokenize again" if path.suffix == ".bin" else
+           f"if it is text, tokenize it first (speedgpt data tokenize {path} --out DIR) and pass DIR")
     if len(raw) < HEADER_BYTES:
-        raise ShardError(
-            f"shard {path} is truncated: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte header; "
-            "delete it and download/tokenize again", offset=len(raw)
-        )
+        raise ShardError(f"shard {path} is truncated: {len(raw)} bytes, shorter than the {HEADER_BYTES}-byte "
+                         f"header; {fix}", offset=len(raw))
     header = np.frombuffer(raw, dtype="<i4")
     if header[0] != MAGIC:
-        # a .bin is a damaged shard; anything else is most likely the text itself, given where shards belong
-        fix = ("delete it and download/tokenize again" if path.suffix == ".bin" else
-               f"if it is text, tokenize it first (speedgpt data tokenize {path} --out DIR) and pass DIR")
         raise ShardError(f"shard {path} has magic {int(header[0])}, expected {MAGIC}: not a token shard "
                          f"(see docs/format.md); {fix}", offset=0)
     if int(header[1]) not in TOKEN_BYTES_OF:
