@@ -55,7 +55,8 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
 def latest_checkpoint(ckpt_root: Path) -> Path:
     found = list_checkpoints(ckpt_root)
     if not found:
-        raise CheckpointError(f"no checkpoint in {ckpt_root}; nothing to resume (train without --resume to start)")
+        raise CheckpointError(f"no checkpoint in {ckpt_root}; nothing to resume: start the run again in a fresh "
+                              f"--run-dir (`speedgpt train` can also replace this one: --overwrite)")
     return found[-1]
 
 
