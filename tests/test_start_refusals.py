@@ -88,3 +88,14 @@ def test_overwrite_removes_every_file_a_run_wrote_and_keeps_the_users(tmp_path):
     prepare_new_run_dir(run, overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.md"]
     assert "export-hf" in RUN_FILES
+
+
+def test_val_tokens_below_one_row_names_val_tokens(text_shards):
+    """--data.val_tokens=0 was blamed on the val shards ('hold 230 tokens, less than one row of 128')."""
+    from speedgpt.config import DataConfig
+    from speedgpt.data.shards import find_shards
+    from speedgpt.train.validation import usable_val_tokens
+
+    d = DataConfig(seq_len=128, val_tokens=0)
+    with pytest.raises(ValueError, match=r"data.val_tokens=0 is less than one validation row of 128 tokens"):
+        usable_val_tokens(d, find_shards(text_shards, "val"), print)

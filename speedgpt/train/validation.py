@@ -20,6 +20,9 @@ def usable_val_tokens(d: DataConfig, val_files: list[Path], log) -> int:
     row = d.val_seq_len or d.seq_len
     available = sum(read_header(f) for f in val_files) - 1
     tokens = min(d.val_tokens, available) // row * row
+    if d.val_tokens < row:
+        raise ValueError(f"data.val_tokens={d.val_tokens:,} is less than one validation row of {row:,} tokens; give "
+                         f"at least {row:,} (data.val_seq_len, or data.seq_len, sets the row)")
     if tokens <= 0:
         raise ValueError(f"the validation shards hold {available + 1:,} tokens, less than one row of {row:,}; "
                          f"add validation data or lower data.seq_len / data.val_seq_len")
