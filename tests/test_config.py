@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from speedgpt.config import (ConfigError, apply_overrides, load_preset, load_toml, micro_batch_rows, preset_names,
@@ -155,3 +157,15 @@ def test_resume_takes_the_runs_own_preset_again_and_refuses_another(tmp_path, ca
                    f"drop --preset d12"]
     assert main(["train", "--preset", "tiny-cpu", "--resume", str(run)]) == 2  # gets past the preset: no checkpoint
     assert "nothing to resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override, says", [
+    ("--optim.muon_lr=-0.05", "optim.muon_lr=-0.05 must be a finite number >= 0"),  # trained the loss upward
+    ("--optim.embed_lr=inf", "optim.embed_lr=inf must be a finite number >= 0"),  # failed only at step 2
+    ("--optim.adam_eps=nan", "optim.adam_eps=nan must be a finite number >= 0"),
+    ("--optim.muon_momentum=1.2", "optim.muon_momentum=1.2 must lie in [0, 1)"),
+    ("--optim.adam_beta2=-0.1", "optim.adam_beta2=-0.1 must lie in [0, 1)"),
+])
+def test_nonsense_optimizer_values_are_refused(override, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        validate(apply_overrides(load_preset("tiny-cpu"), [override]))
