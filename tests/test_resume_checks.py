@@ -84,6 +84,18 @@ def test_resume_appends_to_env_history_and_a_finished_run_is_left_alone(stopped_
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
 
 
+def test_resume_with_another_optimizer_value_needs_extend(stopped_run, capsys):
+    """Another lr on resume changes the run from that step on, and config.toml would then say it for the steps before
+    too: refused without --extend (it was accepted without a word), like a schedule change."""
+    run = stopped_run
+    before = (run / "config.toml").read_text()
+    assert main(["train", "--resume", str(run), "--optim.muon_lr=0.01"]) == 2
+    line = one_line(capsys)
+    assert f"resuming {run} at step 2 with optim.muon_lr: checkpoint 0.05, config 0.01" in line
+    assert "muon lr at step 2 from 0.05 to 0.01" in line and "add --extend" in line
+    assert (run / "config.toml").read_text() == before
+
+
 def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
     run = stopped_run
     assert main(["train", "--resume", str(run), "--train.steps=3"]) == 2

@@ -36,8 +36,8 @@ def cmd_train(argv: list[str]) -> int:
                    help="resume --run-dir from its newest checkpoint if it has one, else start it (for "
                         "schedulers that re-run the same command; implied for workers torchrun restarted)")
     p.add_argument("--extend", action="store_true",
-                   help="with --resume/--auto-resume: accept a changed train.steps or schedule (the lr schedule "
-                        "is stretched from the checkpoint on), e.g. to train a finished run further")
+                   help="with --resume/--auto-resume: accept a changed train.steps, schedule or optimizer value (the "
+                        "lr schedule is stretched from the checkpoint on), e.g. to train a finished run further")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")

@@ -4,8 +4,8 @@ the run it names, nor silently redoes a finished one:
 - a run already at its end (its last step, or its time budget spent) is complete: nothing to train,
   the command says so and exits 0 (no new sample, no rewritten report);
 - a config whose schedule differs from the checkpoint's (another train.steps stretches every lr,
-  momentum and window schedule over the new length from the checkpoint on) is refused unless the
-  command says --extend;
+  momentum and window schedule over the new length from the checkpoint on; another optimizer value
+  changes it too) is refused unless the command says --extend;
 - the weights must fit the model the config describes (else one line naming the config keys that
   changed since the checkpoint was written).
 
@@ -23,8 +23,10 @@ from ..config import Config, ConfigError, config_from_dict, flat_config
 from ..rundir import RunDir
 from ..rundir.checkpoint import CheckpointError, read_state
 
-# The keys the schedules are functions of (step / train.steps, the stage table, schedule.*).
-SCHEDULE_KEYS = ("train.steps", "train.stages", "schedule.")
+# The keys the schedules are functions of (step / train.steps, the stage table, schedule.*), and the optimizer's
+# values they scale: a resume with another lr or momentum changes the run from that step on, and its config.toml
+# would then say the new value for the steps before too (a new-user audit: accepted without a word).
+SCHEDULE_KEYS = ("train.steps", "train.stages", "schedule.", "optim.")
 
 
 class RunComplete(Exception):
