@@ -489,6 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     args, overrides = p.parse_known_args(bind_values(list(argv if argv is not None else sys.argv[1:]), ("--ab",)))
     if args.steps < 1:
         p.error(f"--steps {args.steps}: must be >= 1")
+    if args.profile < 0:
+        p.error(f"--profile {args.profile}: must be >= 0 (0: no profile)")
+    if args.at_step is not None and args.at_step < 0:
+        p.error(f"--at-step {args.at_step}: must be a step of the run (>= 0)")
     if args.per_stage and args.at_step is not None:
         p.error("--per-stage times steps inside every stage; drop --at-step")
     traces = profile_traces(p, args.profile_trace, args.profile)
@@ -496,13 +500,22 @@ def main(argv: list[str] | None = None) -> int:
     if not preset and not args.config:
         preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
+    # Both configs checked before A is timed: a bad --ab (or --at-step) found after A's compile cost that compile.
+    from .plan import validate
+
+    cfg_b = apply_overrides(cfg, args.ab.split()) if args.ab else None
+    for c in (cfg, cfg_b):
+        if c is not None:
+            validate(c, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+            budget = c.train.tokens_per_param or c.train.flops_budget  # steps derived later: no bound known here
+            if args.at_step is not None and not budget and not 0 <= args.at_step < c.train.steps:
+                p.error(f"--at-step {args.at_step}: must be a step of the run, 0 to {c.train.steps - 1}")
     rank = int(os.environ.get("RANK", "0"))
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage, traces["A"]))]
-    if args.ab:
+    if cfg_b is not None:
         if not rank:  # kept even if B fails or times out; every rank's wait is in comm_wait_ms_by_rank
             print(f"A: {format_results(rows, None)}", flush=True)
-        rows.append(("B", bench_config(apply_overrides(cfg, args.ab.split()), args.steps, args.at_step,
-                                       args.profile, args.per_stage, traces["B"])))
+        rows.append(("B", bench_config(cfg_b, args.steps, args.at_step, args.profile, args.per_stage, traces["B"])))
     from .parallel.dist import barrier, teardown
 
     barrier()  # no rank tears the group down while another still talks through it

@@ -154,3 +154,23 @@ def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path):
     spawn_local(_bench_two_ranks, 2, cfg, out)
     waits = out.read_text().split("/")
     assert len(waits) == 2 and all(float(w) >= 0 for w in waits)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--ab=--model.depth=0"], "model.depth=0 must be at least 1"),
+    (["--ab=--train.stepz=1"], "unknown config key 'train.stepz'"),
+    (["--at-step", "-1"], "--at-step -1: must be a step of the run"),
+    (["--at-step", "100000"], "--at-step 100000: must be a step of the run, 0 to 99"),
+    (["--profile", "-2"], "--profile -2: must be >= 0"),
+])
+def test_bench_refuses_a_bad_arm_b_or_option_before_timing_arm_a(argv, says, capsys, monkeypatch):
+    """A bad --ab was found only after arm A's compile and timed steps (on a GPU, minutes); now before anything."""
+    from speedgpt import bench
+    from speedgpt.cli import main
+
+    monkeypatch.setattr(bench, "bench_config", lambda *a, **k: pytest.fail("arm A ran before B's check"))
+    try:
+        rc = main(["bench", "--preset", "tiny-cpu", *argv])
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and says in capsys.readouterr().err
