@@ -125,3 +125,20 @@ def test_help_says_a_long_document_gets_a_shard_of_its_own(capsys):
         main(["data", "tokenize", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert e.value.code == 0 and "one longer than that gets a shard of its own" in help_text
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["tokenize", "X", "--max-tokens", "0"], "--max-tokens 0: must be >= 1"),  # was 'only 1 distinct document read'
+    (["tokenize", "X", "--workers", "0"], "--workers 0: must be >= 1"),  # was accepted
+    (["local-python", "--workers", "-3"], "--workers -3: must be >= 1"),
+    (["local-python", "--max-tokens", "-5"], "--max-tokens -5: must be >= 0"),
+])
+def test_bad_counts_are_refused_by_name(tmp_path, capsys, argv, says):
+    from speedgpt.cli import main
+
+    (tmp_path / "a.txt").write_text("hello world\n")
+    argv = [str(tmp_path / "a.txt") if a == "X" else a for a in argv]
+    with pytest.raises(SystemExit) as e:
+        main(["data", *argv, "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -42,6 +42,12 @@ def cmd_data(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.what == "local-python" and args.piece_chars < 0:
         p.error(f"--piece-chars {args.piece_chars}: must be >= 0 (0: one document per file)")
+    if getattr(args, "workers", None) is not None and args.workers < 1:
+        p.error(f"--workers {args.workers}: must be >= 1 (leave it out for one a CPU)")
+    if args.what == "tokenize" and args.max_tokens is not None and args.max_tokens < 1:
+        p.error(f"--max-tokens {args.max_tokens}: must be >= 1 (leave it out for all input)")
+    if args.what == "local-python" and args.max_tokens < 0:
+        p.error(f"--max-tokens {args.max_tokens}: must be >= 0 (0: every file)")
     from ..outdir import OutDirError, check_out_dir, missing_dirs, remove_empty_dirs
 
     try:
