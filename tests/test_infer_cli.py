@@ -93,3 +93,14 @@ def test_sample_errors(run, capsys):
     assert out == "" and "does not fit the model's context of 64" in err
     assert main(["sample", str(run.parent / "nope"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_sample_says_when_the_context_is_shorter_than_max_tokens(run, capsys):
+    """--max-tokens past the model's context stopped at the context without a word."""
+    model, _ = load_model(run)
+    context = model.rotary.max_seq_len
+    assert main(["sample", str(run), "--prompt", "x", "--max-tokens", str(context + 50), "--seed", "4"]) == 0
+    err = capsys.readouterr().err
+    assert f"the model's context is {context} tokens, so a continuation stops after {context - 2} new tokens" in err
+    assert main(["sample", str(run), "--prompt", "x", "--max-tokens", "4", "--seed", "4"]) == 0
+    assert capsys.readouterr().err == ""

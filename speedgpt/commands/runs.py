@@ -154,6 +154,11 @@ def cmd_sample(argv: list[str]) -> int:
         model, cfg = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
         opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
                     seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
+        context = model.rotary.max_seq_len
+        longest = max(len(opts["tokenizer"].encode(prompt)) + 1 for prompt in args.prompt)  # + BOS
+        if longest + args.max_tokens > context:  # said before, so that a shorter continuation is not a surprise
+            print(f"speedgpt sample: note: the model's context is {context} tokens, so a continuation stops after "
+                  f"{max(context - longest, 0)} new tokens, not --max-tokens {args.max_tokens}", file=sys.stderr)
         if len(args.prompt) == 1:
             # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
             pending = [args.prompt[0]]
