@@ -169,3 +169,9 @@ def test_resume_takes_the_runs_own_preset_again_and_refuses_another(tmp_path, ca
 def test_nonsense_optimizer_values_are_refused(override, says):
     with pytest.raises(ConfigError, match=re.escape(says)):
         validate(apply_overrides(load_preset("tiny-cpu"), [override]))
+
+
+@pytest.mark.parametrize("name", ["a/b", "..", "x\\y"])
+def test_a_run_name_is_a_name_not_a_path(name):
+    with pytest.raises(ConfigError, match="must be a plain name .*--run-dir"):
+        validate(apply_overrides(load_preset("tiny-cpu"), [f"--run.name={name}"]))
