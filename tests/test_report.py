@@ -196,3 +196,14 @@ def test_bench_kernel_categories_of_the_speedrun_kernels():
     assert kernel_category("_softcap_ce_fp8_grad_fast_kernel") == "cross-entropy (ours)"
     assert kernel_category("triton_tem_fused__unsafe_view_flex_attention_backward_1") == "flex attention"
     assert kernel_category("triton_red_fused__fused_rms_norm__to_copy_11") == "triton fused (inductor)"
+
+
+def test_report_out_on_a_file_is_one_line(tmp_path, capsys):
+    """--out naming a file gave '[Errno 17] File exists', exit 1."""
+    from speedgpt.cli import main
+
+    (tmp_path / "afile").write_text("mine")
+    assert main(["report", str(tmp_path), "--out", str(tmp_path / "afile")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is a file; pass a directory" in err[0]
+    assert (tmp_path / "afile").read_text() == "mine"

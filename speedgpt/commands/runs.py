@@ -30,11 +30,14 @@ def cmd_report(argv: list[str]) -> int:
     args = p.parse_args(argv)
     if args.markdown and len(args.run_dirs) < 2:
         p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
+    from ..outdir import OutDirError, check_out_dir
     from ..report import report_runs
 
     try:
+        if args.out is not None:
+            check_out_dir(args.out)
         report_runs(args.run_dirs, args.out, target_loss=args.target_loss, title=args.title, markdown=args.markdown)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, OutDirError) as e:
         print(f"speedgpt report: error: {e}", file=sys.stderr)
         return 2
     return 0
