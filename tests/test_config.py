@@ -175,3 +175,13 @@ def test_nonsense_optimizer_values_are_refused(override, says):
 def test_a_run_name_is_a_name_not_a_path(name):
     with pytest.raises(ConfigError, match="must be a plain name .*--run-dir"):
         validate(apply_overrides(load_preset("tiny-cpu"), [f"--run.name={name}"]))
+
+
+def test_resume_of_a_folder_that_does_not_exist_writes_nothing(tmp_path, capsys):
+    """With --config beside it, --resume of a missing folder made it (an empty metrics.jsonl) and then failed."""
+    from speedgpt.cli import main
+
+    save_toml(load_preset("tiny-cpu"), tmp_path / "config.toml")
+    assert main(["train", "--resume", str(tmp_path / "gone"), "--config", str(tmp_path / "config.toml")]) == 2
+    assert f"--resume {tmp_path / 'gone'} does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "gone").exists()

@@ -117,7 +117,7 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
         from ..rundir import RunDir
 
         run = RunDir(args.resume)
-        if not run.is_run() and not config_file:
+        if not run.root.exists() or (not run.is_run() and not config_file):  # (--config: a run that lost its file)
             what = "does not exist" if not run.root.exists() else "holds no run (no config.toml)"
             print(f"speedgpt train: --resume {args.resume} {what}; give the directory of an earlier run "
                   f"(runs/<name>), or start one with --run-dir", file=sys.stderr)
