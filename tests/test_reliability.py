@@ -66,6 +66,9 @@ def test_sigterm_saves_within_one_step_and_resumes_exactly(cfg, reference, tmp_p
     inject("")
     resumed = train(cfg, run_dir=run, resume=True, quiet=True)
     assert resumed.train_losses == reference.train_losses[4:]  # bitwise on CPU
+    # the curve has no gap: the stopped step's loss was logged before the stop (it was missing)
+    logged = sorted({r["step"] for r in _records(run) if "train_loss" in r})
+    assert logged == sorted({r["step"] for r in _records(reference.run_dir) if "train_loss" in r})
 
 
 def test_a_second_signal_exits_at_once(tmp_path):

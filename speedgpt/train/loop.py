@@ -369,6 +369,11 @@ class Trainer:
                     clock.restart(self.train_time)
                     self.progress.since(self.step, self.tokens, self.train_time)
                     continue
+            if log_step:  # a signalled step too (it is `last`): its loss is on the curve the resume continues
+                self.sync_device()
+                self.train_time = clock.elapsed()
+                self.progress.log_train(self.step, self.tokens, self.train_time, result.train_losses,
+                                        self.stage.seq_len)
             if signalled:
                 self.sync_device()
                 path = self.save(final=True)
@@ -377,11 +382,6 @@ class Trainer:
                 self.metrics.close()
                 raise TrainingStopped(self.stop_request.signum, self.step, path, self.run_dir,
                                       self.stop_request.signal_step)
-            if log_step:
-                self.sync_device()
-                self.train_time = clock.elapsed()
-                self.progress.log_train(self.step, self.tokens, self.train_time, result.train_losses,
-                                        self.stage.seq_len)
             if (t.val_every and self.step % t.val_every == 0) or last:
                 self.sync_device()  # queued training kernels count as training, not as evaluation
                 # ...and so in the val record's time_s, which equal-time comparisons read (a step that
