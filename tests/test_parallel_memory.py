@@ -86,3 +86,20 @@ def test_preset_comments_state_the_estimate(name, strategies):
         assert f"{strategy}: {gib[0]:.1f} GiB on 1 GPU, {gib[1]:.1f} on 2, {gib[2]:.1f} on 8" in text.replace("# ", "")
     assert f"Activations are {estimate_memory(cfg, 'ddp', 1, counts=counts).activations / GIB:.1f} GiB" in \
         text.replace("# ", "")
+
+
+def test_a_cpu_run_larger_than_the_machine_is_refused_at_start(monkeypatch):
+    """On a CPU the estimate had no limit: the built-in defaults' 278M model (512 GiB estimated) started on a 23 GiB
+    machine and died of an allocation error. The host's memory is the limit now, for all its ranks together."""
+    import torch
+
+    from speedgpt.parallel import memory
+
+    cpu = torch.device("cpu")
+    est = estimate_memory(small(), "ddp", 2, dtype_bytes=4).total
+    monkeypatch.setattr(memory, "host_memory", lambda: 2 * est - 1)  # one rank fits, two do not
+    assert choose_strategy(small(), 1, cpu, dtype_bytes=4)[0] == "ddp"
+    with pytest.raises(ConfigError, match=r"does not fit: .* x 2 ranks, more than this machine's .*--model.depth"):
+        choose_strategy(small(), 2, cpu, dtype_bytes=4)
+    monkeypatch.setattr(memory, "host_memory", lambda: None)  # an OS that does not say: no check
+    assert choose_strategy(small(), 2, cpu, dtype_bytes=4)[0] == "ddp"

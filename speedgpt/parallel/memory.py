@@ -18,6 +18,7 @@ Optimizer state: Adam 8 bytes per parameter (two fp32 moments), Muon 4 (one mome
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -154,4 +155,17 @@ def choose_strategy(cfg: Config, world_size: int, device: torch.device, *, dtype
         knobs.append("more GPUs")
         raise ConfigError(f"does not fit: {est.describe()}, over {HEADROOM:.0%} of {limit / GIB:.1f} GiB; "
                           f"try {', '.join(knobs)}")
+    ram = host_memory() if limit is None and device.type == "cpu" else None
+    if ram and est.total * world_size > ram:  # CPU ranks share the host's memory; past it the run dies of OOM later
+        raise ConfigError(f"does not fit: {est.describe()}{f' x {world_size} ranks' if world_size > 1 else ''}, more "
+                          f"than this machine's {ram / GIB:.1f} GiB; try a smaller --model.depth or "
+                          f"--train.micro_batch_size, or a GPU (a CPU preset: --preset tiny-cpu)")
     return strategy, est
+
+
+def host_memory() -> float | None:
+    """This machine's physical memory in bytes (None where the OS does not say)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
