@@ -80,9 +80,11 @@ def test_switch_changes_training_and_resume_between_adam_steps_is_bit_exact(smal
     assert resumed.train_losses == full.train_losses[3:]  # bitwise on CPU
     assert resumed.val_history == [h for h in full.val_history if h[0] > 3]
 
-    with pytest.raises(KeyError, match="same optim.adam_every"):
-        train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=copy_without_checkpoint(
-            tmp_path / "full", tmp_path / "other", 8), resume=True, quiet=True)
+    other = copy_without_checkpoint(tmp_path / "full", tmp_path / "other", 8)
+    with pytest.raises(ConfigError, match="optim.adam_every: checkpoint 2, config 1 .* add --extend"):
+        train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=other, resume=True, quiet=True)
+    with pytest.raises(KeyError, match="same optim.adam_every"):  # with --extend: the waiting gradients say it
+        train(apply_overrides(cfg, ["--optim.adam_every=1"]), run_dir=other, resume=True, extend=True, quiet=True)
 
 
 def test_the_trainer_begins_each_step_before_its_backward(small_vocab_cfg, tmp_path, monkeypatch):

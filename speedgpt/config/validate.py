@@ -174,14 +174,19 @@ def _check_schedule(s: ScheduleConfig) -> None:
 
 
 def _check_optim(o: OptimConfig) -> None:
-    # Every learning rate, decay, eps and clip a finite number >= 0 (a negative lr trained the loss upward to a
-    # clean exit; inf passed until step 2's non-finite loss), each beta and momentum in [0, 1).
+    _check_optim_keys(o)
+    # Then every learning rate, decay, eps and clip a finite number >= 0 (a negative lr trained the loss upward to a
+    # clean exit; inf passed until step 2's non-finite loss), each beta and momentum in [0, 1) (the checks above
+    # have their own words for the keys they know).
     for key, value in vars(o).items():
-        if isinstance(value, float) and not isinstance(value, bool):
+        if isinstance(value, float):
             if key.endswith(("_lr", "_decay", "_eps", "grad_clip")) and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"optim.{key}={value} must be a finite number >= 0")
             if ("momentum" in key or "beta" in key) and not 0.0 <= value < 1.0:
                 raise ConfigError(f"optim.{key}={value} must lie in [0, 1)")
+
+
+def _check_optim_keys(o: OptimConfig) -> None:
     if o.kind not in ("muon", "adamw"):
         raise ConfigError(f"optim.kind='{o.kind}' must be muon or adamw")
     if o.muon_ortho not in ("newton_schulz", "polar_express"):
