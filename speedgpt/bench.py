@@ -500,16 +500,16 @@ def main(argv: list[str] | None = None) -> int:
     if not preset and not args.config:
         preset = default_preset()
     cfg = resolve(preset, args.config, overrides)
-    # Both configs checked before A is timed: a bad --ab (or --at-step) found after A's compile cost that compile.
-    from .plan import validate
+    # Both configs planned as the trainer plans them (budget, rows fitted to the ranks) before A is timed: a bad --ab
+    # (or --at-step) found after A's compile cost that compile.
+    from .planner import plan_run
 
     cfg_b = apply_overrides(cfg, args.ab.split()) if args.ab else None
     for c in (cfg, cfg_b):
         if c is not None:
-            validate(c, world_size=int(os.environ.get("WORLD_SIZE", "1")))
-            budget = c.train.tokens_per_param or c.train.flops_budget  # steps derived later: no bound known here
-            if args.at_step is not None and not budget and not 0 <= args.at_step < c.train.steps:
-                p.error(f"--at-step {args.at_step}: must be a step of the run, 0 to {c.train.steps - 1}")
+            steps = plan_run(c, int(os.environ.get("WORLD_SIZE", "1"))).cfg.train.steps
+            if args.at_step is not None and not 0 <= args.at_step < steps:
+                p.error(f"--at-step {args.at_step}: must be a step of the run, 0 to {steps - 1}")
     rank = int(os.environ.get("RANK", "0"))
     rows = [("A", bench_config(cfg, args.steps, args.at_step, args.profile, args.per_stage, traces["A"]))]
     if cfg_b is not None:

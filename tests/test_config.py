@@ -109,14 +109,22 @@ def test_a_hand_written_file_starts_from_the_preset_it_names(tmp_path):
     cfg = load_toml(tmp_path / "my.toml")
     assert cfg == apply_overrides(load_preset("tiny-cpu"), ["--train.steps=5"])
     (tmp_path / "typo.toml").write_text('preset = "tiny-cpux"\n[train]\nsteps = 5\n')
-    with pytest.raises(ConfigError, match="preset 'tiny-cpux' is not a preset; available presets: d12"):
+    with pytest.raises(ConfigError, match="preset 'tiny-cpux' is not a preset .*available presets: d12"):
         load_toml(tmp_path / "typo.toml")
     with pytest.raises(ConfigError, match="give --preset or --config, not both"):
         resolve("d12", str(tmp_path / "my.toml"))
+    # the preset's own sections, each with a key, are still a hand-written file (no [run] or [parallel])
+    (tmp_path / "mine.toml").write_text('preset = "tiny-cpu"\n[model]\ndepth = 2\n[data]\nseq_len = 128\n'
+                                        '[optim]\nmuon_lr = 0.01\n[train]\nsteps = 5\n[schedule]\n')
+    assert load_toml(tmp_path / "mine.toml").model.model_dim == load_preset("tiny-cpu").model.model_dim
     # a complete file whose values differ from its preset's: its own values, every one
     full = apply_overrides(load_preset("speedrun-124m"), ["--model.depth=6", "--data.seq_len=2048"])
     save_toml(full, tmp_path / "config.toml")
     assert load_toml(tmp_path / "config.toml") == full
+    # a run's file stands alone whatever its label: a preset renamed or gone later still reads
+    renamed = (tmp_path / "config.toml").read_text().replace('preset = "speedrun-124m"', 'preset = "gone-v0"')
+    (tmp_path / "config.toml").write_text(renamed)
+    assert load_toml(tmp_path / "config.toml").model.depth == 6
 
 
 def test_missing_and_broken_config_files(tmp_path):

@@ -62,17 +62,18 @@ def load_toml(path: str | Path) -> Config:
 
 def preset_base(path: Path, data: dict) -> Config | None:
     """What a config file's keys apply to: a run's config.toml holds every section and stands alone (its `preset`
-    says where it started), but a hand-written file that names a preset and leaves out sections the preset sets
-    (`preset = "tiny-cpu"` and a [train] table) means that preset plus its keys: read on the built-in defaults it
-    once trained a 278M-parameter model under the preset's name."""
+    says where it started), but a hand-written file that names a preset and leaves out a section (`preset =
+    "tiny-cpu"` and a [train] table) means that preset plus its keys: read on the built-in defaults it once trained
+    a 278M-parameter model under the preset's name."""
+    from .parse import SECTIONS
+
     name = data.get("preset")
-    if not isinstance(name, str) or not name:
-        return None
+    if not isinstance(name, str) or not name or all(section in data for section in SECTIONS):
+        return None  # no preset named, or a complete file (a run's: every section), whatever its label says
     if name not in preset_names():
-        raise ConfigError(f"{path}: preset '{name}' is not a preset; available presets: {', '.join(preset_names())}")
-    preset_file = tomllib.loads((resources.files("speedgpt") / "presets" / f"{name}.toml").read_text())
-    missing = [section for section in preset_file if section != "preset" and section not in data]
-    return load_preset(name) if missing else None
+        raise ConfigError(f"{path}: preset '{name}' is not a preset (the file leaves sections out, so it starts from "
+                          f"the preset it names); available presets: {', '.join(preset_names())}")
+    return load_preset(name)
 
 
 def _toml_value(v: Any) -> str:

@@ -156,10 +156,11 @@ def choose_strategy(cfg: Config, world_size: int, device: torch.device, *, dtype
         raise ConfigError(f"does not fit: {est.describe()}, over {HEADROOM:.0%} of {limit / GIB:.1f} GiB; "
                           f"try {', '.join(knobs)}")
     ram = host_memory() if limit is None and device.type == "cpu" else None
-    if ram and est.total * world_size > ram:  # CPU ranks share the host's memory; past it the run dies of OOM later
-        raise ConfigError(f"does not fit: {est.describe()}{f' x {world_size} ranks' if world_size > 1 else ''}, more "
-                          f"than this machine's {ram / GIB:.1f} GiB; try a smaller --model.depth or "
-                          f"--train.micro_batch_size, or a GPU (a CPU preset: --preset tiny-cpu)")
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # the ranks on this host (torchrun sets it)
+    if ram and est.total * local > ram:  # a host's CPU ranks share its memory; past it the run dies of OOM later
+        raise ConfigError(f"does not fit: {est.describe()}{f' x {local} ranks' if local > 1 else ''}, more than this "
+                          f"machine's {ram / GIB:.1f} GiB; try a smaller --model.depth or --train.micro_batch_size, "
+                          f"or a GPU (a CPU preset: --preset tiny-cpu; --parallel.memory_limit_gib=N sets the limit)")
     return strategy, est
 
 
