@@ -307,3 +307,20 @@ def test_two_ranks_train_in_fitted_rows_as_one_rank_does_in_those_rows(small_voc
     saved = load_toml(tmp_path / "two" / "config.toml")
     assert [row.seq_len for row in saved.train.stages] == [32, 64]
 
+
+
+def test_under_cuda_graphs_the_warmup_calls_each_stages_graph_twice():
+    """torch's CUDA graphs record a graph on its second call: with one warmup step a stage, a rank with one
+    micro-step a step would record inside the timed run. Under reduce-overhead each stage's second step is warmed
+    up too."""
+    from speedgpt.config import apply_overrides, load_preset
+    from speedgpt.stages import stage_plan
+    from speedgpt.train.warmup import warmup_steps
+
+    cfg = load_preset("speedrun-latest")
+    plan = stage_plan(cfg)
+    assert warmup_steps(cfg, plan) == [0, 559, 1119]
+    ro = apply_overrides(cfg, ["--train.compile_mode=reduce-overhead"])
+    assert warmup_steps(ro, stage_plan(ro)) == [0, 1, 559, 560, 1119, 1120]
+    plain = apply_overrides(load_preset("speedrun-124m"), ["--train.compile_mode=reduce-overhead"])
+    assert warmup_steps(plain, stage_plan(plain)) == [0, 1]

@@ -261,7 +261,8 @@ class Trainer:
                 with watch.span(f"stage {self.plan.stage_at(step).index}" if self.plan.from_table else "training"):
                     self.train_step(step)
             with watch.span("validation"):
-                self.evaluate(warmup=True)
+                for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
+                    self.evaluate(warmup=True)
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.has_experts:  # nor what its forwards counted for the MoE metrics

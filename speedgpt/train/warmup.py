@@ -19,9 +19,14 @@ def warmup_steps(cfg: Config, plan: StagePlan) -> list[int]:
     eager), so the speedrun presets take 1 (each further step costs a step's time at every start: by wave 15's step
     times, speedrun-latest's nine more came to ~4 s). More serve a model whose graphs change with the step; a graph the
     warmup missed is logged at the run's end (compile_watch.AFTER_WARMUP)."""
+    from .compile import uses_cudagraphs
+
     n, total = cfg.train.warmup_steps, cfg.train.steps
     spread = [min(total - 1, (i * total) // n) for i in range(n)]
     extra = {stage.start for stage in plan.stages} if plan.from_table else set()
+    if uses_cudagraphs(cfg):  # torch's CUDA graphs run a graph's first call and record it on a later one: record
+        firsts = extra or {0}  # them in the warmup (a rank with one micro-step a step calls each graph once a step)
+        extra = firsts | {min(s + 1, total - 1) for s in firsts}
     if not extra:
         return spread
     return sorted(set(spread) | extra)
