@@ -223,12 +223,12 @@ def tokenize_corpus(
     }
     if stopped_early:
         manifest["note"] = f"stopped at max_tokens={max_tokens:,}: documents after that were not read"
+    if tokenizer is not None and (out_dir / RUN_SUBDIR).resolve() != tokenizer.folder.resolve():
+        copy_folder(tokenizer, build_dir / RUN_SUBDIR)  # the shards carry their tokenizer (training finds it there)
     _clear_outputs(out_dir, keep)
-    for shard in build_dir.iterdir():
-        shard.replace(out_dir / shard.name)
+    for built in build_dir.iterdir():  # renames within one folder: the shards, then the manifest last
+        built.replace(out_dir / built.name)
     build_dir.rmdir()
-    if tokenizer is not None:  # the shards carry their tokenizer (training finds it there)
-        copy_folder(tokenizer, out_dir / RUN_SUBDIR)
     _write_json(out_dir / MANIFEST, manifest)  # last: its presence means the folder is complete
     return manifest
 
