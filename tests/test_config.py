@@ -180,9 +180,16 @@ def test_nonsense_optimizer_values_are_refused(override, says):
 
 
 @pytest.mark.parametrize("name", ["a/b", "..", "x\\y"])
-def test_a_run_name_is_a_name_not_a_path(name):
+def test_a_run_name_is_a_name_not_a_path(name, tmp_path, monkeypatch, capsys):
+    """run.name names the default folder runs/<name>-<time>: a slash made nested folders."""
+    from speedgpt.cli import main
+    from speedgpt.rundir import default_run_dir
+
     with pytest.raises(ConfigError, match="must be a plain name .*--run-dir"):
-        validate(apply_overrides(load_preset("tiny-cpu"), [f"--run.name={name}"]))
+        default_run_dir(apply_overrides(load_preset("tiny-cpu"), [f"--run.name={name}"]))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", f"--run.name={name}", "--train.steps=1"]) == 2
+    assert "must be a plain name" in capsys.readouterr().err and not (tmp_path / "runs").exists()
 
 
 def test_resume_of_a_folder_that_does_not_exist_writes_nothing(tmp_path, capsys):

@@ -59,9 +59,14 @@ def cmd_train(argv: list[str]) -> int:
         cfg = _train_config(p, args, overrides)
         if cfg is None:
             return 2
+        from ..config import ConfigError
         from ..rundir import default_run_dir
 
-        run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
+        try:
+            run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
+        except ConfigError as e:
+            print(f"speedgpt train: config error: {e}", file=sys.stderr)
+            return 2
         if not named and not _lock(held, run_dir, args):
             return 2
         if not _run_dir_usable(args, run_dir):

@@ -41,10 +41,6 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
     _check_optim(cfg.optim)
     _check_parallel(cfg.parallel, cfg.train)
     _check_checkpointed_experts(cfg)
-    if any(sep in cfg.run.name for sep in ("/", "\\")) or cfg.run.name in (".", ".."):
-        # it names the run's folder runs/<name>-<time> (a slash made nested folders); run.dir chooses a path
-        raise ConfigError(f"run.name={cfg.run.name!r} must be a plain name (no path); to choose the folder give "
-                          f"--run-dir or --run.dir")
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:

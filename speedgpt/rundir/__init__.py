@@ -142,6 +142,12 @@ class RunDir:
 
 
 def default_run_dir(cfg: Config) -> Path:
-    """runs/<run.name or preset>-<local time>: where a run goes when neither --run-dir nor run.dir says."""
+    """runs/<run.name or preset>-<local time>: where a run goes when neither --run-dir nor run.dir says. A run.name
+    with a path in it is a ConfigError (it made nested folders; a resume names its folder and never comes here)."""
+    from ..config import ConfigError
+
     name = cfg.run.name or cfg.preset or "run"
+    if any(sep in name for sep in ("/", "\\")) or name in (".", ".."):
+        raise ConfigError(f"run.name={name!r} must be a plain name (no path); to choose the folder give --run-dir "
+                          f"or --run.dir")
     return Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
