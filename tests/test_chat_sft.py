@@ -221,3 +221,15 @@ def test_hf_export_of_the_sft_run_applies_the_same_template(sft_run, tmp_path, h
     exec(code, namespace)
     new_ids = namespace["out"][0, namespace["inputs"]["input_ids"].shape[1]:].tolist()
     assert template.assistant_end not in new_ids[:-1]  # nothing generated after the answer's end
+
+
+def test_an_sft_run_split_the_old_way_is_not_resumed_on_other_conversations(base_run, tmp_path, capsys):
+    """The held-out choice changed (data.mixture): a --data run saved before it would resume on other rows."""
+    from speedgpt.cli import main
+
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "sft.json").write_text(json.dumps({"base_run": str(base_run), "data": ["chats.jsonl"]}))
+    (run / "config.toml").write_text((base_run / "config.toml").read_text())
+    assert main(["sft", "--resume", str(run)]) == 2
+    assert "chose its training and held-out conversations as speedgpt did before 2026-12-05" in capsys.readouterr().err

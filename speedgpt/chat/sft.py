@@ -35,13 +35,16 @@ class SFTSpec:
     builtin_examples: int = 20_000  # built-in training conversations per epoch (when data is empty)
     eval_examples: int = 50  # held-out examples per built-in task scored by exact match at each eval
     heldout_examples: int = 100  # held-out built-in conversations per task for the assistant-token loss
+    # How --data files become training and held-out conversations (data.mixture): 2 since 2026-12-05 (copies dropped,
+    # held out before the weights); a run saved before has none, read as 1
+    split: int = 2
 
     def save(self, run_dir: Path) -> None:
         (run_dir / SPEC_FILE).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, run_dir: Path) -> "SFTSpec":
-        return cls(**json.loads((run_dir / SPEC_FILE).read_text(encoding="utf-8")))
+        return cls(**{"split": 1, **json.loads((run_dir / SPEC_FILE).read_text(encoding="utf-8"))})
 
 
 def sft_config(base_run: str | Path, overrides: list[str]):
@@ -255,6 +258,10 @@ def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None =
             raise FileNotFoundError(f"{run_dir} holds no SFT run (no {SPEC_FILE}): --resume continues a run of "
                                     f"`speedgpt sft`; to fine-tune a base run: speedgpt sft {run_dir}")
         spec = SFTSpec.load(run_dir)
+        if spec.data and spec.split != SFTSpec.split:  # its rows would be other conversations from its position on
+            raise ValueError(f"{run_dir} chose its training and held-out conversations as speedgpt did before "
+                             f"2026-12-05; this one chooses others: start it again (speedgpt sft {spec.base_run} "
+                             f"--data ...)")
         cfg = apply_overrides(RunDir(run_dir).read_config(), list(overrides or []))
         check_config(cfg)
         tok = run_tokenizer(run_dir, cfg)
