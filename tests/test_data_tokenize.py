@@ -8,7 +8,7 @@ import pytest
 
 from speedgpt.data import tokenize as tok
 from speedgpt.data import tokenize_pool
-from speedgpt.data.corpus import Documents, JsonlFiles, ParquetFiles, TextFiles, python_source_files
+from speedgpt.data.corpus import MISSING_FIELD, Documents, JsonlFiles, ParquetFiles, TextFiles, python_source_files
 from speedgpt.data.shards import find_shards, load_shard
 from speedgpt.data.tokenize import ensure_local_python_corpus, tokenize_corpus, tokenize_files
 from speedgpt.data.tokenizer import BOS_ID, GPT2_VOCAB_SIZE, encode_document, get_tokenizer
@@ -170,6 +170,18 @@ def test_a_bad_jsonl_line_is_skipped_alone(tmp_path):
     assert 0 < len(docs) < 100 and docs == [f"document {i}" for i in range(len(docs))]
     (reason,) = src.skipped.counts
     assert reason == "unreadable (EOFError)" and "cut.jsonl.gz (read up to line" in src.skipped.examples[reason][0]
+
+
+def test_a_json_array_file_is_read_as_records(tmp_path):
+    """A pretty-printed .json array was read line by line: every line invalid JSON, or the hint to change
+    --text-field. Its records are read now, as JSON lines are; a .json of JSON lines still works."""
+    records = [{"text": f"document {i}"} for i in range(3)] + [{"body": "no text field"}]
+    (tmp_path / "pretty.json").write_text(json.dumps(records, indent=2))
+    src = JsonlFiles(tmp_path / "pretty.json")
+    assert [t for _, t in src.documents()] == ["document 0", "document 1", "document 2"]
+    assert src.skipped.examples[f"{MISSING_FIELD} 'text'"] == [f"{tmp_path / 'pretty.json'}[3] with fields: body"]
+    (tmp_path / "lines.json").write_text("\n".join(json.dumps(r) for r in records[:2]) + "\n")
+    assert [t for _, t in JsonlFiles(tmp_path / "lines.json").documents()] == ["document 0", "document 1"]
 
 
 def test_text_files_jsonl_parquet_sources(tmp_path):

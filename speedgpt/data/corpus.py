@@ -172,6 +172,9 @@ class JsonlFiles(Source):
 
     def _iter(self):
         for path in self.files:
+            if path.suffix == ".json" and _starts_with(path, b"["):  # a JSON array of records, not JSON lines
+                yield from self._array(path)
+                continue
             opener = gzip.open if path.name.endswith(".gz") else open
             lineno = 0
             try:
@@ -192,16 +195,44 @@ class JsonlFiles(Source):
                         except json.JSONDecodeError:
                             self.skipped.add(item, "invalid JSON")
                             continue
-                        text = obj.get(self.text_field) if isinstance(obj, dict) else None
-                        if not isinstance(text, str):
-                            # The fields it has: the likely value for --text-field is among them.
-                            fields = f" with fields: {', '.join(map(str, list(obj)[:8]))}" if isinstance(obj, dict) else ""
-                            self.skipped.add(item + fields, f"{MISSING_FIELD} {self.text_field!r}")
-                            continue
-                        yield item, text
+                        text = self._text(obj, item)
+                        if text is not None:
+                            yield item, text
             except (OSError, EOFError, zlib.error) as e:  # a truncated or corrupt .gz ends the file there
                 after = f" (read up to line {lineno}: {e})" if lineno else f" ({e})"
                 self.skipped.add(f"{path}{after}", f"unreadable ({type(e).__name__})")
+
+    def _array(self, path: Path):
+        """The records of a .json file holding one array (pretty-printed or not): each read as a JSON line is."""
+        try:
+            records = json.loads(path.read_bytes().decode("utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            self.skipped.add(f"{path} ({e})", "unreadable JSON array")
+            return
+        for i, obj in enumerate(records if isinstance(records, list) else [records]):
+            item = f"{path}[{i}]"
+            text = self._text(obj, item)
+            if text is not None:
+                yield item, text
+
+    def _text(self, obj, item: str) -> str | None:
+        """The record's text field, or None after counting the record as skipped."""
+        text = obj.get(self.text_field) if isinstance(obj, dict) else None
+        if not isinstance(text, str):
+            # The fields it has: the likely value for --text-field is among them.
+            fields = f" with fields: {', '.join(map(str, list(obj)[:8]))}" if isinstance(obj, dict) else ""
+            self.skipped.add(item + fields, f"{MISSING_FIELD} {self.text_field!r}")
+            return None
+        return text
+
+
+def _starts_with(path: Path, prefix: bytes) -> bool:
+    """Whether the file's first non-blank bytes are `prefix` (False when it cannot be read: the reader says why)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).lstrip(b" \t\r\n\xef\xbb\xbf").startswith(prefix)
+    except OSError:
+        return False
 
 
 class ParquetFiles(Source):
