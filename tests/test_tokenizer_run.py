@@ -157,3 +157,21 @@ def test_bits_per_byte_counts_the_texts_true_bytes(trained, capsys, text_shards)
     assert main(["eval", str(run), "--data", str(text_shards), "--no-log"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "come from gpt2" in err[0] and f"tok (vocab 512, id {tok.short_id})" in err[0]
+
+
+def test_resume_on_data_re_tokenized_with_another_tokenizer_says_so(trained, tmp_path, capsys):
+    """The run's data folder re-tokenized in place with another tokenizer: the resume blamed model.vocab_size; it
+    names the two tokenizers now, before anything is built."""
+    import shutil
+
+    run, _, shards, _ = trained
+    copy, data = tmp_path / "run", tmp_path / "shards"
+    shutil.copytree(run, copy)
+    other = train_small(tmp_path, vocab_size=600, name="other")
+    assert main(["data", "tokenize", str(write_jsonl(tmp_path / "m.jsonl", corpus_docs(40))), "--out", str(data),
+                 "--tokenizer", str(other.folder), "--workers", "1", "--val-fraction", "0.1"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(copy), "--train.steps=8", "--extend", f"--data.train_files={data}",
+                 f"--data.tokenizer={data / 'tokenizer'}"]) == 2
+    err = capsys.readouterr().err
+    assert "the training shards carry other (vocab 600" in err and "was trained with its own" in err, err

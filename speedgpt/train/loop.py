@@ -48,7 +48,7 @@ from .preempt import StoppedMidStep, StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
-from .tokenizer import adopt_shards_tokenizer, keep_in_run, log_compression
+from .tokenizer import adopt_shards_tokenizer, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
 from .warmup import restored_afterwards, warmup_steps
 
@@ -84,6 +84,7 @@ class Trainer:
         self.rundir = RunDir(self.run_dir)
         self.resume = should_resume(resume, self.run_dir)
         if self.resume:  # a finished run, or a schedule changed without `extend`: stop before anything is built
+            check_same_tokenizer(self.tokenizer, self.run_dir)
             check_resume(cfg, self.run_dir, extend=extend)
         self.guard = NumericsGuard(cfg.train.on_nonfinite, self.dist.device, self.dist.rank, self.dist.world_size)
         self.rollbacks = Rollbacks(cfg.train)  # and the lr scale they left, part of the checkpointed state

@@ -42,6 +42,25 @@ def adopt_shards_tokenizer(cfg: Config) -> tuple[Config, Tokenizer | None, list[
     return cfg, tok, lines
 
 
+def check_same_tokenizer(tok: Tokenizer | None, run_root) -> None:
+    """ConfigError when a resume's training shards carry another tokenizer than the run's own copy (RUN/tokenizer/,
+    or GPT-2's for a run without one): its ids would mean other text. Said before the model's vocabulary size is
+    (the error a resume of re-tokenized data gave)."""
+    from ..tokenizer.folder import RUN_SUBDIR, is_tokenizer_folder, load_folder
+
+    if tok is None:  # the default corpus, or shards not found (the data setup says so)
+        return
+    own = run_root / RUN_SUBDIR
+    mine = load_folder(own).sha256 if is_tokenizer_folder(own) else None  # None: GPT-2's
+    theirs = None if tok.is_gpt2 else tok.sha256
+    if mine != theirs:
+        shards = f"{tok.describe()}" if theirs else "GPT-2's"
+        run = f"its own ({own})" if mine else "GPT-2's"
+        raise ConfigError(f"the training shards carry {shards} tokenizer, but {run_root} was trained with {run}; "
+                          f"resume it on shards made with that tokenizer (data tokenize --tokenizer), or start a "
+                          f"new run")
+
+
 def keep_in_run(tok: Tokenizer | None, run_root) -> None:
     """Copy a trained tokenizer into the run directory (GPT-2 runs keep none: they read as GPT-2)."""
     from ..tokenizer.folder import RUN_SUBDIR, copy_folder
