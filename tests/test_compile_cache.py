@@ -600,3 +600,20 @@ def test_precompile_an_fp8_models_fresh_start_traces_nothing(tmp_path, monkeypat
             assert (traced, hits) == ((0, 1) if with_cache else (1, 1))
     finally:
         torch._dynamo.reset()
+
+
+def test_precompile_is_off_on_a_torch_older_than_the_one_it_works_on(monkeypatch):
+    """On torch 2.11 (the GPU image) a fresh start from the package died at once (wave 17): the switch is off there,
+    with one line, and the run traces; on this torch it stays on."""
+    from speedgpt.train import compile as compile_module
+
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
+    lines = []
+    with torch._dynamo.config.patch(caching_precompile=False):
+        monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+        compile_module.compiled_forward(cfg, Tiny("sdpa"), "ddp", log=lines.append)
+        assert torch._dynamo.config.caching_precompile is False
+        assert any("compile_precompile is off on torch 2.11.0+cu130 (needs 2.13 or later" in line for line in lines)
+        monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+        compile_module.compiled_forward(cfg, Tiny("sdpa"), "ddp", log=lines.append)
+        assert torch._dynamo.config.caching_precompile is True

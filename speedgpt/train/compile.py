@@ -15,6 +15,17 @@ from ..model.gpt import GPT
 from .precompile_guards import restore_guards_in_a_trace, silence_dropped_guard_warnings
 
 
+# The oldest torch whose fresh start from a precompile package was seen to work (CPU, torch 2.13: tests and
+# benchmarks/dynamo_precompile.py); 2.11's failed on an H200 (wave 17).
+PRECOMPILE_TORCH = (2, 13)
+
+
+def torch_older_than(version: tuple[int, int]) -> bool:
+    """Whether this torch's (major, minor) is below `version` (a dev or local build counts as its release)."""
+    major, minor = (int(part) for part in torch.__version__.split(".")[:2])
+    return (major, minor) < version
+
+
 def compile_blocks(model: GPT, **compile_kwargs) -> None:
     """torch.compile each transformer block in place: each block's backward is then its own autograd
     node, so gradient hooks (and the reductions they start) fire block by block during the backward.
@@ -126,6 +137,12 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         if precompile and strategy == "fsdp":  # blocks compiled one by one there: not tried
             precompile = False
             log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
+        elif precompile and torch_older_than(PRECOMPILE_TORCH):
+            # On torch 2.11 (the GPU image) a fresh start from the package died at once (TypeError in torch's
+            # DefaultsSource while its guards were restored; docs/experiments.md, wave 17): trace instead
+            precompile = False
+            log(f"compile: train.compile_precompile is off on torch {torch.__version__} (needs "
+                f"{'.'.join(map(str, PRECOMPILE_TORCH))} or later: a fresh start from the package failed on 2.11)")
         elif precompile and not restore_guards_in_a_trace() and model.runtime.attn_backend == "flex":
             # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
             # ("CompilePackage is already initialized"), and this torch lacks the function that
