@@ -149,7 +149,7 @@ def cmd_sample(argv: list[str]) -> int:
     check_sampling_options(p, args)
 
     from ..config import ConfigError
-    from ..infer.generate import sample_texts
+    from ..infer.generate import encode_prompt, sample_texts
     from ..infer.load import LoadError, load_model
     from ..tokenizer.folder import run_tokenizer
 
@@ -158,7 +158,7 @@ def cmd_sample(argv: list[str]) -> int:
         opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
                     seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
         context = model.rotary.max_seq_len
-        longest = max(len(opts["tokenizer"].encode(prompt)) + 1 for prompt in args.prompt)  # + BOS
+        longest = max(len(encode_prompt(prompt, opts["tokenizer"])) for prompt in args.prompt)
         if longest + args.max_tokens > context:  # said before, so that a shorter continuation is not a surprise
             print(f"speedgpt sample: note: the model's context is {context} tokens, so a continuation stops after "
                   f"{max(context - longest, 0)} new tokens, not --max-tokens {args.max_tokens}", file=sys.stderr)

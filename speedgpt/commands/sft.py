@@ -47,7 +47,9 @@ def cmd_sft(argv: list[str]) -> int:
         p.error(f"--resume continues the run with its own data and settings (its sft.json): "
                 f"{', '.join(fixed + ['--run-dir'] * bool(args.run_dir))} belong to a new SFT run (give BASE_RUN)")
     if args.eval_examples is None:
-        args.eval_examples = 50
+        from ..chat.sft import SFTSpec
+
+        args.eval_examples = SFTSpec.eval_examples
     if args.eval_examples < 0:
         p.error(f"--eval-examples {args.eval_examples}: must be >= 0")
 

@@ -226,7 +226,7 @@ def tokenize_corpus(
     if tokenizer is not None and (out_dir / RUN_SUBDIR).resolve() != tokenizer.folder.resolve():
         copy_folder(tokenizer, build_dir / RUN_SUBDIR)  # the shards carry their tokenizer (training finds it there)
     _clear_outputs(out_dir, keep)
-    for built in build_dir.iterdir():  # renames within one folder: the shards, then the manifest last
+    for built in build_dir.iterdir():  # renames within one folder: the shards and the tokenizer copy
         built.replace(out_dir / built.name)
     build_dir.rmdir()
     _write_json(out_dir / MANIFEST, manifest)  # last: its presence means the folder is complete

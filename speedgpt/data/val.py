@@ -109,7 +109,7 @@ def rank_val_batches(
     same figure on 1, 2 or 4 GPUs (up to the order of the float sums). `only`: the batches of these
     indices alone (every rank must pass the same set, for the same reason)."""
     _check_shape(batch_size, seq_len)
-    start = rank * (rows // world_size) + min(rank, rows % world_size)
+    start = rank_share(rows, world_size, rank)[0]
     device = torch.device(device)
     stream = _read_stream(files, [read_header(f) for f in files], rows * seq_len + 1)
     row = start
@@ -122,11 +122,16 @@ def rank_val_batches(
         row += n
 
 
+def rank_share(rows: int, world_size: int, rank: int) -> tuple[int, int, int]:
+    """(first row, rows, the most rows any rank gets) of `rank`'s contiguous block of the validation rows."""
+    per_rank, extra = divmod(rows, world_size)
+    return rank * per_rank + min(rank, extra), per_rank + (rank < extra), per_rank + (extra > 0)
+
+
 def batch_rows(rows: int, world_size: int, batch_size: int, rank: int) -> list[int]:
     """The real rows of each of `rank`'s validation batches as rank_val_batches deals them (0: its one-row batch
     that scores nothing); every rank has as many batches."""
-    per_rank, extra = divmod(rows, world_size)
-    mine, most = per_rank + (rank < extra), per_rank + (extra > 0)
+    _, mine, most = rank_share(rows, world_size, rank)
     return [max(0, min(batch_size, mine - i * batch_size)) for i in range(-(-most // batch_size))]
 
 

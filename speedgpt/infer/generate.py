@@ -161,8 +161,7 @@ class Utf8Stream:
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __call__(self, token: int) -> None:
-        piece = self.extra.get(token)
-        text = self.decoder.decode(self.tokenizer.decode_single_token_bytes(token) if piece is None else piece)
+        text = self.decoder.decode(token_bytes(self.tokenizer, token, self.extra))
         if text:
             self.write(text)
 
@@ -210,8 +209,13 @@ def decode_with(tok: Tokenizer, ids: Sequence[int], extra: dict[int, bytes]) -> 
     """tok.decode(ids), the ids it does not have (`extra`: a chat model's specials) by their bytes."""
     if not extra:
         return tok.decode(ids)
-    pieces = (extra.get(t) or tok.encoding.decode_single_token_bytes(t) for t in ids)
-    return b"".join(pieces).decode("utf-8", errors="replace")
+    return b"".join(token_bytes(tok.encoding, t, extra) for t in ids).decode("utf-8", errors="replace")
+
+
+def token_bytes(encoding, token: int, extra: dict[int, bytes]) -> bytes:
+    """The bytes of one token: the tiktoken `encoding`'s, or `extra`'s for an id it does not have."""
+    piece = extra.get(token)
+    return encoding.decode_single_token_bytes(token) if piece is None else piece
 
 
 def sample_text(model: GPT, prompt: str, *, max_new_tokens: int = 64, temperature: float = 0.8,
