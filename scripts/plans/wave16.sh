@@ -4,9 +4,7 @@
 #   setsid scripts/lease.sh /tmp/w16 scripts/plans/wave16.sh > /tmp/w16.log 2>&1 < /dev/null &
 # then poll `grep -q "^PHASE " /tmp/w16/status` in calls of at most ~540 s, one right after another (the machine goes
 # back after 30 s idle: wave 15 lost its first machine, and the phases on it, to a gap), and end each call with
-# `scripts/lease.sh /tmp/w16 collect $OUT/w16.tgz`. The b064051 tree travels in .carry (git-ignored):
-# `mkdir -p .carry/tree-b064051 && git archive b064051 | tar -x -C .carry/tree-b064051`. Name .carry in `carry` on
-# the FIRST call only (a re-copy removes the working directory of a phase running in it: wave 11).
+# `scripts/lease.sh /tmp/w16 collect $OUT/w16.tgz`. No tree travels in .carry since wave 18 ran its run-plan pair.
 # Sourced by scripts/lease.sh ($W $PY $DATA $TR $C, phase).
 # shellcheck shell=bash disable=SC2086,SC2154
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -64,17 +62,7 @@ if [ "$NG" -ge 2 ]; then
         --train.seed=1337 --train.save_final_checkpoint=false --run.report=false $C --train.compile_cache="$W/cca" $OLD
 fi
 
-# 5. Issue 33 (5): the run-plan refactor's step time for speedrun-latest, b064051 against this tree in b064051's rows
-# ($OLD), the same call (spread: b064051's bench has no --per-stage), one GPU each, at once (waves 11, 13 and 15 ran
-# out of budget first).
-OLDER=$PWD/.carry/tree-b064051
-phase old-tree 30 test -f $OLDER/speedgpt/__main__.py
-( phase plan-old 540 bash -c "cd $OLDER && CUDA_VISIBLE_DEVICES=0 PYTHONPATH=$OLDER $PY -m speedgpt bench \
-    --preset speedrun-latest --steps 6 --data.train_files=$DATA" ) &
-[ "$NG" -lt 2 ] && wait
-phase plan-new 540 env CUDA_VISIBLE_DEVICES=$(gpu 1) $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
-    --data.train_files="$DATA" --train.compile_cache="$W/cca" $OLD --train.warmup_steps=10  # b064051's warmup
-wait
+# 5. (Issue 33's run-plan pair for speedrun-latest ran in wave 18 on one H100, scripts/plans/wave18.sh.)
 
 # 6. Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
 [ "$NG" -ge 2 ] && phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" \
