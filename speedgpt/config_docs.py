@@ -172,7 +172,7 @@ DESCRIPTIONS: dict[str, str] = {
     "train.compile_precompile": "dynamo's traced code kept in train.compile_cache too (torch's experimental caching "
                                 "precompile): a fresh start from the artifacts traces nothing on CPU, flex attention "
                                 "included (its guards restored in a tracing context); GPU figure owed "
-                                "(docs/benchmarks.md); compile_scope=model; off under fsdp",
+                                "(docs/benchmarks.md); compile_scope=model; off under fsdp and below torch 2.11",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
     "train.compile_mode": "torch.compile's mode (Inductor): default | reduce-overhead (CUDA graphs: one launch a "

@@ -603,17 +603,103 @@ def test_precompile_an_fp8_models_fresh_start_traces_nothing(tmp_path, monkeypat
 
 
 def test_precompile_is_off_on_a_torch_older_than_the_one_it_works_on(monkeypatch):
-    """On torch 2.11 (the GPU image) a fresh start from the package died at once (wave 17): the switch is off there,
-    with one line, and the run traces; on this torch it stays on."""
+    """Below the oldest torch a fresh start from the package was seen to work on (2.11, with the guard sources'
+    pickling mended), the switch is off, with one line, and the run traces; from it on the switch stays on."""
     from speedgpt.train import compile as compile_module
 
     cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"])
     lines = []
     with torch._dynamo.config.patch(caching_precompile=False):
-        monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+        monkeypatch.setattr(torch, "__version__", "2.10.0+cu128")
         compile_module.compiled_forward(cfg, Tiny("sdpa"), "ddp", log=lines.append)
         assert torch._dynamo.config.caching_precompile is False
-        assert any("compile_precompile is off on torch 2.11.0+cu130 (needs 2.13 or later" in line for line in lines)
-        monkeypatch.setattr(torch, "__version__", "2.13.0+cpu")
+        assert any("compile_precompile is off on torch 2.10.0+cu128 (needs 2.11 or later)" in line for line in lines)
+        monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
         compile_module.compiled_forward(cfg, Tiny("sdpa"), "ddp", log=lines.append)
         assert torch._dynamo.config.caching_precompile is True
+
+
+def derived_source_class():
+    """A new guard source class with a derived field (as DefaultsSource has), pickled as torch 2.11 pickles every
+    Source: all its fields, the derived one too. Made anew for each use, since a class stays mended once mended;
+    named at module level so that pickle finds it."""
+    import dataclasses
+
+    from torch._guards import Source
+
+    @dataclasses.dataclass(frozen=True)
+    class DerivedSource(Source):
+        label: str
+        shouted: str = dataclasses.field(init=False, repr=False, compare=False)
+
+        def __post_init__(self):
+            object.__setattr__(self, "shouted", self.label.upper())
+
+        def __reduce__(self):  # torch 2.11's (torch/_guards.py, dataclass_with_cached_hash)
+            return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+
+    DerivedSource.__qualname__ = "DerivedSource"
+    return DerivedSource
+
+
+def test_guard_sources_with_derived_fields_unpickle_once_mended(monkeypatch):
+    """Wave 17 on torch 2.11: a package's DefaultsSource guard could not be unpickled ("takes from 3 to 4 positional
+    arguments but 6 were given"). Mended, such a source pickles its constructor's fields only, and a pickle made
+    before the mend (every field) loads too; a source that pickles right is left alone."""
+    import pickle
+
+    from torch._dynamo.source import DefaultsSource, LocalSource
+
+    from speedgpt.train.precompile_guards import mend_source_pickling
+
+    cls = derived_source_class()
+    monkeypatch.setitem(globals(), "DerivedSource", cls)
+    old_pickle = pickle.dumps(cls("kv"))
+    with pytest.raises(TypeError, match="positional argument"):
+        pickle.loads(old_pickle)
+    assert "DerivedSource" in mend_source_pickling()
+    again = pickle.loads(pickle.dumps(cls("kv")))
+    assert again == cls("kv") and again.shouted == "KV"
+    assert pickle.loads(old_pickle) == cls("kv")  # saved before the mend
+    assert "DerivedSource" not in mend_source_pickling()  # once a class
+    # this torch's own (its reduce, mended or not, passes the constructor's fields)
+    source = DefaultsSource(LocalSource("fn"), "scale", is_kw=True)
+    assert pickle.loads(pickle.dumps(source)).name == source.name
+
+
+def scaled(x, *, factor=0.5):
+    """A keyword-only default: dynamo guards it, through a DefaultsSource, whatever its value."""
+    return x * factor
+
+
+class TinyDefaults(Tiny):
+    def forward(self, inputs):
+        return scaled(torch.relu(self.proj(inputs))).square().mean()
+
+
+def test_precompile_a_package_guarding_a_default_installs_on_a_fresh_start(tmp_path, monkeypatch, fresh_artifacts):
+    """The guard wave 17's fresh start died of on torch 2.11 (a function's default): the package installs, nothing
+    is traced and the loss is the cold start's (on a torch whose Source pickling is right this holds unmended)."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.train.compile import compiled_forward
+
+    x = torch.randn(4, 8)
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
+                                     f"--train.compile_cache={tmp_path / 'cache'}"])
+
+    def start(inductor_dir: str):
+        cache = start_as_a_new_process(monkeypatch, cfg, tmp_path / inductor_dir)
+        loss = compiled_forward(cfg, TinyDefaults(), "ddp", log=lambda line: None, cache=cache)(x)
+        loss.backward()
+        return cache, loss, counters["stats"]["unique_graphs"], counters["dynamo_cache"]["dynamo_cache_hit"]
+
+    try:
+        with torch._dynamo.config.patch(caching_precompile=False):
+            cache, first, traced, hits = start("first")
+            assert (traced, hits) == (1, 0) and "saved" in cache.save()
+            _, again, traced, hits = start("second")  # another machine
+            assert (traced, hits) == (0, 1)
+            assert torch.equal(first, again)
+    finally:
+        torch._dynamo.reset()

@@ -12,12 +12,13 @@ import torch
 from ..config import Config
 from ..config.sections import CUDAGRAPH_MODES
 from ..model.gpt import GPT
-from .precompile_guards import restore_guards_in_a_trace, silence_dropped_guard_warnings
+from .precompile_guards import mend_source_pickling, restore_guards_in_a_trace, silence_dropped_guard_warnings
 
 
-# The oldest torch whose fresh start from a precompile package was seen to work (CPU, torch 2.13: tests and
-# benchmarks/dynamo_precompile.py); 2.11's failed on an H200 (wave 17).
-PRECOMPILE_TORCH = (2, 13)
+# The oldest torch whose fresh start from a precompile package was seen to work on a CPU: 2.13 (tests and
+# benchmarks/dynamo_precompile.py), and 2.11 since its guard sources' pickling is mended (precompile_guards.py:
+# wave 17's fresh start on an H200 died of it); the flex and FP8 paths on 2.11 are owed to a GPU (wave18.sh).
+PRECOMPILE_TORCH = (2, 11)
 
 
 def torch_older_than(version: tuple[int, int]) -> bool:
@@ -137,12 +138,10 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         if precompile and strategy == "fsdp":  # blocks compiled one by one there: not tried
             precompile = False
             log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
-        elif precompile and torch_older_than(PRECOMPILE_TORCH):
-            # On torch 2.11 (the GPU image) a fresh start from the package died at once (TypeError in torch's
-            # DefaultsSource while its guards were restored; docs/experiments.md, wave 17): trace instead
+        elif precompile and torch_older_than(PRECOMPILE_TORCH):  # never tried there: trace instead
             precompile = False
             log(f"compile: train.compile_precompile is off on torch {torch.__version__} (needs "
-                f"{'.'.join(map(str, PRECOMPILE_TORCH))} or later: a fresh start from the package failed on 2.11)")
+                f"{'.'.join(map(str, PRECOMPILE_TORCH))} or later)")
         elif precompile and not restore_guards_in_a_trace() and model.runtime.attn_backend == "flex":
             # A fresh start would die inside torch: flex's saved guards cannot be rebuilt outside a trace
             # ("CompilePackage is already initialized"), and this torch lacks the function that
@@ -156,6 +155,10 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         # set off too: a second config in one process (bench --ab) must not inherit the first's.
         torch._dynamo.config.caching_precompile = precompile
         if precompile:
+            mended = mend_source_pickling()
+            if mended:
+                log(f"compile: precompile: this torch's pickling of {', '.join(mended)} mended (a fresh start "
+                    "could not restore such guards: precompile_guards.py)")
             silence_dropped_guard_warnings()
             log("compile: precompile on: dynamo's traced code is kept in the compile cache; torch drops its "
                 "identity guards on modules and builtins from it (their warnings not shown: a changed model "

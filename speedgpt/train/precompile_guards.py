@@ -11,11 +11,15 @@ as saved, and none leaks into a later trace.
 This patches one function of torch's (torch._dynamo.package.load_guards_state), once a process, and only where
 that function exists; a torch without it keeps its own behaviour and the caller is told so. Applied whenever
 precompile is on: the cause (guard sources that install themselves while unpickled) is not flex's alone, and
-guards that need no context unpickle the same inside one."""
+guards that need no context unpickle the same inside one.
+
+Also here: torch 2.11's pickling of guard sources with derived fields, which kept any package guarding a function's
+default from installing (mend_source_pickling)."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 
@@ -46,6 +50,71 @@ def restore_guards_in_a_trace() -> bool:
     setattr(load_guards_state, PATCHED, True)
     package.load_guards_state = load_guards_state
     return True
+
+
+MENDED = "_speedgpt_init_fields_only"  # marks a Source class whose pickling is mended, so a second call changes nothing
+
+
+def mend_source_pickling() -> list[str]:
+    """Make dynamo's guard sources pickle as their constructors take them; the names of the classes mended.
+
+    Why: torch 2.11 pickles a guard source (a frozen dataclass) as its class and *all* its fields, and a source with
+    derived fields (`init=False`: DefaultsSource's `field` and `_name`, made by its __post_init__) then cannot be
+    unpickled: "DefaultsSource.__init__() takes from 3 to 4 positional arguments but 6 were given". A package whose
+    guards hold a function's keyword-only default (dynamo guards those always) killed a fresh start that way (wave 17
+    on an H200). torch 2.13 pickles the constructor's fields only; here the same is done on a torch that does not,
+    and the constructor also takes the derived values a package saved before this mend carries, dropping them
+    (__post_init__ makes them again), so such a package installs instead of killing the run again."""
+    try:
+        from torch._guards import Source
+    except ImportError:
+        return []
+    mended = []
+    todo = [Source]
+    while todo:
+        cls = todo.pop()
+        todo.extend(cls.__subclasses__())
+        if not dataclasses.is_dataclass(cls) or MENDED in vars(cls):
+            continue
+        fields = dataclasses.fields(cls)
+        derived = [f.name for f in fields if not f.init]
+        if not derived or not _pickles_derived_fields(cls, fields):
+            continue
+        _take_init_fields_only(cls, sum(f.init for f in fields), len(derived))
+        mended.append(cls.__name__)
+    return mended
+
+
+def _pickles_derived_fields(cls, fields) -> bool:
+    """Whether this torch's __reduce__ for `cls` passes fields its constructor does not take (read from the code
+    torch gives every Source: its reduce lists the fields it passes, so one is asked on a stand-in)."""
+    stand_in = object.__new__(cls)
+    for f in fields:
+        object.__setattr__(stand_in, f.name, None)
+    try:
+        make, args = cls.__reduce__(stand_in)[:2]
+    except Exception:  # noqa: BLE001: a reduce of another shape is torch's own business
+        return False
+    return make is cls and len(args) > sum(f.init for f in fields)
+
+
+def _take_init_fields_only(cls, n_init: int, n_derived: int) -> None:
+    """`cls` pickles its constructor's fields (as torch 2.13 does), and its constructor ignores the derived fields
+    an old pickle adds."""
+    construct = cls.__init__
+
+    def __reduce__(self):
+        return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.init))
+
+    @functools.wraps(construct)
+    def __init__(self, *args, **kwargs):
+        if len(args) == n_init + n_derived and not kwargs:  # a pickle made by torch's own reduce
+            args = args[:n_init]
+        construct(self, *args, **kwargs)
+
+    cls.__reduce__ = __reduce__
+    cls.__init__ = __init__
+    setattr(cls, MENDED, True)
 
 
 DROPPED_GUARD = "is dropped with caching_precompile"  # torch's warning, one per identity guard a package drops
