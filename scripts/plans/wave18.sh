@@ -1,7 +1,9 @@
 # Wave 18 (issue 33) on one GPU: what wave17.sh left when its lease ended (its phases 0-3 ran, "Wave 17" in
 # docs/experiments.md), for a session with ~16 device-minutes left: speedrun-124m's cold start, the owed run-plan
-# pair, and a host profile of a cold start. wave17.sh's precompile phases (pc-*, loss-pc) wait for torch 2.13 on the
-# GPU: precompile is off below it.
+# pair, precompile on torch 2.11 (mended since 5d1d209) and a host profile of a cold start. Phases 1-2 ran in wave 18:
+# to start a new machine at `pc-cold` (the corpus is still built), mark them done first, since a lease skips the
+# phases its status file lists: `mkdir -p /tmp/w18 && printf '%s 0 0\n' cold-124 old-tree plan-old plan-new >
+# /tmp/w18/status`. The 56de1ae tree (phase 5) then is the only one .carry needs.
 # In priority order; cut where the budget ends. Run from the repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w18 scripts/plans/wave18.sh > /tmp/w18.log 2>&1 < /dev/null &
 # then poll `/tmp/w18/status` in calls of at most ~540 s, one right after another (the machine goes back after 30 s
@@ -29,7 +31,22 @@ phase plan-old 480 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench
 phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA" \
     --train.compile_cache="$W/cca" $OLD --train.warmup_steps=10
 
-# 3. Where a cold compile's seconds go inside Inductor (wave 17: Inductor 49.7 s and the kernels' wait 37.4 s of
+# 3. Precompile on torch 2.11, now that its guard sources' pickling is mended (5d1d209; wave 17's pc-fresh died of
+# it): speedrun-latest cold with dynamo's package, then a fresh machine from its artifact files alone (expected:
+# nothing traced, wave 17's 10.7 s of trace gone: issue 33's warm bar, <= 20 s), then the first training steps from that
+# package against a traced start's (the same losses expected; stopped by SIGINT; --train.log_every=1 keeps bench's
+# config digest, so the package is found). wave17.sh's pc-cold, pc-fresh, loss-pc and loss-b (~9 min in all).
+PC="--train.compile_precompile=true"
+phase pc-cold 420 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp"
+artifacts_only "$W/ccp" "$W/ccp2"
+phase pc-fresh 300 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp2"
+LOSS="--preset speedrun-latest --train.log_every=1 --data.train_files=$DATA --run.report=false --run.sample_tokens=0"
+phase loss-pc 150 timeout -s INT 75 $PY -m speedgpt train $LOSS $PC --train.compile_cache="$W/ccp2" \
+    --run-dir "$W/runs/loss-pc"
+# (the traced start compiles cold: no folder of this lease holds its config's artifacts without precompile)
+phase loss-b 270 timeout -s INT 210 $PY -m speedgpt train $LOSS --train.compile_cache="$W/ccl" --run-dir "$W/runs/loss-b"
+
+# 4. Where a cold compile's seconds go inside Inductor (wave 17: Inductor 49.7 s and the kernels' wait 37.4 s of
 # 133.5 s; the phase timers stop at "inductor"): the host's Python profile of a cold start, its top functions in the
 # log. cProfile slows the traced Python; read shares, not seconds.
 phase prof-compile 480 $PY -m cProfile -o "$W/compile.prof" -m speedgpt bench $LATEST --steps 1 \
@@ -37,7 +54,7 @@ phase prof-compile 480 $PY -m cProfile -o "$W/compile.prof" -m speedgpt bench $L
 phase prof-read 60 $PY -c "import pstats; s = pstats.Stats('$W/compile.prof'); \
 s.sort_stats('cumulative').print_stats(80); s.sort_stats('tottime').print_stats(40)"
 
-# 4. The trace cuts' step time: 56de1ae's tree, wave17.sh's cold-b bench (its phase 7).
+# 5. The trace cuts' step time: 56de1ae's tree, wave17.sh's cold-b bench (its phase 7).
 BEFORE=$PWD/.carry/tree-56de1ae
 phase trace-old 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/cct"
