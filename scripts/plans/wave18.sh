@@ -33,9 +33,9 @@ phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --da
 
 # 3. Precompile on torch 2.11, now that its guard sources' pickling is mended (5d1d209; wave 17's pc-fresh died of
 # it): speedrun-latest cold with dynamo's package, then a fresh machine from its artifact files alone (expected:
-# nothing traced, wave 17's 10.7 s of trace gone: issue 33's warm bar, <= 20 s), then the first training steps from that
-# package against a traced start's (the same losses expected; stopped by SIGINT; --train.log_every=1 keeps bench's
-# config digest, so the package is found). wave17.sh's pc-cold, pc-fresh, loss-pc and loss-b (~9 min in all).
+# nothing traced, wave 17's 10.7 s of trace gone: issue 33's warm bar, <= 20 s), then the first training steps from
+# that package against a traced start's (the same losses expected; stopped by SIGINT; --train.log_every=1 keeps
+# bench's config digest, so the package is found). wave17.sh's pc-cold, pc-fresh, loss-pc and loss-b (~9 min).
 PC="--train.compile_precompile=true"
 phase pc-cold 420 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp"
 artifacts_only "$W/ccp" "$W/ccp2"
