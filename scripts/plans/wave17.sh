@@ -35,46 +35,7 @@ phase fresh-b 300 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccb2"
 phase pc-cold 420 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp"
 artifacts_only "$W/ccp" "$W/ccp2"
 phase pc-fresh 300 $PY -m speedgpt bench $LATEST $PC --train.compile_cache="$W/ccp2"
-# 4. The package's losses: the first training steps from 3.'s fresh folder (package installed, nothing traced) against
-# the same run without precompile from 1.'s folder (traced, every Inductor graph a cache hit). --train.log_every=1
-# keeps bench's config digest, so the fresh folder's package is found; each run is stopped by SIGINT after ~75 s.
-LOSS="--preset speedrun-latest --train.log_every=1 --data.train_files=$DATA --run.report=false --run.sample_tokens=0"
-phase loss-pc 150 timeout -s INT 75 $PY -m speedgpt train $LOSS $PC --train.compile_cache="$W/ccp2" \
-    --run-dir "$W/runs/loss-pc"
-phase loss-b 150 timeout -s INT 75 $PY -m speedgpt train $LOSS --train.compile_cache="$W/ccb" --run-dir "$W/runs/loss-b"
-
-# 5. speedrun-124m alone: cold (bar <= 60 s; wave 11: 100.2 s beside another compile), and with precompile cold and
-# from its files alone.
-M124="--preset speedrun-124m --steps 6 --data.train_files=$DATA"
-phase cold-124 300 $PY -m speedgpt bench $M124 --train.compile_cache="$W/cc124"
-phase pc-cold-124 300 $PY -m speedgpt bench $M124 $PC --train.compile_cache="$W/cc124p"
-artifacts_only "$W/cc124p" "$W/cc124p2"
-phase pc-fresh-124 240 $PY -m speedgpt bench $M124 $PC --train.compile_cache="$W/cc124p2"
-
-# 6. Issue 33 (5): the run-plan refactor's step time for speedrun-latest, b064051 against this tree in b064051's rows
-# ($OLD), one after the other on the one GPU (owed since wave 10).
-S_OLD='[{share=0.33,batch_tokens=131072,seq_len=16384,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=16384,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=49152,max_doc_len=8192}]'
-OLD="--data.seq_len=49152 --train.stages=$S_OLD"
-OLDER=$PWD/.carry/tree-b064051
-phase old-tree 30 test -f $OLDER/speedgpt/__main__.py
-phase plan-old 480 bash -c "cd $OLDER && PYTHONPATH=$OLDER $PY -m speedgpt bench --preset speedrun-latest --steps 6 \
-    --data.train_files=$DATA"
-# (--train.warmup_steps=10: b064051's warmup, so that the pair differs only in the run plan's code)
-phase plan-new 480 $PY -m speedgpt bench --preset speedrun-latest --steps 6 --data.train_files="$DATA" \
-    --train.compile_cache="$W/cca" $OLD --train.warmup_steps=10
-
-# 7. The trace cuts' step time: 56de1ae's tree, the same per-stage bench as 1. (cold), one after the other on the GPU
-# (expected: the same ms a step per stage as 1.; the kernels of the masks and rotations are tiny either way). Its
-# warmup is the old one (12 steps, a whole validation): compare the compile seconds (trace, aot, ...), not
-# compile_warmup_s, with 1.'s.
-BEFORE=$PWD/.carry/tree-56de1ae
-phase trace-old 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
-    --train.compile_cache=$W/cct"
-
-# 8. Where a cold compile's seconds go inside Inductor (issue 33: wave 9's 4 graphs spent 92 of 215 s there, and the
-# phase timers stop at "inductor"): the host's Python profile of a cold start, its top functions in the log.
-phase prof-compile 480 $PY -m cProfile -o "$W/compile.prof" -m speedgpt bench $LATEST --steps 1 \
-    --train.compile_cache="$W/ccprof"
-phase prof-read 60 $PY -c "import pstats; s = pstats.Stats('$W/compile.prof'); \
-s.sort_stats('cumulative').print_stats(80); s.sort_stats('tottime').print_stats(40)"
+# 4.-8. (the package's losses, speedrun-124m cold, the run-plan pair, the trace cuts' tree, the host profile) moved
+# to scripts/plans/wave18.sh after wave 17's lease ended; wave 18 ran speedrun-124m cold and the run-plan pair.
+# speedrun-124m's precompile pair waits for speedrun-latest's (wave18.sh 3.).
 true
