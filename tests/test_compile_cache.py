@@ -619,10 +619,11 @@ def test_precompile_is_off_on_a_torch_older_than_the_one_it_works_on(monkeypatch
         assert torch._dynamo.config.caching_precompile is True
 
 
-def derived_source_class():
-    """A new guard source class with a derived field (as DefaultsSource has), pickled as torch 2.11 pickles every
-    Source: all its fields, the derived one too. Made anew for each use, since a class stays mended once mended;
-    named at module level so that pickle finds it."""
+def derived_source_class(name: str, init_fields_only: bool):
+    """A new guard source class with a derived field (as DefaultsSource has), pickled as torch 2.13 pickles every
+    Source (`init_fields_only`: the constructor's fields) or as torch 2.11 does (all its fields, the derived one too).
+    Made anew for each use, since a class stays mended once mended; the test puts it at module level under `name`,
+    so that pickle finds it."""
     import dataclasses
 
     from torch._guards import Source
@@ -635,11 +636,30 @@ def derived_source_class():
         def __post_init__(self):
             object.__setattr__(self, "shouted", self.label.upper())
 
-        def __reduce__(self):  # torch 2.11's (torch/_guards.py, dataclass_with_cached_hash)
+        def __reduce__(self):  # torch's (torch/_guards.py, dataclass_with_cached_hash)
+            fields = [f for f in dataclasses.fields(self) if f.init or not init_fields_only]
+            return (self.__class__, tuple(getattr(self, f.name) for f in fields))
+
+    DerivedSource.__name__ = DerivedSource.__qualname__ = name
+    return DerivedSource
+
+
+@pytest.fixture
+def torchs_own_source_pickling(monkeypatch):
+    """DefaultsSource as this torch made it, whatever an earlier test in this process mended (a mend is not undone:
+    the trainer's lasts the process), so that a test sees the trainer mend it."""
+    import dataclasses
+
+    from torch._dynamo.source import DefaultsSource
+
+    init = DefaultsSource.__init__
+    if hasattr(init, "__wrapped__"):  # mended: torch's own constructor and reduce back
+        monkeypatch.setattr(DefaultsSource, "__init__", inspect.unwrap(init))
+
+        def torchs_reduce(self):  # torch 2.11's, the one a mended class had
             return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
 
-    DerivedSource.__qualname__ = "DerivedSource"
-    return DerivedSource
+        monkeypatch.setattr(DefaultsSource, "__reduce__", torchs_reduce)
 
 
 def test_guard_sources_with_derived_fields_unpickle_once_mended(monkeypatch):
@@ -652,17 +672,20 @@ def test_guard_sources_with_derived_fields_unpickle_once_mended(monkeypatch):
 
     from speedgpt.train.precompile_guards import mend_source_pickling
 
-    cls = derived_source_class()
-    monkeypatch.setitem(globals(), "DerivedSource", cls)
-    old_pickle = pickle.dumps(cls("kv"))
+    broken, right = derived_source_class("BrokenSource", False), derived_source_class("RightSource", True)
+    monkeypatch.setitem(globals(), "BrokenSource", broken)
+    monkeypatch.setitem(globals(), "RightSource", right)
+    old_pickle, right_reduce = pickle.dumps(broken("kv")), vars(right)["__reduce__"]
     with pytest.raises(TypeError, match="positional argument"):
         pickle.loads(old_pickle)
-    assert "DerivedSource" in mend_source_pickling()
-    again = pickle.loads(pickle.dumps(cls("kv")))
-    assert again == cls("kv") and again.shouted == "KV"
-    assert pickle.loads(old_pickle) == cls("kv")  # saved before the mend
-    assert "DerivedSource" not in mend_source_pickling()  # once a class
-    # this torch's own (its reduce, mended or not, passes the constructor's fields)
+    mended = mend_source_pickling()
+    assert "BrokenSource" in mended and "RightSource" not in mended
+    assert not hasattr(right.__init__, "__wrapped__") and vars(right)["__reduce__"] is right_reduce  # untouched
+    again = pickle.loads(pickle.dumps(broken("kv")))
+    assert again == broken("kv") and again.shouted == "KV"
+    assert pickle.loads(old_pickle) == broken("kv")  # saved before the mend
+    assert "BrokenSource" not in mend_source_pickling()  # mended, it pickles right: passed by
+    # this torch's own, mended or not
     source = DefaultsSource(LocalSource("fn"), "scale", is_kw=True)
     assert pickle.loads(pickle.dumps(source)).name == source.name
 
@@ -677,7 +700,8 @@ class TinyDefaults(Tiny):
         return scaled(torch.relu(self.proj(inputs))).square().mean()
 
 
-def test_precompile_a_package_guarding_a_default_installs_on_a_fresh_start(tmp_path, monkeypatch, fresh_artifacts):
+def test_precompile_a_package_guarding_a_default_installs_on_a_fresh_start(tmp_path, monkeypatch, fresh_artifacts,
+                                                                             torchs_own_source_pickling):
     """The guard wave 17's fresh start died of on torch 2.11 (a function's default): the package installs, nothing
     is traced and the loss is the cold start's (on a torch whose Source pickling is right this holds unmended)."""
     from torch._dynamo.utils import counters

@@ -171,8 +171,8 @@ class TrainConfig:
     # Dynamo's traced code kept in the compile cache too (torch's experimental caching precompile): a start
     # that finds it traces nothing (2 CPU cores, a 1-layer model: 41.0 s cold, 47.5 s from the artifacts
     # without it, 3.1 s with it; on 4 H100s torch said "Backend not found" and traced again: no gain, so off).
-    # Whole-model compile only (compile_scope=model, not fsdp), torch 2.11 on; off with flex attention where torch
-    # lacks the guard unpickling that precompile_guards.py wraps (benchmarks/precompile_probe.py).
+    # Whole-model compile only (compile_scope=model, not fsdp), torch 2.11 or later; off with flex attention where
+    # torch lacks the guard unpickling that precompile_guards.py wraps (benchmarks/precompile_probe.py).
     compile_precompile: bool = False
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.

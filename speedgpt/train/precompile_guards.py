@@ -13,8 +13,9 @@ that function exists; a torch without it keeps its own behaviour and the caller 
 precompile is on: the cause (guard sources that install themselves while unpickled) is not flex's alone, and
 guards that need no context unpickle the same inside one.
 
-Also here: torch 2.11's pickling of guard sources with derived fields, which kept any package guarding a function's
-default from installing (mend_source_pickling)."""
+Also here, applied with precompile on: torch 2.11's pickling of guard sources with derived fields, which kept any
+package guarding a function's default from installing. mend_source_pickling replaces `__reduce__` and `__init__`
+of the source classes that need it (DefaultsSource on 2.11; none on 2.13)."""
 
 from __future__ import annotations
 
@@ -52,9 +53,6 @@ def restore_guards_in_a_trace() -> bool:
     return True
 
 
-MENDED = "_speedgpt_init_fields_only"  # marks a Source class whose pickling is mended, so a second call changes nothing
-
-
 def mend_source_pickling() -> list[str]:
     """Make dynamo's guard sources pickle as their constructors take them; the names of the classes mended.
 
@@ -66,6 +64,7 @@ def mend_source_pickling() -> list[str]:
     and the constructor also takes the derived values a package saved before this mend carries, dropping them
     (__post_init__ makes them again), so such a package installs instead of killing the run again."""
     try:
+        import torch._dynamo.source  # noqa: F401: defines DefaultsSource and its kin, found below as subclasses
         from torch._guards import Source
     except ImportError:
         return []
@@ -74,7 +73,7 @@ def mend_source_pickling() -> list[str]:
     while todo:
         cls = todo.pop()
         todo.extend(cls.__subclasses__())
-        if not dataclasses.is_dataclass(cls) or MENDED in vars(cls):
+        if not dataclasses.is_dataclass(cls):
             continue
         fields = dataclasses.fields(cls)
         derived = [f.name for f in fields if not f.init]
@@ -112,9 +111,8 @@ def _take_init_fields_only(cls, n_init: int, n_derived: int) -> None:
             args = args[:n_init]
         construct(self, *args, **kwargs)
 
-    cls.__reduce__ = __reduce__
-    cls.__init__ = __init__
-    setattr(cls, MENDED, True)
+    cls.__reduce__ = __reduce__  # a mended class pickles right, so a second call passes it by
+    cls.__init__ = __init__  # torch's own stays reachable as __wrapped__ (tests put it back)
 
 
 DROPPED_GUARD = "is dropped with caching_precompile"  # torch's warning, one per identity guard a package drops
