@@ -17,7 +17,8 @@ from .precompile_guards import mend_source_pickling, restore_guards_in_a_trace, 
 
 # The oldest torch whose fresh start from a precompile package was seen to work on a CPU: 2.13 (tests and
 # benchmarks/dynamo_precompile.py), and 2.11 since its guard sources' pickling is mended (precompile_guards.py:
-# wave 17's fresh start on an H200 died of it); the flex and FP8 paths on 2.11 are owed to a GPU (wave18.sh).
+# wave 17's fresh start on an H200 died of it); 2.11 with the FP8 paths and flex's GPU kernels is owed to a GPU
+# (wave18.sh).
 PRECOMPILE_TORCH = (2, 11)
 
 

@@ -87,12 +87,12 @@ def mend_source_pickling() -> list[str]:
 def _pickles_derived_fields(cls, fields) -> bool:
     """Whether this torch's __reduce__ for `cls` passes fields its constructor does not take (read from the code
     torch gives every Source: its reduce lists the fields it passes, so one is asked on a stand-in)."""
-    stand_in = object.__new__(cls)
-    for f in fields:
-        object.__setattr__(stand_in, f.name, None)
     try:
+        stand_in = object.__new__(cls)
+        for f in fields:
+            object.__setattr__(stand_in, f.name, None)
         make, args = cls.__reduce__(stand_in)[:2]
-    except Exception:  # noqa: BLE001: a reduce of another shape is torch's own business
+    except Exception:  # noqa: BLE001: a class or reduce of another shape is torch's own business
         return False
     return make is cls and len(args) > sum(f.init for f in fields)
 
