@@ -22,6 +22,7 @@ from .config import Config, apply_overrides, default_preset, resolve
 from .host_syncs import count_host_syncs
 from .kernel_timeline import covered, kernel_category
 from .train.compile_breakdown import PHASES
+from .train.compile_watch import SLOWEST_KERNELS, describe_kernels
 
 # compile_rows' rows after compile_compile_s, in the table's order
 COMPILE_PHASE_ROWS = (*(f"compile_{name}_s" for name in PHASES), "compile_first_call_autotune_s",
@@ -124,6 +125,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         sync_figures = host_sync_figures(trainer, schedule_steps[-1])
     trainer.metrics.close()
     trainer.compile_watch.close()
+    compiled = trainer.compile_watch.record() if trainer.compile_watch.enabled else None
     tok_s = tokens_per_step / mean_s
     out = {
         "device": str(device) if not cuda else torch.cuda.get_device_name(device),
@@ -137,7 +139,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "compile_warmup_s": warm_s,
         # of it, torch.compile's own call: ~0 s, or the install of dynamo's saved package (train.compile_precompile)
         "compile_call_s": trainer.compile_call_s,
-        **(compile_rows(trainer.compile_watch.record()) if trainer.compile_watch.enabled else {}),
+        **(compile_rows(compiled) if compiled else {}),
         "loader_ms_per_step": loader_s / len(step_times) * 1e3,
         "world_size": trainer.dist.world_size,
         "strategy": trainer.strategy,
@@ -148,6 +150,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "attn_backend": trainer.model.runtime.attn_backend,
         "fp8_head": trainer.model.runtime.fp8_head,
     }
+    if compiled and compiled["slowest_kernels"]:  # Triton's, so a GPU's: which kernels the cold start waited for
+        out["compile_slowest_kernels"] = describe_kernels(compiled["slowest_kernels"][:5])
     if stage_rows is not None:
         out["per_stage"] = stage_rows
         out["run_train_s"] = mean["train_s"]
@@ -438,6 +442,8 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
             lines.append(f"{name} timed steps: {r['timed_stages']}")
         if "host_sync_sites" in r:  # the lines to read first when host_syncs_per_step is not 0
             lines.append(f"{name} host syncs at: {r['host_sync_sites']}")
+        if "compile_slowest_kernels" in r:  # where the compile table's kernels seconds went
+            lines.append(f"{name} {SLOWEST_KERNELS}: {r['compile_slowest_kernels']}")
         if "memory_estimate" in r:  # beside the measured peak above
             lines.append(f"{name} memory estimate: {r['memory_estimate']}")
         if "per_stage" in r:

@@ -103,6 +103,14 @@ def slowest_kernels(kernel_compile_s: dict[str, float], n: int) -> list[list]:
     return [[key, round(sec, 3)] for key, sec in sorted(kernel_compile_s.items(), key=lambda kv: -kv[1])[:n]]
 
 
+SLOWEST_KERNELS = "slowest kernel compiles (each its own seconds, in parallel workers)"
+
+
+def describe_kernels(slowest: list[list]) -> str:
+    """slowest_kernels' list as the start log and bench print it: "NAME [COMPILE] 21.0s, ..."."""
+    return ", ".join(f"{key} {sec:.1f}s" for key, sec in slowest)
+
+
 class _Reasons(logging.Handler):
     """Keeps the first guard failure of each "Recompiling function ..." message: why it recompiled."""
 
@@ -209,8 +217,7 @@ class CompileWatch:
                  f"{t.compile_s:.1f}s compiling",
                  f"  compile time: {compile_breakdown.describe(t.breakdown())}"]
         if t.kernel_compile_s:
-            lines.append("  slowest kernel compiles (each its own seconds, in parallel workers): "
-                         + ", ".join(f"{key} {sec:.1f}s" for key, sec in slowest_kernels(t.kernel_compile_s, 5)))
+            lines.append(f"  {SLOWEST_KERNELS}: {describe_kernels(slowest_kernels(t.kernel_compile_s, 5))}")
         for s in self.spans:
             if s.frames:
                 lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
