@@ -648,18 +648,10 @@ def derived_source_class(name: str, init_fields_only: bool):
 def torchs_own_source_pickling(monkeypatch):
     """DefaultsSource as this torch made it, whatever an earlier test in this process mended (a mend is not undone:
     the trainer's lasts the process), so that a test sees the trainer mend it."""
-    import dataclasses
-
     from torch._dynamo.source import DefaultsSource
 
-    init = DefaultsSource.__init__
-    if hasattr(init, "__wrapped__"):  # mended: torch's own constructor and reduce back
-        monkeypatch.setattr(DefaultsSource, "__init__", inspect.unwrap(init))
-
-        def torchs_reduce(self):  # torch 2.11's, the one a mended class had
-            return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
-
-        monkeypatch.setattr(DefaultsSource, "__reduce__", torchs_reduce)
+    for name in ("__init__", "__reduce__"):  # mended ones keep torch's own as __wrapped__
+        monkeypatch.setattr(DefaultsSource, name, inspect.unwrap(getattr(DefaultsSource, name)))
 
 
 def test_guard_sources_with_derived_fields_unpickle_once_mended(monkeypatch):

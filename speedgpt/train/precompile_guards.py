@@ -76,15 +76,15 @@ def mend_source_pickling() -> list[str]:
         if not dataclasses.is_dataclass(cls):
             continue
         fields = dataclasses.fields(cls)
-        derived = [f.name for f in fields if not f.init]
-        if not derived or not _pickles_derived_fields(cls, fields):
+        n_init = sum(f.init for f in fields)
+        if n_init == len(fields) or not _pickles_derived_fields(cls, fields, n_init):
             continue
-        _take_init_fields_only(cls, sum(f.init for f in fields), len(derived))
+        _take_init_fields_only(cls, n_init, len(fields) - n_init)
         mended.append(cls.__name__)
     return mended
 
 
-def _pickles_derived_fields(cls, fields) -> bool:
+def _pickles_derived_fields(cls, fields, n_init: int) -> bool:
     """Whether this torch's __reduce__ for `cls` passes fields its constructor does not take (read from the code
     torch gives every Source: its reduce lists the fields it passes, so one is asked on a stand-in)."""
     try:
@@ -94,7 +94,7 @@ def _pickles_derived_fields(cls, fields) -> bool:
         make, args = cls.__reduce__(stand_in)[:2]
     except Exception:  # noqa: BLE001: a class or reduce of another shape is torch's own business
         return False
-    return make is cls and len(args) > sum(f.init for f in fields)
+    return make is cls and len(args) > n_init
 
 
 def _take_init_fields_only(cls, n_init: int, n_derived: int) -> None:
@@ -102,6 +102,7 @@ def _take_init_fields_only(cls, n_init: int, n_derived: int) -> None:
     an old pickle adds."""
     construct = cls.__init__
 
+    @functools.wraps(cls.__reduce__)
     def __reduce__(self):
         return (self.__class__, tuple(getattr(self, f.name) for f in dataclasses.fields(self) if f.init))
 
@@ -111,8 +112,10 @@ def _take_init_fields_only(cls, n_init: int, n_derived: int) -> None:
             args = args[:n_init]
         construct(self, *args, **kwargs)
 
-    cls.__reduce__ = __reduce__  # a mended class pickles right, so a second call passes it by
-    cls.__init__ = __init__  # torch's own stays reachable as __wrapped__ (tests put it back)
+    # torch's own two stay reachable as __wrapped__ (tests put them back); a mended class pickles right, so a second
+    # call passes it by
+    cls.__reduce__ = __reduce__
+    cls.__init__ = __init__
 
 
 DROPPED_GUARD = "is dropped with caching_precompile"  # torch's warning, one per identity guard a package drops
