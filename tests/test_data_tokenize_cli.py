@@ -142,3 +142,27 @@ def test_bad_counts_are_refused_by_name(tmp_path, capsys, argv, says):
         main(["data", *argv, "--out", str(tmp_path / "out")])
     assert e.value.code == 2 and says in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_second_build_into_a_folder_being_built_is_refused_and_leaves_the_first_alone(tmp_path, capsys):
+    """Two `data tokenize` runs into one --out: the second must fail at once with one line, not delete the first's
+    half-written shards as it starts (it began by clearing the build folder); once the first is done, it builds."""
+    from speedgpt.data.tokenize import BUILD_SUBDIR, building_into
+
+    (tmp_path / "in").mkdir()
+    for i in range(4):
+        (tmp_path / "in" / f"{i}.txt").write_text(f"document {i} " * 50)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = ["data", "tokenize", str(tmp_path / "in"), "--out", str(out), "--workers", "1"]
+    with building_into(out):  # the first build, mid-way: its shards so far in the build folder
+        (out / BUILD_SUBDIR).mkdir()
+        (out / BUILD_SUBDIR / "train_000000.bin").write_bytes(b"first build's shard")
+        rc = main(argv)
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1, err
+        assert f"another `speedgpt data` build is writing into {out}" in err and "another --out" in err
+        assert (out / BUILD_SUBDIR / "train_000000.bin").read_bytes() == b"first build's shard"
+        assert not (out / "manifest.json").exists()
+    assert main(argv) == 0
+    assert json.loads((out / "manifest.json").read_text())["documents"] == 4

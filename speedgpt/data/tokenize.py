@@ -135,11 +135,40 @@ def tokenize_corpus(
     workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer is not None and tokenizer.folder is None:  # GPT-2's, given explicitly
+        tokenizer = None
+    with building_into(out_dir):
+        return _tokenize_into(out_dir, sources, val_fraction, val_docs, shard_tokens, workers, max_tokens, progress,
+                              ensure_val, tokenizer, dedupe)
+
+
+@contextmanager
+def building_into(out_dir: Path):
+    """Holds `out_dir`'s build lock (a file beside the shards, filelock's, freed by the OS if the process dies), so
+    a second build into the same folder fails at once instead of deleting the first one's shards as it starts."""
+    from filelock import FileLock, Timeout
+
+    path = out_dir / f"{BUILD_SUBDIR}.lock"
+    lock = FileLock(path)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise TokenizeError(f"another `speedgpt data` build is writing into {out_dir} right now; wait for it to "
+                            "finish or give another --out") from None
+    try:
+        yield
+    finally:
+        if [f.name for f in out_dir.iterdir()] == [path.name]:  # a failed first build: the command removes the folder
+            path.unlink()
+        lock.release()
+
+
+def _tokenize_into(out_dir, sources, val_fraction, val_docs, shard_tokens, workers, max_tokens, progress, ensure_val,
+                   tokenizer, dedupe) -> dict:
+    """tokenize()'s build, with the folder's lock held."""
     from ..tokenizer.folder import RUN_SUBDIR, copy_folder
     from ..tokenizer.shards import GPT2_STAMP, stamp_of
 
-    if tokenizer is not None and tokenizer.folder is None:  # GPT-2's, given explicitly
-        tokenizer = None
     keep = tokenizer.folder if tokenizer is not None else None
     # The new build goes to a folder of its own; a previous one's, left by a killed process, is partial.
     build_dir = out_dir / BUILD_SUBDIR
@@ -370,20 +399,12 @@ def tokenize_files(
     )
 
 
-@contextmanager
 def _dir_lock(out_dir: Path):
-    """Serialize builds of one directory across processes (e.g. every rank of a torchrun job)."""
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): single-process use only
-        yield
-        return
-    with open(out_dir / ".lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    """Serialize builds of one directory across processes (e.g. every rank of a torchrun job): the later ones wait,
+    then find the first one's build and reuse it."""
+    from filelock import FileLock
+
+    return FileLock(out_dir / ".lock")
 
 
 def ensure_local_python_corpus(
