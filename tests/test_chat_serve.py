@@ -88,7 +88,17 @@ def test_page_and_streamed_answer_over_http(server, chat_model):
     conn.request("POST", "/chat", body=json.dumps({"messages": messages}), headers={"Content-Type": "application/json"})
     resp = conn.getresponse()
     assert resp.status == 200 and resp.getheader("Transfer-Encoding") == "chunked"
-    assert resp.read().decode() == reference(chat_model, chat_model[1].render_prompt(messages))
+    lines = [json.loads(line) for line in resp.read().decode().splitlines()]
+    text = "".join(line["text"] for line in lines if "text" in line)
+    assert text == reference(chat_model, chat_model[1].render_prompt(messages))
+    # the same answer in a session of its own says whether it ran into --max-tokens: the stream's last line says so
+    from speedgpt.chat.session import cut_reason
+
+    alone = session(chat_model)
+    alone.load(messages)
+    assert "".join(alone.answer()) == text
+    cut = [line for line in lines if "cut" in line]
+    assert cut == ([{"cut": cut_reason(alone)}] if alone.cut else []) and (not cut or lines[-1] == cut[0])
     conn.request("POST", "/chat", body=b'{"messages": [{"role": "wizard", "content": "x"}]}')
     bad = conn.getresponse()
     assert bad.status == 400 and b"unknown role" in bad.read()
@@ -98,7 +108,7 @@ def test_an_answer_cut_short_says_why(chat_model, monkeypatch):
     """An answer that stops before its <|assistant_end|> (max_new_tokens, a full context) is marked, so `chat` can
     say it was cut (a --prompt answer once ended silently at the context, exit 0); one that ends is not."""
     from speedgpt.chat import session as session_module
-    from speedgpt.commands.chat import cut_reason
+    from speedgpt.chat.session import cut_reason
 
     model, template = chat_model
     word = template.tokenizer.encode(" word")[0]

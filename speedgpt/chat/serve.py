@@ -1,7 +1,9 @@
 """`speedgpt chat RUN --serve`: a small local web page to chat with a model, on Python's http.server.
 
 GET / is the page; POST /chat takes {"messages": [...]} (the whole conversation, ending with the user)
-and streams the answer's text as it is generated (HTTP/1.1 chunked). The server keeps no conversation:
+and streams the answer as it is generated (HTTP/1.1 chunked), one JSON object a line: {"text": "..."}
+pieces, then {"cut": "why"} when the answer stopped before its end (--max-tokens, a full context), so
+the page can say so without the note entering the conversation. The server keeps no conversation:
 the page holds it, so "New conversation" just empties the page. One answer is generated at a time (a
 lock: the model and its cache are not shared between threads). Bound to 127.0.0.1 unless told otherwise.
 """
@@ -14,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 from urllib.parse import urlsplit
 
+from .session import cut_reason
 from .template import ConversationError
 
 MAX_BODY = 1 << 20
@@ -37,6 +40,11 @@ def make_server(session_factory, host: str = "127.0.0.1", port: int = 8000) -> T
             self.end_headers()
             self.wfile.write(body)
 
+        def _chunk(self, line: dict) -> None:
+            data = (json.dumps(line) + "\n").encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
         def do_GET(self):
             if urlsplit(self.path).path in ("/", "/index.html"):  # the page may carry ?q=...
                 self._plain(200, page, "text/html; charset=utf-8")
@@ -59,16 +67,16 @@ def make_server(session_factory, host: str = "127.0.0.1", port: int = 8000) -> T
                 self._plain(400, f"bad request: {e}\n".encode())
                 return
             self.send_response(200)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Type", "application/x-ndjson; charset=utf-8")
             self.send_header("Transfer-Encoding", "chunked")
             self.send_header("Cache-Control", "no-cache")
             self.end_headers()
             with lock:
                 try:
                     for piece in session.answer():
-                        data = piece.encode()
-                        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-                        self.wfile.flush()
+                        self._chunk({"text": piece})
+                    if session.cut:
+                        self._chunk({"cut": cut_reason(session)})
                     self.wfile.write(b"0\r\n\r\n")
                 except (BrokenPipeError, ConnectionResetError):  # the page went away: stop generating
                     pass

@@ -91,3 +91,10 @@ class ChatSession:
             yield from pieces
         finally:
             self.ids.append(end)  # close the turn, whatever stopped it
+
+
+def cut_reason(chat: ChatSession) -> str:
+    """Why the session's last answer stopped before its end (ChatSession.cut), in the user's words."""
+    if chat.cut == "context":
+        return f"cut: the conversation fills the model's context ({chat.context} tokens)"
+    return f"cut at --max-tokens {chat.max_new_tokens}"

@@ -38,7 +38,7 @@ def cmd_chat(argv: list[str]) -> int:
     if args.prompt is not None and args.serve:
         p.error("--prompt answers once in the terminal; --serve serves the web page: pick one")
 
-    from ..chat.session import ChatSession, ContextFull
+    from ..chat.session import ChatSession, ContextFull, cut_reason
     from ..chat.template import ConversationError, chat_template
     from ..config import ConfigError
     from ..infer.load import LoadError, load_model
@@ -76,14 +76,9 @@ def cmd_chat(argv: list[str]) -> int:
     return _terminal(session())
 
 
-def cut_reason(chat) -> str:
-    """Why the session's last answer stopped before its end (ChatSession.cut), in the user's words."""
-    if chat.cut == "context":
-        return f"cut: the conversation fills the model's context ({chat.context} tokens)"
-    return f"cut at --max-tokens {chat.max_new_tokens}"
-
-
 def _terminal(chat) -> int:
+    from ..chat.session import cut_reason
+
     print("chat: type a message; /clear starts a new conversation, /quit or Ctrl-D ends. Ctrl-C stops an answer.")
     while True:
         try:
