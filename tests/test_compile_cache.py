@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch.compiler._cache import CacheArtifactManager
 
-from speedgpt.config import Config, apply_overrides
+from speedgpt.config import Config, apply_overrides, load_preset
 from speedgpt.train import compile_cache
 from speedgpt.train.compile_cache import CompileCache, config_digest, default_root, folder_name, versions
 from test_fp8_linear import needs_rowwise  # torch._scaled_mm on a CPU with row-wise scales (2.13 on)
@@ -219,16 +219,31 @@ def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch,
         torch._dynamo.reset()
 
 
-def test_precompile_is_refused_where_it_would_do_nothing():
-    from speedgpt.config import ConfigError
+def test_precompile_where_it_would_do_nothing_is_off_with_one_line():
+    """A preset may turn precompile on (speedrun-latest): a run where it cannot apply (compile off, no compile cache,
+    a backend that writes no artifacts, blocks compiled one by one) is not refused but runs without it, and says so
+    in one line; torch's process-wide switch stays off."""
     from speedgpt.config.validate import check_config
+    from speedgpt.model.build import build_model
+    from speedgpt.train.compile import compiled_forward
 
-    for bad in (["--train.compile_precompile=true"],
-                ["--train.compile=true", "--train.compile_precompile=true", "--train.compile_cache=off"],
-                ["--train.compile=true", "--train.compile_precompile=true", "--train.compile_scope=block"]):
-        with pytest.raises(ConfigError, match="train.compile_precompile=true keeps dynamo's traced code"):
-            check_config(apply_overrides(Config(), bad))
-    check_config(apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true"]))
+    small = ["--model.depth=2", "--model.model_dim=64", "--model.head_dim=16"]  # blocks, for compile_scope=block
+    on = [*small, "--train.compile=true", "--train.compile_precompile=true"]
+    cases = {"train.compile is off": [*small, "--train.compile_precompile=true"],
+             "train.compile_cache, which is off": [*on, "--train.compile_cache=off"],
+             "which only the inductor backend uses": [*on, "--train.compile_backend=aot_eager"],
+             "off with compile_scope=block": [*on, "--train.compile_scope=block"]}
+    with torch._dynamo.config.patch(caching_precompile=True):
+        for says, overrides in cases.items():
+            cfg = apply_overrides(load_preset("tiny-cpu"), overrides)
+            check_config(cfg)
+            lines = []
+            torch._dynamo.config.caching_precompile = True  # a run before this one had it on
+            compiled_forward(cfg, build_model(cfg.model, 32, "cpu", seed=0), "ddp", log=lines.append)
+            said = [line for line in lines if "compile_precompile" in line]
+            assert len(said) == 1 and says in said[0], (overrides, lines)
+            if cfg.train.compile:  # (without a compile nothing reads the switch)
+                assert torch._dynamo.config.caching_precompile is False, overrides
 
 
 class TinyFlex(Tiny):

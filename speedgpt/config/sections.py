@@ -169,10 +169,11 @@ class TrainConfig:
     # ($XDG_CACHE_HOME/speedgpt/compile, ~/.cache when unset); "off": torch's own temporary caches only.
     compile_cache: str = ""
     # Dynamo's traced code kept in the compile cache too (torch's experimental caching precompile): a start
-    # that finds it traces nothing (2 CPU cores, a 1-layer model: 41.0 s cold, 47.5 s from the artifacts
-    # without it, 3.1 s with it; on 4 H100s torch said "Backend not found" and traced again: no gain, so off).
-    # Whole-model compile only (compile_scope=model, not fsdp), torch 2.11 or later; off with flex attention where
-    # torch lacks the guard unpickling that precompile_guards.py wraps (benchmarks/precompile_probe.py).
+    # that finds it traces nothing (speedrun-latest on a fresh H100 machine: 14.2 s of compile + warmup, wave 18;
+    # speedrun-latest's preset sets it; the 4-GPU warm start is owed, docs/experiments.md). Whole-model compile with
+    # Inductor and a compile cache only, torch 2.11 or later; elsewhere (fsdp, compile_scope=block, compile off,
+    # no cache, flex attention where torch lacks the guard unpickling that precompile_guards.py wraps) the run goes
+    # on without it and says so in one line.
     compile_precompile: bool = False
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.

@@ -57,9 +57,6 @@ def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
         raise ConfigError(f"train.compile_mode='{t.compile_mode}' is an Inductor mode: give "
                           f"--train.compile_backend=inductor or --train.compile_mode=default")
     check_cudagraph_strategy(t, par.strategy)
-    if t.compile_precompile and not (t.compile and t.compile_cache != "off" and t.compile_scope == "model"):
-        raise ConfigError("train.compile_precompile=true keeps dynamo's traced code in train.compile_cache: it needs "
-                          "train.compile=true, a compile_cache (not off) and compile_scope=model")
     if t.checkpoint_format not in ("full", "dcp", "dcp_async"):
         raise ConfigError(f"train.checkpoint_format='{t.checkpoint_format}' must be full, dcp or dcp_async")
     if par.strategy not in ("ddp", "fsdp", "auto"):

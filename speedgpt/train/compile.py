@@ -136,9 +136,15 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         if note:
             log(note)
         precompile = cfg.train.compile_precompile
-        if precompile and strategy == "fsdp":  # blocks compiled one by one there: not tried
+        if precompile and (cfg.train.compile_backend != "inductor" or cfg.train.compile_cache == "off"):
+            # (the package travels in the compile cache's artifact file, which only Inductor's runs write)
             precompile = False
-            log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
+            log(f"compile: train.compile_precompile is off: it keeps dynamo's traced code in train.compile_cache, "
+                f"which {'is off' if cfg.train.compile_cache == 'off' else 'only the inductor backend uses'}")
+        elif precompile and (strategy == "fsdp" or cfg.train.compile_scope == "block"):  # blocks compiled one by one
+            precompile = False
+            log(f"compile: train.compile_precompile is off "
+                f"{'under fsdp' if strategy == 'fsdp' else 'with compile_scope=block'} (its blocks compile one by one)")
         elif precompile and torch_older_than(PRECOMPILE_TORCH):  # never tried there: trace instead
             precompile = False
             log(f"compile: train.compile_precompile is off on torch {torch.__version__} (needs "
@@ -165,6 +171,8 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
                 "identity guards on modules and builtins from it (their warnings not shown: a changed model "
                 "file is caught by the saved source hashes instead)")
     if not cfg.train.compile:
+        if cfg.train.compile_precompile:  # (speedrun-latest sets it: said once, not refused)
+            log("compile: train.compile_precompile has nothing to keep: train.compile is off")
         return model
     from torch._dynamo.utils import counters
 
