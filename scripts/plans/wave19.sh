@@ -1,13 +1,27 @@
-# Wave 19 (issue 33) on one GPU: the sort-free query-side block lists (attention.ordered_block_lists) against
-# wave 18's pc-cold, where torch 2.11 built flex's argsort into the cold start's two slowest Triton kernels (20.2 s
-# and 14.6 s). For what was left of a session's device time (~8 minutes with the start):
+# Wave 19 (issue 33) on one GPU: the sort-free query-side block lists (attention.ordered_block_lists, 77c322b)
+# against the tree before them, where torch 2.11 built flex's argsort into a cold start's two slowest Triton kernels
+# (wave 18's pc-cold: 20.2 s and 14.6 s); then speedrun-124m with precompile, cold and from its artifacts alone (its
+# preset would then set it, as speedrun-latest's does since 578f3ff). ~12 device-minutes with the start. The tree
+# before travels in .carry (git-ignored), named in `carry` on the FIRST call only:
+#   mkdir -p .carry/tree-2129645 && git archive 2129645 | tar -x -C .carry/tree-2129645
+# then, from the repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w19 scripts/plans/wave19.sh > /tmp/w19.log 2>&1 < /dev/null &
+# and poll `/tmp/w19/progress` in calls of at most ~540 s, one right after another, each ending with
+# `scripts/lease.sh /tmp/w19 collect $OUT/w19.tgz`.
 # Sourced by scripts/lease.sh ($W $PY $DATA, phase).
 # shellcheck shell=bash disable=SC2086,SC2154
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
-# wave 18's pc-cold, the same command (a new cache folder): compile + warmup there 117.7 s on an H100
-phase cold-sortfree 420 $PY -m speedgpt bench --preset speedrun-latest --per-stage --steps 6 --data.train_files=$DATA \
-    --train.compile_precompile=true --train.compile_cache="$W/ccs"
+LATEST="--preset speedrun-latest --per-stage --steps 6 --data.train_files=$DATA --train.compile_precompile=true"
+# 1. Cold, alone on the machine, a new cache folder each: this tree, then the tree before the sort-free lists.
+phase cold-sortfree 420 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccs"
 # the fused flex kernels on masks whose query-side lists are now built without a sort, with grad and without
 phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
+BEFORE=$PWD/.carry/tree-2129645
+phase cold-sorted 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
+    --train.compile_cache=$W/ccb"
+# 2. speedrun-124m with precompile: cold, then a new folder holding only its artifact file (the warm bar, <= 20 s).
+S124="--preset speedrun-124m --steps 6 --data.train_files=$DATA --train.compile_precompile=true"
+phase cold-124pc 300 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124"
+artifacts_only "$W/cc124" "$W/cc124b"
+phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124b"
 true
