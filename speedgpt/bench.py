@@ -22,7 +22,7 @@ from .config import Config, apply_overrides, default_preset, resolve
 from .host_syncs import count_host_syncs
 from .kernel_timeline import covered, kernel_category
 from .train.compile_breakdown import PHASES
-from .train.compile_watch import SLOWEST_KERNELS, TRITON_LAUNCHERS, describe_kernels, describe_launchers
+from .train.compile_watch import SLOWEST_KERNELS, describe_kernels
 
 # compile_rows' rows after compile_compile_s, in the table's order
 COMPILE_PHASE_ROWS = (*(f"compile_{name}_s" for name in PHASES), "compile_first_call_autotune_s",
@@ -152,8 +152,6 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     }
     if compiled and compiled["slowest_kernels"]:  # Triton's, so a GPU's: which kernels the cold start waited for
         out["compile_slowest_kernels"] = describe_kernels(compiled["slowest_kernels"][:5])
-    if compiled and compiled.get("triton_launchers"):  # kernels a C build each stood before (a GPU's too)
-        out["compile_triton_launchers"] = describe_launchers(compiled["triton_launchers"])
     if stage_rows is not None:
         out["per_stage"] = stage_rows
         out["run_train_s"] = mean["train_s"]
@@ -446,8 +444,6 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
             lines.append(f"{name} host syncs at: {r['host_sync_sites']}")
         if "compile_slowest_kernels" in r:  # where the compile table's kernels seconds went
             lines.append(f"{name} {SLOWEST_KERNELS}: {r['compile_slowest_kernels']}")
-        if "compile_triton_launchers" in r:
-            lines.append(f"{name} {TRITON_LAUNCHERS}: {r['compile_triton_launchers']}")
         if "memory_estimate" in r:  # beside the measured peak above
             lines.append(f"{name} memory estimate: {r['memory_estimate']}")
         if "per_stage" in r:

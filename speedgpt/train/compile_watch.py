@@ -7,8 +7,7 @@ Counts come from torch._dynamo's counters (frames, unique graphs); seconds, thei
 compile_breakdown.py; the reason of each recompile from dynamo's "recompiles" log, which is switched on for the
 run (unless TORCH_LOGS already chose its logs: then the user's choice stands and the reasons are only counted);
 the slowest Triton kernel compiles from torch's record of each compile (kernel_compile_seconds: which kernels the
-"kernels" phase may wait for, e.g. flex attention's templates); the kernels that Triton launched itself, each
-after a C build, and Inductor's reasons (LAUNCHER_LOGGER).
+"kernels" phase may wait for, e.g. flex attention's templates).
 """
 
 from __future__ import annotations
@@ -24,12 +23,6 @@ from dataclasses import dataclass, field
 from . import compile_breakdown
 
 RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
-# Inductor launches a compiled kernel from its cubin (no build) unless it cannot; then Triton builds a launcher module
-# with the host's C compiler, one after another in the main process (wave 18's cold start: 21 builds, ~7 s). Inductor
-# says why at INFO, in the process that loads the kernel (torch 2.11: triton_heuristics.can_statically_launch).
-LAUNCHER_LOGGER = "torch._inductor.runtime.triton_heuristics"
-BYPASSED_LAUNCHER = "Bypassing StaticallyLaunchedCudaKernel due to "
-TRITON_LAUNCHERS = "kernels launched by Triton's own launcher (a C build each, on first use), why"
 COMPILE_RECORDS_KEPT = 512
 AFTER_WARMUP = "after the warmup"  # the span of the measured steps: anything compiled there cost training time
 # the run's validations: what compiles there the warmup missed too (it costs wall time, not training time)
@@ -129,30 +122,6 @@ class _Reasons(logging.Handler):
         self.reasons.append(recompile_reason(record.getMessage()))
 
 
-class _Bypassed(logging.Handler):
-    """Keeps why each kernel Inductor loaded could not launch from its cubin (BYPASSED_LAUNCHER's reasons)."""
-
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.reasons: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        if message.startswith(BYPASSED_LAUNCHER):
-            self.reasons.append(launcher_reason(message[len(BYPASSED_LAUNCHER):]))
-
-
-def launcher_reason(reason: str) -> str:
-    """Inductor's reason without its particulars: 'Cubin path not found: /tmp/.../k.cubin' -> 'Cubin path not
-    found', so kernels bypassed for one cause count together."""
-    return reason.split(":", 1)[0].strip()[:80] or "?"
-
-
-def describe_launchers(counts: dict[str, int]) -> str:
-    """'7 (User defined triton kernel 5, Cubin path not found 2)'."""
-    return f"{sum(counts.values())} ({', '.join(f'{why} {n}' for why, n in counts.items())})"
-
-
 def recompile_reason(message: str) -> str:
     """'forward: tensor 'inputs_BT' size mismatch at index 0. expected 2, actual 1' from dynamo's message
     (its function, then the newest cache entry's first failed guard, without the source comment)."""
@@ -169,7 +138,6 @@ class CompileWatch:
         self.enabled = enabled
         self.spans: list[Span] = []
         self._handler: _Reasons | None = None
-        self._bypassed = _Bypassed()  # (replaced by the one listening, when enabled)
         if enabled:
             self._listen()
 
@@ -182,12 +150,6 @@ class CompileWatch:
             logger.propagate = False  # ours to summarize, not torch's to print (TORCH_LOGS=recompiles prints them)
         self._handler = _Reasons()
         logger.addHandler(self._handler)
-        launchers = logging.getLogger(LAUNCHER_LOGGER)
-        if not os.environ.get("TORCH_LOGS"):  # INFO reaches our handler only, as the recompiles do
-            launchers.setLevel(logging.INFO)
-            launchers.propagate = False
-        self._bypassed = _Bypassed()
-        launchers.addHandler(self._bypassed)
         from torch._dynamo import utils as dynamo_utils
 
         # torch keeps its newest 64 compile records; per-block compiles (fsdp, compile_scope=block) make more in a
@@ -199,7 +161,6 @@ class CompileWatch:
     def close(self) -> None:
         if self._handler is not None:
             logging.getLogger(RECOMPILES_LOGGER).removeHandler(self._handler)
-            logging.getLogger(LAUNCHER_LOGGER).removeHandler(self._bypassed)
             self._handler = None
 
     @staticmethod
@@ -233,11 +194,6 @@ class CompileWatch:
             span.recompiles += self._handler.reasons[n_reasons:]
             keep_longest(span.kernel_compile_s, kernel_compile_seconds(events_after(compile_events(), newest)).items())
 
-    def launchers(self) -> dict[str, int]:
-        """Kernels Triton launched itself so far, by why Inductor could not launch them from their cubins."""
-        reasons = self._bypassed.reasons
-        return {why: reasons.count(why) for why in dict.fromkeys(reasons)}
-
     def spans_compiled(self, label: str) -> bool:
         """Whether the span `label` compiled any frame."""
         return any(s.label == label and s.frames for s in self.spans)
@@ -262,8 +218,6 @@ class CompileWatch:
                  f"  compile time: {compile_breakdown.describe(t.breakdown())}"]
         if t.kernel_compile_s:
             lines.append(f"  {SLOWEST_KERNELS}: {describe_kernels(slowest_kernels(t.kernel_compile_s, 5))}")
-        if self.launchers():
-            lines.append(f"  {TRITON_LAUNCHERS}: {describe_launchers(self.launchers())}")
         for s in self.spans:
             if s.frames:
                 lines.append(f"  {s.label}: {s.graphs} graph(s), {len(s.recompiles)} recompile(s), "
@@ -278,5 +232,4 @@ class CompileWatch:
         t = self.total()
         return {"graphs": t.graphs, "frames": t.frames, "recompiles": len(t.recompiles),
                 **compile_breakdown.rounded(t.breakdown()), "slowest_kernels": slowest_kernels(t.kernel_compile_s, 10),
-                "triton_launchers": self.launchers(),
                 "spans": [s.as_record() for s in self.spans]}
