@@ -20,8 +20,12 @@ BEFORE=$PWD/.carry/tree-2129645
 phase cold-sorted 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/ccb"
 # 2. speedrun-124m with precompile: cold, then a new folder holding only its artifact file (the warm bar, <= 20 s).
+# The cold start also says why Inductor launched some kernels through Triton's own launcher, a C build each, serially
+# (wave 18's profile: 21 builds, ~7 s): Inductor logs it at INFO inside its compile workers, which inherit TORCH_LOGS
+# (`grep -c Bypassing logs/cold-124pc.log`; with TORCH_LOGS set, the start log counts recompiles without reasons).
 S124="--preset speedrun-124m --steps 6 --data.train_files=$DATA --train.compile_precompile=true"
-phase cold-124pc 300 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124"
+phase cold-124pc 300 env TORCH_LOGS=torch._inductor.runtime.triton_heuristics $PY -m speedgpt bench $S124 \
+    --train.compile_cache="$W/cc124"
 artifacts_only "$W/cc124" "$W/cc124b"
 phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124b"
 true
