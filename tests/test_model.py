@@ -167,9 +167,10 @@ def test_ordered_block_lists_equal_flexs_sorted_ones(compiled):
         dense = (torch.rand(2, 3, 16, 16, generator=g) < density).to(torch.int32)
         dense[0, 0, 0] = 0  # an empty row and a full one in every matrix
         dense[0, 0, 1] = 1
-        want, got = _dense_to_ordered(dense), lists(dense)
-        for a, b in zip(want, got):
-            assert a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous() and torch.equal(a, b)
+        for given in (dense, dense.transpose(-2, -1)):  # FlexMasks passes a transposed (non-contiguous) matrix
+            want, got = _dense_to_ordered(given), lists(given)
+            for a, b in zip(want, got):
+                assert a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous() and torch.equal(a, b)
 
 
 def test_kv_cache_matches_full_forward():

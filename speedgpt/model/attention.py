@@ -148,7 +148,7 @@ def ordered_block_lists(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     a 1 in ascending order followed by those with a 0 (a stable descending argsort), both int32. Built from prefix
     counts and one scatter instead of a sort: torch 2.11 compiles that sort into Triton kernels that took 20 s and
     17 s each to build, the slowest of a cold start (wave 18; torch 2.13 runs the sort eagerly)."""
-    dense = dense.to(torch.int32)
+    dense = (dense != 0).to(torch.int32)  # (a count above 1 would collide two columns in one slot)
     n = dense.size(-1)
     count = dense.sum(dim=-1, keepdim=True, dtype=torch.int32)
     ones_before = torch.cumsum(dense, dim=-1, dtype=torch.int32) - dense

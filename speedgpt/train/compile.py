@@ -112,8 +112,10 @@ def open_compile_cache(cfg: Config, dist, log):
         return None
     from .compile_cache import CompileCache
 
+    # (compiled_forward turns precompile off with compile_scope=block: such a run shares Inductor's common folder)
+    precompile = cfg.train.compile_precompile and cfg.train.compile_scope == "model"
     cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), dist.world_size, dist.device, dist.rank,
-                                 precompile=cfg.train.compile_precompile)
+                                 precompile=precompile)
     if cache is not None:
         log(cache.activate())
         log(cache.load())
