@@ -1,7 +1,8 @@
 # Wave 19 (issue 33) on one GPU: the sort-free query-side block lists (attention.ordered_block_lists, 77c322b)
 # against the tree before them, where torch 2.11 built flex's argsort into a cold start's two slowest Triton kernels
 # (wave 18's pc-cold: 20.2 s and 14.6 s); then speedrun-124m with precompile, cold and from its artifacts alone (its
-# preset would then set it, as speedrun-latest's does since 578f3ff). ~12 device-minutes with the start. The tree
+# preset would then set it, as speedrun-latest's does since 578f3ff); last, the persistent reductions' share of a
+# cold start. ~15 device-minutes with the start. The tree
 # before travels in .carry (git-ignored), named in `carry` on the FIRST call only:
 #   mkdir -p .carry/tree-2129645 && git archive 2129645 | tar -x -C .carry/tree-2129645
 # then, from the repository root of the device copy:
@@ -28,4 +29,8 @@ phase cold-124pc 300 env TORCH_LOGS=torch._inductor.runtime.triton_heuristics $P
     --train.compile_cache="$W/cc124"
 artifacts_only "$W/cc124" "$W/cc124b"
 phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124b"
+# 3. Last, where time is left: what the persistent reductions (speedrun-latest's persistent_reductions_upto=1024, 1.3 %
+# faster steps) cost a cold start; wave 18's slowest kernels after flex's sorts were the RMSNorm + rotary kernels they
+# make persistent, 11-13.5 s each. Against cold-sortfree (the same tree and command).
+phase cold-noprs 420 $PY -m speedgpt bench $LATEST --train.persistent_reductions_upto=0 --train.compile_cache="$W/ccn"
 true
