@@ -30,7 +30,7 @@ phase cold-124pc 300 env TORCH_LOGS=torch._inductor.runtime.triton_heuristics $P
 artifacts_only "$W/cc124" "$W/cc124b"
 phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc124b"
 # 3. Last, where time is left: what the persistent reductions (speedrun-latest's persistent_reductions_upto=1024, 1.3 %
-# faster steps) cost a cold start; wave 18's slowest kernels after flex's sorts were the RMSNorm + rotary kernels they
-# make persistent, 11-13.5 s each. Against cold-sortfree (the same tree and command).
+# faster steps) cost a cold start; wave 18's slowest kernels after flex's sorts were persistent ("per") RMSNorm +
+# rotary kernels, 11-13.5 s each, which that setting may have made so. Against cold-sortfree (the same tree).
 phase cold-noprs 420 $PY -m speedgpt bench $LATEST --train.persistent_reductions_upto=0 --train.compile_cache="$W/ccn"
 true
