@@ -10,6 +10,9 @@
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 gpu() { echo $(( $1 < NG ? $1 : 0 )); }  # GPU k where there is one, else GPU 0
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
+# First, unless wave 19 ran it: the fused flex kernels on masks whose query-side lists are built without a sort since
+# 77c322b (equal to flex's own on the CPU, eager and compiled; not yet checked on a GPU), ~1 minute.
+phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
 # Since wave 15 the preset trains in rows of 1 x 32,768 in every stage; $OLD gives back its earlier rows (2 x 16,384
 # in stages 0-1, 1 x 49,152 in stage 2) for the comparisons below.
 S_OLD='[{share=0.33,batch_tokens=131072,seq_len=16384,max_doc_len=896,mtp_weights=[1.0,0.5,0.25],mtp_weights_end=[1.0,0.5,0.0]},{share=0.33,batch_tokens=262144,seq_len=16384,max_doc_len=8192,mtp_weights=[1.0,0.5],mtp_weights_end=[1.0,0.0]},{share=0.34,seq_len=49152,max_doc_len=8192}]'
