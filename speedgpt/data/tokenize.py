@@ -135,11 +135,103 @@ def tokenize_corpus(
     workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    from ..tokenizer.folder import RUN_SUBDIR, copy_folder
+    from ..tokenizer.shards import GPT2_STAMP, stamp_of
+
     if tokenizer is not None and tokenizer.folder is None:  # GPT-2's, given explicitly
         tokenizer = None
     with building_into(out_dir):
-        return _tokenize_into(out_dir, sources, val_fraction, val_docs, shard_tokens, workers, max_tokens, progress,
-                              ensure_val, tokenizer, dedupe)
+        keep = tokenizer.folder if tokenizer is not None else None
+        # The new build goes to a folder of its own; a previous one's, left by a killed process, is partial.
+        build_dir = out_dir / BUILD_SUBDIR
+        shutil.rmtree(build_dir, ignore_errors=True)
+        build_dir.mkdir()
+        stamp = stamp_of(tokenizer) if tokenizer is not None else GPT2_STAMP
+
+        params = {
+            "sources": [s.describe() for s in sources],
+            "val_fraction": None if val_docs is not None else val_fraction,
+            "val_docs": val_docs,
+            "shard_tokens": shard_tokens,
+            "max_tokens": max_tokens,
+            "tokenizer": "gpt2" if tokenizer is None else {"name": tokenizer.name, "sha256": tokenizer.sha256},
+            "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
+            "dedupe": "exact" if dedupe else "none",
+        }
+        split = Splitter(build_dir, shard_tokens, len(sources), val_fraction, val_docs,
+                          ensure_val and val_docs is None and val_fraction > 0, stamp)
+        total_tokens = 0
+        n_docs = 0
+        seen = SeenHashes() if dedupe else None
+        stopped_early = False
+        start = time.perf_counter()
+        bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
+        try:
+            try:
+                with ordered_results(document_chunks(sources), workers, tokenizer) as results:
+                    for (source_idx, keys), (tokens, lengths, hashes) in results:
+                        offsets = np.concatenate([[0], np.cumsum(lengths)])
+                        # The text's own hash decides (not the split key: two files may share a piece).
+                        new = seen.first_seen(hashes) if seen is not None else np.ones(len(hashes), dtype=bool)
+                        for j, s in enumerate(source_idx):
+                            doc = tokens[offsets[j] : offsets[j + 1]]
+                            if not new[j]:
+                                split.duplicate(s, len(doc))
+                                continue
+                            # The text's hash, or its source's split key (every piece of one file alike)
+                            split.add(s, doc, hashes[j] if keys[j] is None else keys[j], n_docs)
+                            n_docs += 1
+                            total_tokens += len(doc)
+                            if max_tokens is not None and total_tokens >= max_tokens:
+                                stopped_early = True
+                                break
+                        bar.update(total_tokens, n_docs)
+                        if stopped_early:
+                            break
+            finally:
+                bar.close()
+            duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
+            problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
+            if problem:
+                raise TokenizeError(problem)
+            if not split.finish():
+                raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
+                                    "use a smaller --val-fraction or add inputs")
+        except BaseException:  # a failed or interrupted build (WorkerDied too): its shards go, the earlier ones stay
+            shutil.rmtree(build_dir, ignore_errors=True)
+            raise
+        train, val, per_source = split.train, split.val, split.per_source
+        elapsed = time.perf_counter() - start
+
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "params": params,
+            "tokenizer": {"name": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "bos_id": BOS_ID} if tokenizer is None else
+                         {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
+                          "sha256": tokenizer.sha256, "folder": RUN_SUBDIR},
+            "sources": [
+                {**s.describe(), **stats, "skipped": s.skipped.to_dict(), "skipped_total": s.skipped.total()}
+                for s, stats in zip(sources, per_source)
+            ],
+            "documents": n_docs,
+            "tokens": total_tokens,
+            "duplicates": duplicates,  # exact copies of a kept document's text, dropped (not in the counts above)
+            "stopped_early": stopped_early,
+            "train": train.summary(),
+            "val": val.summary(),
+            # Everything above is a function of the inputs; "build" is not (time, machine).
+            "build": {"workers": workers, "seconds": round(elapsed, 3), "tokens_per_s": round(total_tokens / max(elapsed, 1e-9))},
+        }
+        if stopped_early:
+            manifest["note"] = f"stopped at max_tokens={max_tokens:,}: documents after that were not read"
+        if tokenizer is not None and (out_dir / RUN_SUBDIR).resolve() != tokenizer.folder.resolve():
+            copy_folder(tokenizer, build_dir / RUN_SUBDIR)  # the shards carry their tokenizer (training finds it there)
+        _clear_outputs(out_dir, keep)
+        for built in build_dir.iterdir():  # renames within one folder: the shards and the tokenizer copy
+            built.replace(out_dir / built.name)
+        build_dir.rmdir()
+        _write_json(out_dir / MANIFEST, manifest)  # last: its presence means the folder is complete
+        return manifest
 
 
 @contextmanager
@@ -161,105 +253,6 @@ def building_into(out_dir: Path):
         if [f.name for f in out_dir.iterdir()] == [path.name]:  # a failed first build: the command removes the folder
             path.unlink()
         lock.release()
-
-
-def _tokenize_into(out_dir, sources, val_fraction, val_docs, shard_tokens, workers, max_tokens, progress, ensure_val,
-                   tokenizer, dedupe) -> dict:
-    """tokenize()'s build, with the folder's lock held."""
-    from ..tokenizer.folder import RUN_SUBDIR, copy_folder
-    from ..tokenizer.shards import GPT2_STAMP, stamp_of
-
-    keep = tokenizer.folder if tokenizer is not None else None
-    # The new build goes to a folder of its own; a previous one's, left by a killed process, is partial.
-    build_dir = out_dir / BUILD_SUBDIR
-    shutil.rmtree(build_dir, ignore_errors=True)
-    build_dir.mkdir()
-    stamp = stamp_of(tokenizer) if tokenizer is not None else GPT2_STAMP
-
-    params = {
-        "sources": [s.describe() for s in sources],
-        "val_fraction": None if val_docs is not None else val_fraction,
-        "val_docs": val_docs,
-        "shard_tokens": shard_tokens,
-        "max_tokens": max_tokens,
-        "tokenizer": "gpt2" if tokenizer is None else {"name": tokenizer.name, "sha256": tokenizer.sha256},
-        "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
-        "dedupe": "exact" if dedupe else "none",
-    }
-    split = Splitter(build_dir, shard_tokens, len(sources), val_fraction, val_docs,
-                      ensure_val and val_docs is None and val_fraction > 0, stamp)
-    total_tokens = 0
-    n_docs = 0
-    seen = SeenHashes() if dedupe else None
-    stopped_early = False
-    start = time.perf_counter()
-    bar = _Progress(progress, max_tokens, f"tokenizing ({workers} worker{'s' * (workers > 1)})")
-    try:
-        try:
-            with ordered_results(document_chunks(sources), workers, tokenizer) as results:
-                for (source_idx, keys), (tokens, lengths, hashes) in results:
-                    offsets = np.concatenate([[0], np.cumsum(lengths)])
-                    # The text's own hash decides (not the split key: two files may share a piece).
-                    new = seen.first_seen(hashes) if seen is not None else np.ones(len(hashes), dtype=bool)
-                    for j, s in enumerate(source_idx):
-                        doc = tokens[offsets[j] : offsets[j + 1]]
-                        if not new[j]:
-                            split.duplicate(s, len(doc))
-                            continue
-                        # The text's hash, or its source's split key (every piece of one file alike)
-                        split.add(s, doc, hashes[j] if keys[j] is None else keys[j], n_docs)
-                        n_docs += 1
-                        total_tokens += len(doc)
-                        if max_tokens is not None and total_tokens >= max_tokens:
-                            stopped_early = True
-                            break
-                    bar.update(total_tokens, n_docs)
-                    if stopped_early:
-                        break
-        finally:
-            bar.close()
-        duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
-        problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
-        if problem:
-            raise TokenizeError(problem)
-        if not split.finish():
-            raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
-                                "use a smaller --val-fraction or add inputs")
-    except BaseException:  # a failed or interrupted build (WorkerDied too): its shards go, the earlier ones stay
-        shutil.rmtree(build_dir, ignore_errors=True)
-        raise
-    train, val, per_source = split.train, split.val, split.per_source
-    elapsed = time.perf_counter() - start
-
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "params": params,
-        "tokenizer": {"name": "gpt2", "vocab_size": GPT2_VOCAB_SIZE, "bos_id": BOS_ID} if tokenizer is None else
-                     {"name": tokenizer.name, "vocab_size": tokenizer.vocab_size, "bos_id": tokenizer.bos_id,
-                      "sha256": tokenizer.sha256, "folder": RUN_SUBDIR},
-        "sources": [
-            {**s.describe(), **stats, "skipped": s.skipped.to_dict(), "skipped_total": s.skipped.total()}
-            for s, stats in zip(sources, per_source)
-        ],
-        "documents": n_docs,
-        "tokens": total_tokens,
-        "duplicates": duplicates,  # exact copies of a kept document's text, dropped (not in the counts above)
-        "stopped_early": stopped_early,
-        "train": train.summary(),
-        "val": val.summary(),
-        # Everything above is a function of the inputs; "build" is not (time, machine).
-        "build": {"workers": workers, "seconds": round(elapsed, 3), "tokens_per_s": round(total_tokens / max(elapsed, 1e-9))},
-    }
-    if stopped_early:
-        manifest["note"] = f"stopped at max_tokens={max_tokens:,}: documents after that were not read"
-    if tokenizer is not None and (out_dir / RUN_SUBDIR).resolve() != tokenizer.folder.resolve():
-        copy_folder(tokenizer, build_dir / RUN_SUBDIR)  # the shards carry their tokenizer (training finds it there)
-    _clear_outputs(out_dir, keep)
-    for built in build_dir.iterdir():  # renames within one folder: the shards and the tokenizer copy
-        built.replace(out_dir / built.name)
-    build_dir.rmdir()
-    _write_json(out_dir / MANIFEST, manifest)  # last: its presence means the folder is complete
-    return manifest
 
 
 def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplicates: int = 0) -> str | None:
