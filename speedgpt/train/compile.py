@@ -112,8 +112,8 @@ def open_compile_cache(cfg: Config, dist, log):
         return None
     from .compile_cache import CompileCache
 
-    # (compiled_forward turns precompile off with compile_scope=block: such a run shares Inductor's common folder)
-    precompile = cfg.train.compile_precompile and cfg.train.compile_scope == "model"
+    # (where precompile cannot apply, compile_scope=block say, the run shares Inductor's common folder)
+    precompile = cfg.train.compile_precompile and precompile_blocked_by_config(cfg.train) is None
     cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), dist.world_size, dist.device, dist.rank,
                                  precompile=precompile)
     if cache is not None:
@@ -125,9 +125,26 @@ def open_compile_cache(cfg: Config, dist, log):
     return cache
 
 
+def precompile_blocked_by_config(t) -> str | None:
+    """Why train.compile_precompile cannot apply to a run of this train config, as its start log says it; None
+    where it can (compiled_forward then checks the strategy, the torch and the model)."""
+    if not t.compile:
+        return "has nothing to keep: train.compile is off"
+    if t.compile_backend != "inductor" or t.compile_cache == "off":
+        # (the package travels in the compile cache's artifact file, which only Inductor's runs write)
+        return ("is off: it keeps dynamo's traced code in train.compile_cache, which "
+                + ("is off" if t.compile_cache == "off" else "only the inductor backend uses"))
+    if t.compile_scope == "block":
+        return "is off with compile_scope=block (its blocks compile one by one)"
+    return None
+
+
 def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
     """The model under torch.compile (with this run's Inductor settings), or the model itself; with `cache` (the
     run's CompileCache) its compiles may keep the FP8 paths' graphs in AOTAutograd's cache (compile_cache.py)."""
+    blocked = precompile_blocked_by_config(cfg.train) if cfg.train.compile_precompile else None
+    if blocked:  # (speedrun-latest's preset sets it: said once, not refused)
+        log(f"compile: train.compile_precompile {blocked}")
     if cfg.train.compile:
         import torch._inductor.config as inductor_config
 
@@ -137,16 +154,10 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
         if note:
             log(note)
-        precompile = cfg.train.compile_precompile
-        if precompile and (cfg.train.compile_backend != "inductor" or cfg.train.compile_cache == "off"):
-            # (the package travels in the compile cache's artifact file, which only Inductor's runs write)
+        precompile = cfg.train.compile_precompile and not blocked
+        if precompile and strategy == "fsdp":  # blocks compiled one by one there
             precompile = False
-            log(f"compile: train.compile_precompile is off: it keeps dynamo's traced code in train.compile_cache, "
-                f"which {'is off' if cfg.train.compile_cache == 'off' else 'only the inductor backend uses'}")
-        elif precompile and (strategy == "fsdp" or cfg.train.compile_scope == "block"):  # blocks compiled one by one
-            precompile = False
-            log(f"compile: train.compile_precompile is off "
-                f"{'under fsdp' if strategy == 'fsdp' else 'with compile_scope=block'} (its blocks compile one by one)")
+            log("compile: train.compile_precompile is off under fsdp (its blocks compile one by one)")
         elif precompile and torch_older_than(PRECOMPILE_TORCH):  # never tried there: trace instead
             precompile = False
             log(f"compile: train.compile_precompile is off on torch {torch.__version__} (needs "
@@ -173,8 +184,6 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
                 "identity guards on modules and builtins from it (their warnings not shown: a changed model "
                 "file is caught by the saved source hashes instead)")
     if not cfg.train.compile:
-        if cfg.train.compile_precompile:  # (speedrun-latest sets it: said once, not refused)
-            log("compile: train.compile_precompile has nothing to keep: train.compile is off")
         return model
     from torch._dynamo.utils import counters
 
