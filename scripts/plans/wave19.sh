@@ -2,7 +2,7 @@
 # against the tree before them, where torch 2.11 built flex's argsort into a cold start's two slowest Triton kernels
 # (wave 18's pc-cold: 20.2 s and 14.6 s); then speedrun-124m with precompile, cold and from its artifacts alone (its
 # preset would then set it, as speedrun-latest's does since 578f3ff); last, the persistent reductions' share of a
-# cold start. ~15 device-minutes with the start. The tree
+# cold start. ~20 device-minutes with the start. The tree
 # before travels in .carry (git-ignored), named in `carry` on the FIRST call only:
 #   mkdir -p .carry/tree-2129645 && git archive 2129645 | tar -x -C .carry/tree-2129645
 # then, from the repository root of the device copy:
@@ -20,6 +20,9 @@ phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
 BEFORE=$PWD/.carry/tree-2129645
 phase cold-sorted 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/ccb"
+# the sort-free tree's warm start from its cold start's artifact file alone (the warm bar, <= 20 s; wave 18: 14.2 s)
+artifacts_only "$W/ccs" "$W/ccsb"
+phase fresh-latest 240 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccsb"
 # 2. speedrun-124m with precompile: cold, then a new folder holding only its artifact file (the warm bar, <= 20 s).
 # The cold start also says why Inductor launched some kernels through Triton's own launcher, a C build each, serially
 # (wave 18's profile: 21 builds, ~7 s): Inductor logs it at INFO inside its compile workers, which inherit TORCH_LOGS
@@ -32,5 +35,13 @@ phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc12
 # 3. Last, where time is left: what the persistent reductions (speedrun-latest's persistent_reductions_upto=1024, 1.3 %
 # faster steps) cost a cold start; wave 18's slowest kernels after flex's sorts were persistent ("per") RMSNorm +
 # rotary kernels, 11-13.5 s each, which that setting may have made so. Against cold-sortfree (the same tree).
-phase cold-noprs 420 $PY -m speedgpt bench $LATEST --train.persistent_reductions_upto=0 --train.compile_cache="$W/ccn"
+# Both last phases log Inductor's launcher reasons too (a few lines; `grep -c Bypassing`).
+HEUR=TORCH_LOGS=torch._inductor.runtime.triton_heuristics
+phase cold-noprs 420 env $HEUR $PY -m speedgpt bench $LATEST --train.persistent_reductions_upto=0 \
+    --train.compile_cache="$W/ccn"
+# 4. Our own Triton kernels (relu2_fp8, softcap_ce) are user-defined to Inductor, which by default launches them
+# through Triton's launcher, a gcc build each: the static launcher for them too (time against cold-sortfree,
+# the launcher count against cold-noprs's).
+phase cold-udk 420 env $HEUR TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS=1 $PY -m speedgpt bench $LATEST \
+    --train.compile_cache="$W/ccu"
 true
