@@ -182,6 +182,8 @@ DESCRIPTIONS: dict[str, str] = {
                            "AOTAutograd's cache then keeps the FP8 graphs too); empty: "
                            "$XDG_CACHE_HOME/speedgpt/compile; off: none",
     "train.coordinate_descent_tuning": "Inductor tunes its kernels' launch configs: slower compile, faster steps",
+    "train.autotune_pointwise": "Inductor compiles several launch configs per pointwise kernel and keeps the "
+                                "fastest; false: one (fewer kernels to compile cold)",
     "train.persistent_reductions_upto": "keep reduction rows up to this many elements in registers; 0: Inductor's choice",
     "train.warmup_steps": "compile warmup on real data, then an exact state reset: this many steps spread over the run "
                           "(each later stage's first step added) and one validation batch of each shape; 0: none",

@@ -2,7 +2,7 @@
 # against the tree before them, where torch 2.11 built flex's argsort into a cold start's two slowest Triton kernels
 # (wave 18's pc-cold: 20.2 s and 14.6 s); then speedrun-124m with precompile, cold and from its artifacts alone (its
 # preset would then set it, as speedrun-latest's does since 578f3ff); last, the persistent reductions' share of a
-# cold start. ~20 device-minutes with the start. The tree
+# cold start. ~23 device-minutes with the start. The tree
 # before travels in .carry (git-ignored), named in `carry` on the FIRST call only:
 #   mkdir -p .carry/tree-2129645 && git archive 2129645 | tar -x -C .carry/tree-2129645
 # then, from the repository root of the device copy:
@@ -39,6 +39,9 @@ phase fresh-124pc 240 $PY -m speedgpt bench $S124 --train.compile_cache="$W/cc12
 HEUR=TORCH_LOGS=torch._inductor.runtime.triton_heuristics
 phase cold-noprs 420 env $HEUR $PY -m speedgpt bench $LATEST --train.persistent_reductions_upto=0 \
     --train.compile_cache="$W/ccn"
+# Inductor's pointwise kernels with one launch config each instead of two or six (train.autotune_pointwise=false): fewer
+# Triton compiles in the kernel phase; its step times say what the configs were worth. Against cold-sortfree.
+phase cold-noapw 420 $PY -m speedgpt bench $LATEST --train.autotune_pointwise=false --train.compile_cache="$W/cca"
 # 4. Our own Triton kernels (relu2_fp8, softcap_ce) are user-defined to Inductor, which by default launches them
 # through Triton's launcher, a gcc build each: the static launcher for them too (time against cold-sortfree,
 # the launcher count against cold-noprs's).

@@ -178,6 +178,9 @@ class TrainConfig:
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.
     coordinate_descent_tuning: bool = False
+    # Inductor compiles two (1-D) or six (2-D) launch configs of each pointwise kernel and keeps the fastest at its
+    # first call; false: its one default config, so a cold start compiles fewer Triton kernels (issue 33's A/B).
+    autotune_pointwise: bool = True
     # Inductor keeps rows of up to this many elements in registers for every reduction it can size
     # statically (train/inductor_tuning.py); 0: Inductor's own heuristic.
     persistent_reductions_upto: int = 0
