@@ -360,6 +360,21 @@ def test_a_second_config_in_one_process_does_not_inherit_precompile():
             assert torch._dynamo.config.caching_precompile is expected
 
 
+def test_each_compiled_run_sets_inductor_pointwise_autotuning():
+    """train.autotune_pointwise reaches Inductor's process-wide setting, set on every compiled run, so the second
+    config of a bench --ab does not inherit the first's (it also keys Inductor's cache: its config is hashed)."""
+    import torch._inductor.config as inductor_config
+
+    from speedgpt.train.compile import compiled_forward
+
+    one = apply_overrides(Config(), ["--train.compile=true", "--train.autotune_pointwise=false"])
+    several = apply_overrides(Config(), ["--train.compile=true"])
+    with inductor_config.patch({"triton.autotune_pointwise": True}):
+        for cfg, expected in ((one, False), (several, True), (one, False)):
+            compiled_forward(cfg, Tiny(), "ddp", log=lambda line: None)
+            assert inductor_config.triton.autotune_pointwise is expected
+
+
 def test_guards_are_restored_in_a_trace_once_a_process():
     import torch._dynamo.package as package
 
