@@ -14,10 +14,11 @@
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
 LATEST="--preset speedrun-latest --per-stage --steps 6 --data.train_files=$DATA --train.compile_precompile=true"
 HEUR=TORCH_LOGS=torch._inductor.runtime.triton_heuristics  # Inductor's launcher reasons (`grep -c Bypassing`)
+# 0. The fused flex kernels on masks whose query-side lists are now built without a sort, with grad and without (first:
+# the default path's correctness; its caches are not the cold phases', which each have a compile cache of their own)
+phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
 # 1. Cold, alone on the machine, a new cache folder each: this tree, then the tree before the sort-free lists.
 phase cold-sortfree 420 $PY -m speedgpt bench $LATEST --train.compile_cache="$W/ccs"
-# the fused flex kernels on masks whose query-side lists are now built without a sort, with grad and without
-phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
 BEFORE=$PWD/.carry/tree-2129645
 phase cold-sorted 420 bash -c "cd $BEFORE && PYTHONPATH=$BEFORE $PY -m speedgpt bench $LATEST \
     --train.compile_cache=$W/ccb"
