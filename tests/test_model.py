@@ -152,27 +152,6 @@ def test_flex_masks_query_side_lists_are_flex_own():
     assert checked == 10
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_ordered_block_lists_equal_flexs_sorted_ones(compiled):
-    """The sort-free lists (issue 33: torch 2.11 built flex's sort into Triton kernels of 17-20 s) equal flex's own
-    _dense_to_ordered, counts and column order, dtypes included: empty and full rows, and under Inductor too."""
-    pytest.importorskip("torch.nn.attention.flex_attention")
-    from torch.nn.attention.flex_attention import _dense_to_ordered
-
-    from speedgpt.model.attention import ordered_block_lists
-
-    lists = torch.compile(ordered_block_lists, dynamic=False) if compiled else ordered_block_lists
-    g = torch.Generator().manual_seed(0)
-    for density in (0.0, 0.2, 0.6, 1.0):
-        dense = (torch.rand(2, 3, 16, 16, generator=g) < density).to(torch.int32)
-        dense[0, 0, 0] = 0  # an empty row and a full one in every matrix
-        dense[0, 0, 1] = 1
-        for given in (dense, dense.transpose(-2, -1)):  # FlexMasks passes a transposed (non-contiguous) matrix
-            want, got = _dense_to_ordered(given), lists(given)
-            for a, b in zip(want, got):
-                assert a.dtype == b.dtype and a.is_contiguous() and b.is_contiguous() and torch.equal(a, b)
-
-
 def test_kv_cache_matches_full_forward():
     from speedgpt.model.attention import KVCache
 

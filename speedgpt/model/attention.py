@@ -134,28 +134,16 @@ class FlexMasks:
 
 def transposed_block_lists(num_BHQ: torch.Tensor, idx_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The query blocks of each key block, from the key blocks of each query block (the first num[..., q] entries
-    of idx[..., q, :]): one scatter into a dense block matrix, without flex's per-row vmap, then its lists in
-    flex's order (ordered_block_lists)."""
+    of idx[..., q, :]): one scatter into a dense block matrix, without flex's per-row vmap, then flex's own
+    dense-to-lists step (its sort, order and dtypes, and whatever compile hints this torch gives that sort: 2.13
+    keeps it out of Triton, whose sorts compiled slowly)."""
+    from torch.nn.attention.flex_attention import _dense_to_ordered
+
     n = idx_BHQK.size(-1)
     listed = torch.arange(n, device=idx_BHQK.device) < num_BHQ[..., None]
     cols = torch.where(listed, idx_BHQK, n).long()  # unlisted entries go to a spare column, dropped below
     dense = torch.zeros(*idx_BHQK.shape[:-1], n + 1, dtype=torch.int32, device=idx_BHQK.device)
-    return ordered_block_lists(dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1))
-
-
-def ordered_block_lists(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A 0/1 block matrix's lists as flex's `_dense_to_ordered` gives them: each row's count, and its columns with
-    a 1 in ascending order followed by those with a 0 (a stable descending argsort), both int32. Built from prefix
-    counts and one scatter instead of a sort: torch 2.11 compiles that sort into Triton kernels that took 20 s and
-    17 s each to build, the slowest of a cold start (wave 18; torch 2.13 runs the sort eagerly)."""
-    dense = (dense != 0).to(torch.int32)  # (a count above 1 would collide two columns in one slot)
-    n = dense.size(-1)
-    count = dense.sum(dim=-1, keepdim=True, dtype=torch.int32)
-    ones_before = torch.cumsum(dense, dim=-1, dtype=torch.int32) - dense
-    column = torch.arange(n, device=dense.device, dtype=torch.int32).expand_as(dense)
-    slot = torch.where(dense.bool(), ones_before, count + column - ones_before)  # zeros go after all the ones
-    order = torch.empty_like(dense).scatter_(-1, slot.long(), column)
-    return count.squeeze(-1).contiguous(), order.contiguous()
+    return _dense_to_ordered(dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1))
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
