@@ -10,8 +10,8 @@
 NG=$(nvidia-smi -L 2>/dev/null | wc -l)
 gpu() { echo $(( $1 < NG ? $1 : 0 )); }  # GPU k where there is one, else GPU 0
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 32
-# First, unless wave 19 ran it: the fused flex kernels on masks whose query-side lists are built without a sort since
-# 77c322b (equal to flex's own on the CPU, eager and compiled; not yet checked on a GPU), ~1 minute.
+# First: the fused flex kernels against a dense reference, the masks built outside and inside the compiled graph (on 4
+# GPUs nothing of it has run since the in-graph check was added on 2026-12-06), ~1 minute.
 phase gpucheck-flex 240 $PY scripts/gpu_check.py flex
 # Since wave 15 the preset trains in rows of 1 x 32,768 in every stage; $OLD gives back its earlier rows (2 x 16,384
 # in stages 0-1, 1 x 49,152 in stage 2) for the comparisons below.
