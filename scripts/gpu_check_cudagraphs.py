@@ -158,7 +158,6 @@ def main(argv=None) -> int:
     from speedgpt.train.inductor_tuning import persistent_reductions_upto
 
     inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-
     inductor_config.triton.autotune_pointwise = cfg.train.autotune_pointwise
     persistent_reductions_upto(cfg.train.persistent_reductions_upto)
     gen = torch.Generator().manual_seed(0)

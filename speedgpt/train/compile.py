@@ -149,7 +149,6 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
         import torch._inductor.config as inductor_config
 
         inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-
         inductor_config.triton.autotune_pointwise = cfg.train.autotune_pointwise
         from .inductor_tuning import persistent_reductions_upto
 
