@@ -153,13 +153,9 @@ def main(argv=None) -> int:
     if args.step >= plan.steps:
         p.error(f"--step {args.step}: the preset has {plan.steps} steps")
     # the trainer's Inductor settings (train/compile.py's compiled_forward), so both modes build its kernels
-    import torch._inductor.config as inductor_config
+    from speedgpt.train.inductor_tuning import apply_inductor_settings
 
-    from speedgpt.train.inductor_tuning import persistent_reductions_upto
-
-    inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-    inductor_config.triton.autotune_pointwise = cfg.train.autotune_pointwise
-    persistent_reductions_upto(cfg.train.persistent_reductions_upto)
+    apply_inductor_settings(cfg.train)
     gen = torch.Generator().manual_seed(0)
     batches = [batch(cfg, args.rows, args.seq_len, gen) for _ in range(args.micro_steps)]
     skips = _Skips()

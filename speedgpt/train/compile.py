@@ -146,13 +146,9 @@ def compiled_forward(cfg: Config, model: GPT, strategy: str, log, cache=None):
     if blocked:  # (speedrun-latest's preset sets it: said once, not refused)
         log(f"compile: train.compile_precompile {blocked}")
     if cfg.train.compile:
-        import torch._inductor.config as inductor_config
+        from .inductor_tuning import apply_inductor_settings
 
-        inductor_config.coordinate_descent_tuning = cfg.train.coordinate_descent_tuning
-        inductor_config.triton.autotune_pointwise = cfg.train.autotune_pointwise
-        from .inductor_tuning import persistent_reductions_upto
-
-        note = persistent_reductions_upto(cfg.train.persistent_reductions_upto)
+        note = apply_inductor_settings(cfg.train)
         if note:
             log(note)
         precompile = cfg.train.compile_precompile and not blocked

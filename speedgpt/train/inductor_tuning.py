@@ -53,3 +53,14 @@ def persistent_reductions_upto(max_numel: int) -> str | None:
         inductor_config.fx_graph_cache = False
         return f"inductor: persistent reductions up to {max_numel} elements (compile cache off: this torch cannot key it)"
     return f"inductor: persistent reductions up to {max_numel} elements" if cls else None
+
+
+def apply_inductor_settings(t) -> str | None:
+    """A train config's Inductor settings (coordinate descent, pointwise autotuning, persistent reductions), set for
+    the compiles from now on, every one of them on every call: they are process-wide, and a second config in one
+    process (bench --ab) must not inherit the first's. Returns persistent_reductions_upto's line for the log."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.coordinate_descent_tuning = t.coordinate_descent_tuning
+    inductor_config.triton.autotune_pointwise = t.autotune_pointwise
+    return persistent_reductions_upto(t.persistent_reductions_upto)
