@@ -120,78 +120,83 @@ def test_flex_reference_matches_sdpa_on_cpu():
     assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
 
 
-def test_flex_masks_query_side_lists_are_flex_own():
-    """FlexMasks builds each mask's query-side block lists (the backward's) itself, without from_kv_blocks' vmap
-    (issue 33: dynamo's trace): they equal what BlockMask.from_kv_blocks computes from the same key-side lists, order
-    included, for documents across and inside blocks, paired-head (doubled) sequences, windows shorter and longer
-    than a document, 0-d tensor windows (YaRN's schedule); without grad (validation) there are none."""
-    pytest.importorskip("torch.nn.attention.flex_attention")
-    from torch.nn.attention.flex_attention import BlockMask
+def assert_lists_equal_within_counts(count, lists, ref_count, ref_lists) -> int:
+    """Block lists as the flex kernels read them: equal counts, equal entries within each count (order included);
+    past a count, any valid block index. Returns the entries compared."""
+    assert count.dtype == ref_count.dtype == lists.dtype == ref_lists.dtype == torch.int32
+    assert torch.equal(count, ref_count) and lists.shape == ref_lists.shape
+    assert bool(((lists >= 0) & (lists < lists.size(-1))).all())
+    within = torch.arange(lists.size(-1)) < count[..., None]
+    assert torch.equal(torch.where(within, lists, -1), torch.where(within, ref_lists, -1))
+    return int(count.sum())
 
-    from speedgpt.model.attention import FlexMasks, document_ids
 
+def random_document_layouts(block: int, blocks: int, trials: int):
+    """Document ids of 3 rows per trial (and the doubled, paired-head sequence): no document boundary at all,
+    sparse to dense random starts (one-token documents, several in one block), starts on block boundaries."""
     g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 50000, (2, 512), generator=g)
-    x[0, [0, 40, 41, 300]] = BOS_ID  # a one-token document, one starting mid-block, one long
-    x[1, [0, 64, 128, 129, 500]] = BOS_ID  # documents on block boundaries
-    doc = document_ids(x, BOS_ID)
-    checked = 0
-    for d in (doc, doc.repeat_interleave(2, dim=1)):
-        masks = FlexMasks(d, 32)
-        for window in (32, 64, 100, 1024, torch.tensor(96)):
-            ours = masks.block_mask(window)
-            flex = BlockMask.from_kv_blocks(ours.kv_num_blocks, ours.kv_indices, ours.full_kv_num_blocks,
-                                            ours.full_kv_indices, BLOCK_SIZE=32, mask_mod=ours.mask_mod)
-            assert ours.seq_lengths == flex.seq_lengths and ours.BLOCK_SIZE == flex.BLOCK_SIZE
-            for name in ("q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
-                a, b = getattr(ours, name), getattr(flex, name)
-                assert a.dtype == b.dtype and torch.equal(a, b), name
-            checked += 1
-            with torch.no_grad():
-                assert masks.block_mask(window).q_indices is None
-    assert checked == 10
+    for trial in range(trials):
+        x = torch.randint(0, 50000, (3, block * blocks), generator=g)
+        x[torch.rand(x.shape, generator=g) < (0.0, 0.002, 0.01, 0.05, 0.3)[trial % 5]] = BOS_ID
+        if trial % 2:
+            x[1, ::block] = BOS_ID
+        x[:, 0] = BOS_ID
+        doc = document_ids(x, BOS_ID)
+        yield doc
+        yield doc.repeat_interleave(2, dim=1)
 
 
 def test_flex_key_side_lists_equal_a_sort():
-    """FlexMasks' key-block lists (nearest first, without a sort) list the same blocks in the same order as a stable
-    descending argsort of the dense block masks, within each count (all the kernels read); past a count every entry
-    is still a valid block index. Random document layouts: one-token documents, documents on and across block
-    boundaries, several in one block, one document (no doc masking), doubled (paired-head) sequences, several rows."""
-    from speedgpt.model.attention import FlexMasks, document_ids
+    """FlexMasks' key-block lists (nearest first, built without a sort) equal a stable descending argsort of the
+    dense block masks within each count (what the kernels read), on random document layouts."""
+    from speedgpt.model.attention import FlexMasks
 
     def sorted_lists(dense):  # the lists by a sort, as FlexMasks built them before
         order = dense.to(torch.int8).argsort(dim=-1, descending=False, stable=True).flip(-1)
         return dense.sum(dim=-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
 
-    g = torch.Generator().manual_seed(0)
-    block, n = 16, 24
-    listed = 0
-    for trial in range(40):
-        x = torch.randint(0, 50000, (3, block * n), generator=g)
-        starts = torch.rand(x.shape, generator=g) < (0.0, 0.002, 0.01, 0.05, 0.3)[trial % 5]
-        x[starts] = BOS_ID
-        x[1, ::block] = BOS_ID if trial % 2 else x[1, ::block]  # documents on block boundaries
-        x[:, 0] = BOS_ID
-        doc = document_ids(x, BOS_ID)
-        for d in (doc, doc.repeat_interleave(2, dim=1)):
-            masks = FlexMasks(d, block)
-            nb = d.size(1) // block
-            first, last = d.view(3, nb, block)[:, :, 0], d.view(3, nb, block)[:, :, -1]
-            idx = torch.arange(nb)
-            full = (idx[:, None] > idx[None, :]) & (first[:, :, None] == last[:, None, :]) & (
-                last[:, :, None] == first[:, None, :])
-            partial = (idx[:, None] >= idx[None, :]) & (first[:, :, None] <= last[:, None, :]) & (
-                last[:, :, None] >= first[:, None, :]) & ~full
-            for dense, count, lists in ((partial, masks.partial_n, masks.partial_idx),
-                                        (full, masks.full_n, masks.full_idx)):
-                ref_count, ref_lists = sorted_lists(dense)
-                assert count.dtype == lists.dtype == torch.int32
-                assert torch.equal(count, ref_count) and lists.shape == ref_lists.shape
-                assert bool(((lists >= 0) & (lists < nb)).all())
-                within = torch.arange(nb) < count[..., None]
-                assert torch.equal(torch.where(within, lists, -1), torch.where(within, ref_lists, -1))
-                listed += int(count.sum())
+    block, listed = 16, 0
+    for d in random_document_layouts(block, 24, trials=40):
+        masks = FlexMasks(d, block)
+        nb = d.size(1) // block
+        first, last = d.view(3, nb, block)[:, :, 0], d.view(3, nb, block)[:, :, -1]
+        idx = torch.arange(nb)
+        full = (idx[:, None] > idx[None, :]) & (first[:, :, None] == last[:, None, :]) & (
+            last[:, :, None] == first[:, None, :])
+        partial = (idx[:, None] >= idx[None, :]) & (first[:, :, None] <= last[:, None, :]) & (
+            last[:, :, None] >= first[:, None, :]) & ~full
+        listed += assert_lists_equal_within_counts(masks.partial_n, masks.partial_idx, *sorted_lists(partial))
+        listed += assert_lists_equal_within_counts(masks.full_n, masks.full_idx, *sorted_lists(full))
     assert listed > 10_000
+
+
+def test_flex_masks_query_side_lists_are_flex_own():
+    """FlexMasks builds each mask's query-side block lists (the backward's) itself, without from_kv_blocks' vmap
+    (issue 33: dynamo's trace), scatter or sort: they equal what BlockMask.from_kv_blocks computes from the same
+    key-side lists within each count, on random document layouts (paired-head sequences too), for windows of one
+    block, a few, more than a document and the whole row, and 0-d tensor windows (YaRN's schedule); without grad
+    (validation) there are none."""
+    pytest.importorskip("torch.nn.attention.flex_attention")
+    from torch.nn.attention.flex_attention import BlockMask
+
+    from speedgpt.model.attention import FlexMasks
+
+    block, checked, listed = 16, 0, 0
+    for d in random_document_layouts(block, 24, trials=10):
+        masks = FlexMasks(d, block)
+        for window in (16, 48, 100, 1024, torch.tensor(80)):
+            ours = masks.block_mask(window)
+            flex = BlockMask.from_kv_blocks(ours.kv_num_blocks, ours.kv_indices, ours.full_kv_num_blocks,
+                                            ours.full_kv_indices, BLOCK_SIZE=block, mask_mod=ours.mask_mod)
+            assert ours.seq_lengths == flex.seq_lengths and ours.BLOCK_SIZE == flex.BLOCK_SIZE
+            listed += assert_lists_equal_within_counts(ours.q_num_blocks, ours.q_indices, flex.q_num_blocks,
+                                                       flex.q_indices)
+            listed += assert_lists_equal_within_counts(ours.full_q_num_blocks, ours.full_q_indices,
+                                                       flex.full_q_num_blocks, flex.full_q_indices)
+            checked += 1
+            with torch.no_grad():
+                assert masks.block_mask(window).q_indices is None
+    assert checked == 100 and listed > 10_000
 
 
 def test_kv_cache_matches_full_forward():

@@ -116,6 +116,7 @@ class FlexMasks:
         full = causal_all[None] & doc_all
         partial = causal_any[None] & doc_any & ~full
         (self.partial_n, self.partial_idx), (self.full_n, self.full_idx) = _nearest_first_lists(partial, full)
+        self.partial, self.full = partial, full  # for the query-side lists of each window
 
     def block_mask(self, window):
         from torch.nn.attention.flex_attention import BlockMask
@@ -132,29 +133,41 @@ class FlexMasks:
         full_n = torch.clamp_max(self.full_n, w - 1)
         partial_n = torch.clamp_max(self.partial_n, w - full_n)
         # The query-side lists serve only the backward: a forward without grad (validation, sampling) leaves them
-        # out. Built here by batched ops rather than by BlockMask.from_kv_blocks, whose per-row torch.vmap dynamo
-        # traces for ~0.5 s a mask (benchmarks/trace_time.py); the same lists, in the same order.
-        q_side = torch.is_grad_enabled()
-        partial_q = transposed_block_lists(partial_n, self.partial_idx) if q_side else (None, None)
-        full_q = transposed_block_lists(full_n, self.full_idx) if q_side else (None, None)
+        # out. Built here without BlockMask.from_kv_blocks, whose per-row torch.vmap dynamo traces for ~0.5 s a mask
+        # (benchmarks/trace_time.py), and without its scatter and sort: the same lists (within their counts).
+        if torch.is_grad_enabled():
+            partial_q, full_q = _query_side_lists(self.partial, self.full, self.full_n, partial_n, full_n)
+        else:
+            partial_q = full_q = (None, None)
         return BlockMask(seq_lengths=(doc.size(-1), doc.size(-1)), kv_num_blocks=partial_n, kv_indices=self.partial_idx,
                          full_kv_num_blocks=full_n, full_kv_indices=self.full_idx, q_num_blocks=partial_q[0],
                          q_indices=partial_q[1], full_q_num_blocks=full_q[0], full_q_indices=full_q[1],
                          BLOCK_SIZE=(block, block), mask_mod=document_causal)
 
 
-def transposed_block_lists(num_BHQ: torch.Tensor, idx_BHQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The query blocks of each key block, from the key blocks of each query block (the first num[..., q] entries
-    of idx[..., q, :]): one scatter into a dense block matrix, without flex's per-row vmap, then flex's own
-    dense-to-lists step (its sort, order and dtypes, and whatever compile hints this torch gives that sort: 2.13
-    keeps it out of Triton, whose sorts compiled slowly)."""
-    from torch.nn.attention.flex_attention import _dense_to_ordered
-
-    n = idx_BHQK.size(-1)
-    listed = torch.arange(n, device=idx_BHQK.device) < num_BHQ[..., None]
-    cols = torch.where(listed, idx_BHQK, n).long()  # unlisted entries go to a spare column, dropped below
-    dense = torch.zeros(*idx_BHQK.shape[:-1], n + 1, dtype=torch.int32, device=idx_BHQK.device)
-    return _dense_to_ordered(dense.scatter(-1, cols, 1)[..., :n].transpose(-2, -1))
+def _query_side_lists(partial_BQK: torch.Tensor, full_BQK: torch.Tensor, full_n_B1Q: torch.Tensor,
+                      partial_n_B1Q: torch.Tensor, full_n_clamped_B1Q: torch.Tensor):
+    """The query blocks of each key block (the backward's lists), for the key-side lists of _nearest_first_lists
+    clamped to a window's counts; ascending, as flex orders them. Which blocks: key block j is listed by query block i
+    where j lies within i's (clamped) count, an elementwise test on the dense masks. Their order, again from the
+    documents being contiguous, without a sort or scatter: a full key block j's queries are the run j+1, j+2, ...;
+    a partial one's are j itself, then either the run j+1, ... (several documents meet in j) or the one block past
+    the run of j's document's full blocks where that document ends (j lies in one document). Entries past a count are
+    never read; they are clamped to valid block indices."""
+    n = partial_BQK.size(-1)
+    i = torch.arange(n, device=partial_BQK.device, dtype=torch.int32)[:, None]  # query block (rows), list slot k
+    j = torch.arange(n, device=partial_BQK.device, dtype=torch.int32)[None, :]  # key block (columns)
+    full_n, partial_n, full_n_clamped = (c.squeeze(1)[..., None] for c in (full_n_B1Q, partial_n_B1Q,
+                                                                             full_n_clamped_B1Q))
+    # where key block j sits in query block i's list (_nearest_first_lists), against i's clamped count
+    partial_listed = partial_BQK & ((i == j) | (i - j - full_n < partial_n))
+    full_listed = full_BQK & (i - 1 - j < full_n_clamped)
+    full_after = full_BQK.sum(dim=-2, dtype=torch.int32)[..., None]  # per key block: query blocks it is full for
+    key, slot = j.transpose(0, 1), i.transpose(0, 1)  # now rows are key blocks, columns list slots
+    partial_idx = torch.where(slot == 0, key, key + slot + full_after)
+    full_idx = (key + 1 + slot).expand_as(partial_idx)
+    return [(listed.sum(dim=-2, dtype=torch.int32)[:, None].contiguous(), idx.clamp(0, n - 1)[:, None].contiguous())
+            for listed, idx in ((partial_listed, partial_idx), (full_listed, full_idx))]
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
