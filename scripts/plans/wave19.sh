@@ -2,7 +2,8 @@
 # H100: 117.7 s, kernels 35.5 s of it; the bar is <= 90 s), then speedrun-124m with precompile, cold and from its
 # artifacts alone (its preset would then set it, as speedrun-latest's does since 578f3ff). ~18 device-minutes with
 # the start. A ladder, one lever more a phase: c5dbb6f's tree (wave 18's training code), this tree (the key-side
-# block lists without a sort: wave 18's two slowest kernel compiles, 20.2 and 14.6 s, were that argsort), then
+# and query-side block lists without a sort or scatter: wave 18's two slowest kernel compiles, 20.2 and 14.6 s, were the
+# key side's argsort), then
 # pointwise autotuning off, then Inductor's own reduction heuristic and the static launcher for our Triton kernels.
 # The 2026-12-06 lease ran data and gpucheck-flex, then c5dbb6f's predecessor's sort-free *query-side* lists failed
 # Inductor's CUDA code generation; those are gone.
@@ -25,7 +26,7 @@ phase old-tree 30 test -f $OLD/speedgpt/__main__.py
 NEW=$PWD
 grep -q "^gpucheck-flex 0 " "$W/status" || { NEW=$OLD; echo "gpucheck-flex failed: levers on c5dbb6f's tree" >> "$W/progress"; }
 # 1. Cold, alone on the machine, a new cache folder each: c5dbb6f's tree (its training code is wave 18's pc-cold's,
-# 117.7 s on an H100), this tree (no argsort in the masks), then fewer Triton compiles: Inductor's pointwise kernels
+# 117.7 s on an H100), this tree (no sort or scatter in the masks), then fewer Triton compiles: Inductor's pointwise kernels
 # with one launch config each instead of two or six (train.autotune_pointwise=false; its step times say what the
 # configs were worth) ...
 phase cold-main 420 bash -c "cd $OLD && PYTHONPATH=$OLD $PY -m speedgpt bench $LATEST --train.compile_cache=$W/ccm"
