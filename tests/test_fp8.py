@@ -156,7 +156,7 @@ def test_model_fused_fp8_head_trains_like_the_bf16_free_head():
     runtime = runtime_for(cfg, "cpu")
     bf16_head = build_model(cfg, 64, runtime, seed=0)
     with torch.no_grad():
-        bf16_head.lm_head.weight.normal_(0, 0.3)
+        bf16_head.lm_head.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(0))  # not the global RNG
     fused_head = build_model(cfg, 64, runtime.replace(fp8_head=True, fused_ce=True), seed=0)  # forced on CPU
     fused_head.load_state_dict(bf16_head.state_dict())
     g = torch.Generator().manual_seed(0)
