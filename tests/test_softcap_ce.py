@@ -158,7 +158,8 @@ def test_model_hook_matches_unfused_loss_and_grads():
     assert runtime_for(cfg.__class__(**{**cfg.__dict__, "fused_ce": True}), "cpu").fused_ce is False  # never on off CUDA
     reference = build_model(cfg, 16, runtime, seed=0)
     with torch.no_grad():
-        reference.lm_head.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))  # some beyond the cap
+        # non-uniform logits, some beyond the cap
+        reference.lm_head.weight.normal_(0, 0.5, generator=torch.Generator().manual_seed(0))
     fused_model = build_model(cfg, 16, runtime.replace(fused_ce=True), seed=0)  # forced on
     fused_model.load_state_dict(reference.state_dict())
     results = {}
