@@ -50,6 +50,8 @@ from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
+from .validation_ahead import ValidationAhead
+from .validation_ahead import why_not as why_not_ahead
 from .warmup import restored_afterwards, warmup_steps
 
 
@@ -101,6 +103,7 @@ class Trainer:
         # of the stage's table row from `stage.row` (None without a table). Hooks must leave
         # the model in a state that depends only on the stage and the state dict, so resume stays exact.
         self.stage_hooks: list = []
+        self.validation_ahead: ValidationAhead | None = None  # the validation graph's compile helper (setup)
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -181,6 +184,11 @@ class Trainer:
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
         if self.plan.from_table:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
+        # Last in the setup, so a setup that fails leaves no helper behind
+        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache)
+        if not_ahead and cfg.train.compile_validation_ahead == "on":
+            self.log(f"compile: train.compile_validation_ahead=on does nothing here ({not_ahead})")
+        self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir)
 
     # ------------------------------------------------------------------------------------------
     def enter_stage(self, step: int) -> Stage:
@@ -257,13 +265,22 @@ class Trainer:
         if self.cfg.train.warmup_steps <= 0:
             return 0.0
         t0, watch = time.perf_counter(), self.compile_watch
-        with restored_afterwards(self.model, self.optimizers, self.loader), faults.suspended():
-            for step in warmup_steps(self.cfg, self.plan):
-                with watch.span(f"stage {self.plan.stage_at(step).index}" if self.plan.from_table else "training"):
-                    self.train_step(step)
-            with watch.span("validation"):
-                for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
-                    self.evaluate(warmup=True)
+        try:
+            with restored_afterwards(self.model, self.optimizers, self.loader), faults.suspended():
+                for step in warmup_steps(self.cfg, self.plan):
+                    with watch.span(f"stage {self.plan.stage_at(step).index}" if self.plan.from_table
+                                    else "training"):
+                        self.train_step(step)
+                with watch.span("validation"):
+                    if self.validation_ahead is not None:  # its wait is part of compile + warmup
+                        self.log(self.validation_ahead.wait())
+                        self.validation_ahead = None
+                    for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
+                        self.evaluate(warmup=True)
+        finally:
+            if self.validation_ahead is not None:  # a warmup that failed before validation
+                self.validation_ahead.stop()
+                self.validation_ahead = None
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.has_experts:  # nor what its forwards counted for the MoE metrics

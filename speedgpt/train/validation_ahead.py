@@ -1,0 +1,124 @@
+"""The validation graph compiled ahead, in a helper process, while the trainer compiles training's (issue 33,
+train.compile_validation_ahead).
+
+A cold start compiles its graphs one after another in one process: training's forward and backward (in the warmup's
+steps), then validation's (no grad, rows of data.val_seq_len), which shares no kernel with them: about a quarter of
+speedrun-latest's cold start (wave 18: 33 s of 134). Most of a compile is single-threaded Python (dynamo, AOTAutograd,
+Inductor's lowering and scheduling), so the host's other cores idle meanwhile. The helper is a second process of
+the same config: it builds the same model, compiles one validation batch of each shape into the run's compile cache
+(Inductor's and AOTAutograd's on-disk caches, whose keys are the graphs themselves), and exits. The trainer waits for
+it just before its own validation warmup, whose compile then finds its code in those caches.
+
+Nothing depends on the helper: a graph the trainer traces differently misses the cache and compiles as before, and a
+helper that fails costs its time and a line in the log. Its output goes to validation-ahead.log in the run's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+LOG_NAME = "validation-ahead.log"
+
+
+def why_not(cfg, world_size: int, device, strategy: str, cache) -> str | None:
+    """Why this run compiles validation itself (None: the helper may start). Only a cold start of one compiled
+    process gains: a warm cache holds validation's code already, and ranks would each need a helper."""
+    t = cfg.train
+    if t.compile_validation_ahead == "off":
+        return "off"
+    if not t.compile or t.compile_backend != "inductor" or cache is None:
+        return "nothing compiled into a cache"
+    if t.compile_scope != "model" or strategy == "fsdp":
+        return "blocks compiled one by one"
+    if t.warmup_steps <= 0:
+        return "no warmup to compile validation in"
+    if world_size > 1:
+        return "several processes"
+    if cache.artifacts.exists():
+        return "warm cache"
+    if t.compile_validation_ahead == "auto" and device.type != "cuda":
+        return "not a CUDA device (on to force)"
+    return None
+
+
+class ValidationAhead:
+    """The helper process of one run: started in the trainer's setup, waited for before its validation warmup."""
+
+    def __init__(self, process: subprocess.Popen, config_file: Path, log_file: Path):
+        self.process, self.config_file, self.log_file = process, config_file, log_file
+        self.started = time.perf_counter()
+
+    @classmethod
+    def start(cls, cfg, run_dir: Path) -> ValidationAhead:
+        """Start the helper on `cfg` (the run's resolved config); it inherits this process's environment, so the
+        compile cache's folders (CompileCache.activate) and the visible devices are the run's."""
+        from ..config.files import save_toml
+
+        fd, name = tempfile.mkstemp(prefix="speedgpt-validation-ahead-", suffix=".toml")
+        os.close(fd)
+        config_file = Path(name)
+        save_toml(cfg, config_file)
+        log_file = run_dir / LOG_NAME
+        with open(log_file, "w") as log:
+            process = subprocess.Popen([sys.executable, "-m", "speedgpt.train.validation_ahead", str(config_file)],
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        return cls(process, config_file, log_file)
+
+    def wait(self) -> str:
+        """Wait for the helper; a line for the log."""
+        try:
+            rc = self.process.wait()
+        finally:
+            self.config_file.unlink(missing_ok=True)
+        took = time.perf_counter() - self.started
+        if rc == 0:
+            return f"compile: validation's graph compiled ahead by a helper process ({took:.1f}s after it started)"
+        return (f"compile: the validation helper failed (exit {rc}; {self.log_file}): validation compiles here, "
+                "after training's")
+
+    def stop(self) -> None:
+        """End the helper if it still runs (a run that ends before its validation warmup)."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.config_file.unlink(missing_ok=True)
+
+
+def _die_with_parent() -> None:
+    """Linux: the helper gets SIGTERM when the trainer's process dies (a killed run leaves no helper compiling)."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def compile_validation(config_file: Path) -> None:
+    """The helper's work: the run's trainer set up as the run sets it up, then its validation warmup (one batch of
+    each validation shape, compiled and run), in a run folder of its own that is then deleted."""
+    from ..config.files import load_toml
+    from .loop import Trainer
+
+    cfg = load_toml(config_file)
+    cfg = replace(cfg, train=replace(cfg.train, compile_validation_ahead="off"))
+    with tempfile.TemporaryDirectory(prefix="speedgpt-validation-ahead-") as folder:
+        trainer = Trainer(cfg, run_dir=Path(folder) / "run", quiet=True)
+        trainer.save = lambda *args, **kwargs: None  # no step-0 checkpoint (train.on_nonfinite=rollback)
+        trainer.setup()
+        t0 = time.perf_counter()
+        trainer.evaluate(warmup=True)
+        print(f"validation compiled and run once in {time.perf_counter() - t0:.1f}s", flush=True)
+
+
+if __name__ == "__main__":
+    compile_validation(Path(sys.argv[1]))

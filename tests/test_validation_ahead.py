@@ -1,0 +1,79 @@
+"""train.compile_validation_ahead (speedgpt/train/validation_ahead.py): a cold start's validation graph compiled by a
+helper process into the run's compile cache, where the trainer's own validation compile then finds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from speedgpt.config import apply_overrides, load_preset
+from speedgpt.train.validation_ahead import LOG_NAME, why_not
+from conftest import TINY_OVERRIDES
+
+
+def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
+    cfg = apply_overrides(load_preset("tiny-cpu"), ["--train.compile=true", "--train.warmup_steps=1"])
+    cold = SimpleNamespace(artifacts=tmp_path / "none.bin")
+    warm = SimpleNamespace(artifacts=tmp_path / "saved.bin")
+    warm.artifacts.write_bytes(b"x")
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+
+    def reason(extra=(), world=1, device=cuda, strategy="ddp", cache=cold):
+        return why_not(apply_overrides(cfg, list(extra)), world, device, strategy, cache)
+
+    assert reason() is None
+    assert reason(device=cpu) == "not a CUDA device (on to force)"
+    assert reason(["--train.compile_validation_ahead=on"], device=cpu) is None
+    assert reason(["--train.compile_validation_ahead=off"]) == "off"
+    assert reason(cache=warm) == "warm cache"
+    assert reason(world=2) == "several processes"
+    assert reason(["--train.warmup_steps=0"]) == "no warmup to compile validation in"
+    assert reason(["--train.compile_scope=block"]) == "blocks compiled one by one"
+    assert reason(strategy="fsdp") == "blocks compiled one by one"
+    for extra in (["--train.compile=false"], ["--train.compile_backend=aot_eager"]):
+        assert reason(extra) == "nothing compiled into a cache"
+    assert reason(cache=None) == "nothing compiled into a cache"
+
+
+def test_a_bad_value_is_one_line():
+    from speedgpt.config import ConfigError
+    from speedgpt.config.validate import check_config
+
+    with pytest.raises(ConfigError, match="must be auto, on or off"):
+        check_config(apply_overrides(load_preset("tiny-cpu"), ["--train.compile_validation_ahead=yes"]))
+
+
+def test_the_helpers_validation_graph_is_the_trainers_cache_hit(text_shards, tmp_path, monkeypatch):
+    """Inductor on the CPU, helper forced on: the trainer's validation warmup finds its compiled graph in the
+    cache the helper filled (a hit in the validation span, none in training's), and the helper is gone after."""
+    from speedgpt.train.loop import Trainer
+
+    # activate() sets these for the process: set first here, so that the test's end puts them back
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused-inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused-triton"))
+    cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [
+        f"--data.train_files={text_shards}", "--model.model_dim=32", "--train.compile=true",
+        "--train.warmup_steps=1", "--train.compile_validation_ahead=on", f"--train.compile_cache={tmp_path / 'cache'}"])
+    torch._dynamo.reset()
+    lines = []
+    try:
+        with torch._dynamo.config.patch(caching_precompile=False):
+            trainer = Trainer(cfg, run_dir=tmp_path / "run", quiet=True)
+            trainer.log = lines.append
+            trainer.setup()
+            helper = trainer.validation_ahead
+            assert helper is not None
+            trainer.warmup_then_reset()
+            trainer.compile_watch.close()
+    finally:
+        torch._dynamo.reset()
+    assert trainer.validation_ahead is None and helper.process.returncode == 0
+    assert not helper.config_file.exists()
+    assert any("validation's graph compiled ahead by a helper process" in line for line in lines), lines
+    assert "validation compiled and run once" in Path(tmp_path / "run" / LOG_NAME).read_text()
+    spans = {s.label: s.breakdown() for s in trainer.compile_watch.spans}
+    assert spans["validation"]["fx_cache_hits"] >= 1, spans
+    assert spans["training"]["fx_cache_hits"] == 0, spans
