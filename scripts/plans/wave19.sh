@@ -1,10 +1,10 @@
-# Wave 19 (issue 33) on one GPU: fewer and shorter Triton compiles in speedrun-latest's cold start (wave 18 on an
-# H100: 117.7 s, kernels 35.5 s of it; the bar is <= 90 s), then speedrun-124m with precompile, cold and from its
-# artifacts alone (its preset would then set it, as speedrun-latest's does since 578f3ff). ~18 device-minutes with
-# the start. A ladder, one lever more a phase: c5dbb6f's tree (wave 18's training code), this tree (the key-side
-# and query-side block lists without a sort or scatter: wave 18's two slowest kernel compiles, 20.2 and 14.6 s, were the
-# key side's argsort), then
-# pointwise autotuning off, then Inductor's own reduction heuristic and the static launcher for our Triton kernels.
+# Wave 19 (issue 33) on one GPU (ran in full on 2026-12-06: docs/experiments.md "Wave 19 on one H100"): fewer and
+# shorter Triton compiles in speedrun-latest's cold start (wave 18 on an H100: 117.7 s, kernels 35.5 s of it; the bar is
+# <= 90 s), then speedrun-124m with precompile, cold and from its artifacts alone (its preset would then set it, as
+# speedrun-latest's does since 578f3ff). ~18 device-minutes with the start. A ladder, one lever more a phase: c5dbb6f's
+# tree (wave 18's training code), this tree (the key-side and query-side block lists without a sort or scatter: wave
+# 18's two slowest kernel compiles, 20.2 and 14.6 s, were the key side's argsort), then pointwise autotuning off, then
+# Inductor's own reduction heuristic and the static launcher for our Triton kernels.
 # The 2026-12-06 lease ran data and gpucheck-flex, then c5dbb6f's predecessor's sort-free *query-side* lists failed
 # Inductor's CUDA code generation; those are gone.
 # c5dbb6f's tree travels in .carry (git-ignored; `mkdir -p .carry/tree-c5dbb6f && git archive c5dbb6f | tar -x -C
@@ -24,11 +24,12 @@ OLD=$PWD/.carry/tree-c5dbb6f
 phase old-tree 30 test -f $OLD/speedgpt/__main__.py
 # If this tree's lists fail on the GPU, the levers below are measured on c5dbb6f's tree instead (its log says so).
 NEW=$PWD
-grep -q "^gpucheck-flex 0 " "$W/status" || { NEW=$OLD; echo "gpucheck-flex failed: levers on c5dbb6f's tree" >> "$W/progress"; }
+grep -q "^gpucheck-flex 0 " "$W/status" ||
+    { NEW=$OLD; echo "gpucheck-flex failed: levers on c5dbb6f's tree" >> "$W/progress"; }
 # 1. Cold, alone on the machine, a new cache folder each: c5dbb6f's tree (its training code is wave 18's pc-cold's,
-# 117.7 s on an H100), this tree (no sort or scatter in the masks), then fewer Triton compiles: Inductor's pointwise kernels
-# with one launch config each instead of two or six (train.autotune_pointwise=false; its step times say what the
-# configs were worth) ...
+# 117.7 s on an H100), this tree (no sort or scatter in the masks), then fewer Triton compiles: Inductor's pointwise
+# kernels with one launch config each instead of two or six (train.autotune_pointwise=false; its step times say what
+# the configs were worth) ...
 phase cold-main 420 bash -c "cd $OLD && PYTHONPATH=$OLD $PY -m speedgpt bench $LATEST --train.compile_cache=$W/ccm"
 phase cold-nosort 420 bash -c "cd $NEW && PYTHONPATH=$NEW $PY -m speedgpt bench $LATEST --train.compile_cache=$W/ccn"
 phase cold-noapw 420 bash -c "cd $NEW && PYTHONPATH=$NEW $PY -m speedgpt bench $LATEST \
