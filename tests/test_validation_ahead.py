@@ -77,3 +77,28 @@ def test_the_helpers_validation_graph_is_the_trainers_cache_hit(text_shards, tmp
     spans = {s.label: s.breakdown() for s in trainer.compile_watch.spans}
     assert spans["validation"]["fx_cache_hits"] >= 1, spans
     assert spans["training"]["fx_cache_hits"] == 0, spans
+
+
+def test_a_failed_helper_is_one_line_and_a_running_one_is_stopped(tmp_path):
+    """wait(): the helper's exit status decides the line (a failure names its log; the trainer then compiles
+    validation itself); stop(): a helper still running when the warmup fails is ended. Its config file goes
+    either way."""
+    import subprocess
+    import sys
+
+    from speedgpt.train.validation_ahead import ValidationAhead
+
+    def helper(code: str) -> ValidationAhead:
+        config = tmp_path / f"config-{len(list(tmp_path.iterdir()))}.toml"
+        config.write_text("")
+        return ValidationAhead(subprocess.Popen([sys.executable, "-c", code]), config, tmp_path / LOG_NAME)
+
+    failed = helper("raise SystemExit(3)")
+    line = failed.wait()
+    assert "failed (exit 3" in line and str(tmp_path / LOG_NAME) in line and "\n" not in line
+    assert not failed.config_file.exists()
+    done = helper("pass")
+    assert "compiled ahead" in done.wait()
+    running = helper("import time; time.sleep(600)")
+    running.stop()
+    assert running.process.returncode is not None and not running.config_file.exists()

@@ -11,6 +11,9 @@ it just before its own validation warmup, whose compile then finds its code in t
 
 Nothing depends on the helper: a graph the trainer traces differently misses the cache and compiles as before, and a
 helper that fails costs its time and a line in the log. Its output goes to validation-ahead.log in the run's folder.
+It shares the GPU with the trainer (its model, optimizers' state and one validation batch: speedrun-latest's fit
+beside the trainer's warmup on an H100) and the host's cores with the trainer's kernel compiles (wave 20: the helper
+took 55.7 s, the trainer's start 10.7 s less; docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -67,20 +70,24 @@ class ValidationAhead:
         save_toml(cfg, config_file)
         log_file = run_dir / LOG_NAME
         with open(log_file, "w") as log:
+            # a session of its own: a Ctrl-C at the terminal is the trainer's to handle (train/preempt.py)
             process = subprocess.Popen([sys.executable, "-m", "speedgpt.train.validation_ahead", str(config_file)],
                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True,
                                        preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         return cls(process, config_file, log_file)
 
     def wait(self) -> str:
         """Wait for the helper; a line for the log."""
+        t0 = time.perf_counter()
         try:
             rc = self.process.wait()
         finally:
             self.config_file.unlink(missing_ok=True)
-        took = time.perf_counter() - self.started
+        waited, took = time.perf_counter() - t0, time.perf_counter() - self.started
         if rc == 0:
-            return f"compile: validation's graph compiled ahead by a helper process ({took:.1f}s after it started)"
+            return (f"compile: validation's graph compiled ahead by a helper process (done {took:.1f}s after it "
+                    f"started; waited {waited:.1f}s for it)")
         return (f"compile: the validation helper failed (exit {rc}; {self.log_file}): validation compiles here, "
                 "after training's")
 
@@ -110,7 +117,9 @@ def compile_validation(config_file: Path) -> None:
     from .loop import Trainer
 
     cfg = load_toml(config_file)
-    cfg = replace(cfg, train=replace(cfg.train, compile_validation_ahead="off"))
+    # no helper of its own, and no second TensorBoard or W&B run (neither key changes what is compiled)
+    cfg = replace(cfg, train=replace(cfg.train, compile_validation_ahead="off"),
+                  run=replace(cfg.run, tensorboard=False, wandb=False))
     with tempfile.TemporaryDirectory(prefix="speedgpt-validation-ahead-") as folder:
         trainer = Trainer(cfg, run_dir=Path(folder) / "run", quiet=True)
         trainer.save = lambda *args, **kwargs: None  # no step-0 checkpoint (train.on_nonfinite=rollback)
