@@ -86,12 +86,13 @@ def test_a_failed_helper_is_one_line_and_a_running_one_is_stopped(tmp_path):
     import subprocess
     import sys
 
-    from speedgpt.train.validation_ahead import ValidationAhead
+    from speedgpt.train.validation_ahead import ValidationAhead, helper_preexec
 
     def helper(code: str) -> ValidationAhead:
         config = tmp_path / f"config-{len(list(tmp_path.iterdir()))}.toml"
         config.write_text("")
-        return ValidationAhead(subprocess.Popen([sys.executable, "-c", code]), config, tmp_path / LOG_NAME)
+        process = subprocess.Popen([sys.executable, "-c", code], preexec_fn=helper_preexec)  # as start() does
+        return ValidationAhead(process, config, tmp_path / LOG_NAME)
 
     failed = helper("raise SystemExit(3)")
     line = failed.wait()

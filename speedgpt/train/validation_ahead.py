@@ -7,7 +7,8 @@ speedrun-latest's cold start (wave 18: 33 s of 134). Most of a compile is single
 Inductor's lowering and scheduling), so the host's other cores idle meanwhile. The helper is a second process of
 the same config: it builds the same model, compiles one validation batch of each shape into the run's compile cache
 (Inductor's and AOTAutograd's on-disk caches, whose keys are the graphs themselves), and exits. The trainer waits for
-it just before its own validation warmup, whose compile then finds its code in those caches.
+it just before its own validation warmup, whose compile then finds its code in those caches. The helper's program is
+train/validation_helper.py.
 
 Nothing depends on the helper: a graph the trainer traces differently misses the cache and compiles as before, and a
 helper that fails costs its time and a line in the log. Its output goes to validation-ahead.log in the run's folder.
@@ -24,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 LOG_NAME = "validation-ahead.log"
@@ -71,10 +71,9 @@ class ValidationAhead:
         log_file = run_dir / LOG_NAME
         with open(log_file, "w") as log:
             # a session of its own: a Ctrl-C at the terminal is the trainer's to handle (train/preempt.py)
-            process = subprocess.Popen([sys.executable, "-m", "speedgpt.train.validation_ahead", str(config_file)],
+            process = subprocess.Popen([sys.executable, "-m", "speedgpt.train.validation_helper", str(config_file)],
                                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True,
-                                       preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                       start_new_session=True, preexec_fn=helper_preexec)
         return cls(process, config_file, log_file)
 
     def wait(self) -> str:
@@ -92,42 +91,26 @@ class ValidationAhead:
                 "after training's")
 
     def stop(self) -> None:
-        """End the helper if it still runs (a run that ends before its validation warmup)."""
+        """End the helper if it still runs (a run that ends before its validation warmup): SIGTERM, then SIGKILL
+        after a grace of 10 s."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
-                self.process.wait(timeout=30)
+                self.process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.process.kill()
+                self.process.wait()
         self.config_file.unlink(missing_ok=True)
 
 
-def _die_with_parent() -> None:
-    """Linux: the helper gets SIGTERM when the trainer's process dies (a killed run leaves no helper compiling)."""
-    import ctypes
+def helper_preexec() -> None:
+    """In the helper, before it runs: SIGTERM at its default action, and unblocked (a process may start it with the
+    signal ignored or blocked, which a child inherits: a CI worker did), so that stop() and the trainer's death end
+    it; on Linux the helper gets that SIGTERM when the trainer's process dies (a killed run leaves no helper)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+    if sys.platform == "linux":
+        import ctypes
 
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def compile_validation(config_file: Path) -> None:
-    """The helper's work: the run's trainer set up as the run sets it up, then its validation warmup (one batch of
-    each validation shape, compiled and run), in a run folder of its own that is then deleted."""
-    from ..config.files import load_toml
-    from .loop import Trainer
-
-    cfg = load_toml(config_file)
-    # no helper of its own, and no second TensorBoard or W&B run (neither key changes what is compiled)
-    cfg = replace(cfg, train=replace(cfg.train, compile_validation_ahead="off"),
-                  run=replace(cfg.run, tensorboard=False, wandb=False))
-    with tempfile.TemporaryDirectory(prefix="speedgpt-validation-ahead-") as folder:
-        trainer = Trainer(cfg, run_dir=Path(folder) / "run", quiet=True)
-        trainer.save = lambda *args, **kwargs: None  # no step-0 checkpoint (train.on_nonfinite=rollback)
-        trainer.setup()
-        t0 = time.perf_counter()
-        trainer.evaluate(warmup=True)
-        print(f"validation compiled and run once in {time.perf_counter() - t0:.1f}s", flush=True)
-
-
-if __name__ == "__main__":
-    compile_validation(Path(sys.argv[1]))
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
