@@ -21,8 +21,8 @@ def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
     warm.artifacts.write_bytes(b"x")
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
 
-    def reason(extra=(), world=1, device=cuda, strategy="ddp", cache=cold):
-        return why_not(apply_overrides(cfg, list(extra)), world, device, strategy, cache)
+    def reason(extra=(), world=1, device=cuda, strategy="ddp", cache=cold, room=True):
+        return why_not(apply_overrides(cfg, list(extra)), world, device, strategy, cache, room)
 
     assert reason() is None
     assert reason(device=cpu) == "not a CUDA device (on to force)"
@@ -30,6 +30,8 @@ def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
     assert reason(["--train.compile_validation_ahead=off"]) == "off"
     assert reason(cache=warm) == "warm cache"
     assert reason(world=2) == "several processes"
+    assert reason(room=False) == "the GPU holds less than twice the run's memory estimate (on to force)"
+    assert reason(["--train.compile_validation_ahead=on"], room=False) is None
     assert reason(["--train.warmup_steps=0"]) == "no warmup to compile validation in"
     assert reason(["--train.compile_scope=block"]) == "blocks compiled one by one"
     assert reason(strategy="fsdp") == "blocks compiled one by one"

@@ -175,9 +175,10 @@ class TrainConfig:
     # no cache, flex attention where torch lacks the guard unpickling that precompile_guards.py wraps) the run goes
     # on without it and says so in one line.
     compile_precompile: bool = False
-    # The validation graph compiled in a helper process while this one compiles training's (train/validation_ahead.py):
-    # "auto" on a cold start of one CUDA process (the helper uses host cores the training compile leaves idle);
-    # "on" wherever a compiled run starts cold (CPU too); "off" compiles it here, after training's.
+    # The validation graph compiled in a helper process while this one compiles training's
+    # (train/validation_ahead.py): "auto" on a cold start of one CUDA process whose GPU holds twice the run's
+    # memory estimate (the helper uses host cores the training compile leaves idle, and GPU memory beside the
+    # trainer's warmup); "on" wherever a compiled run starts cold (CPU too); "off" compiles it here, after training's.
     compile_validation_ahead: str = "auto"
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.

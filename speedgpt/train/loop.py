@@ -185,7 +185,9 @@ class Trainer:
         if self.plan.from_table:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         # Last in the setup, so a setup that fails leaves no helper behind
-        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache)
+        room = (self.device.type != "cuda" or
+                torch.cuda.get_device_properties(self.device).total_memory >= 2 * self.memory_estimate.total)
+        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache, room)
         if not_ahead and cfg.train.compile_validation_ahead == "on":
             self.log(f"compile: train.compile_validation_ahead=on does nothing here ({not_ahead})")
         self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir)

@@ -30,9 +30,11 @@ from pathlib import Path
 LOG_NAME = "validation-ahead.log"
 
 
-def why_not(cfg, world_size: int, device, strategy: str, cache) -> str | None:
+def why_not(cfg, world_size: int, device, strategy: str, cache, room: bool = True) -> str | None:
     """Why this run compiles validation itself (None: the helper may start). Only a cold start of one compiled
-    process gains: a warm cache holds validation's code already, and ranks would each need a helper."""
+    process gains: a warm cache holds validation's code already, and ranks would each need a helper. `room`: whether
+    the device holds twice the run's memory estimate (the helper's model and validation batch beside the trainer's
+    warmup); "auto" needs it, "on" does not ask."""
     t = cfg.train
     if t.compile_validation_ahead == "off":
         return "off"
@@ -48,6 +50,8 @@ def why_not(cfg, world_size: int, device, strategy: str, cache) -> str | None:
         return "warm cache"
     if t.compile_validation_ahead == "auto" and device.type != "cuda":
         return "not a CUDA device (on to force)"
+    if t.compile_validation_ahead == "auto" and not room:
+        return "the GPU holds less than twice the run's memory estimate (on to force)"
     return None
 
 
