@@ -174,8 +174,8 @@ DESCRIPTIONS: dict[str, str] = {
                                 "on an H100: 14.2 s compile + warmup); compile_scope=model with the inductor backend; off, "
                                 "with one line, under fsdp, below torch 2.11 or without a compile cache",
     "train.compile_validation_ahead": "the validation graph compiled in a helper process while the run compiles "
-                                      "training's, on a cold start: auto (one CUDA process, the GPU twice the memory "
-                                      "estimate) | on (CPU too) | off",
+                                      "training's, on a cold start: auto (one CUDA process, twice the memory estimate "
+                                      "free on its GPU) | on (CPU too) | off",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
     "train.compile_mode": "torch.compile's mode (Inductor): default | reduce-overhead (CUDA graphs: one launch a "

@@ -30,7 +30,7 @@ def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
     assert reason(["--train.compile_validation_ahead=off"]) == "off"
     assert reason(cache=warm) == "warm cache"
     assert reason(world=2) == "several processes"
-    assert reason(room=False) == "the GPU holds less than twice the run's memory estimate (on to force)"
+    assert reason(room=False) == "less GPU memory free than twice the run's memory estimate (on to force)"
     assert reason(["--train.compile_validation_ahead=on"], room=False) is None
     assert reason(["--train.warmup_steps=0"]) == "no warmup to compile validation in"
     assert reason(["--train.compile_scope=block"]) == "blocks compiled one by one"
@@ -88,12 +88,15 @@ def test_a_failed_helper_is_one_line_and_a_running_one_is_stopped(tmp_path):
     import subprocess
     import sys
 
-    from speedgpt.train.validation_ahead import ValidationAhead, helper_preexec
+    from speedgpt.train.validation_ahead import ValidationAhead
 
     def helper(code: str) -> ValidationAhead:
         config = tmp_path / f"config-{len(list(tmp_path.iterdir()))}.toml"
         config.write_text("")
-        process = subprocess.Popen([sys.executable, "-c", code], preexec_fn=helper_preexec)  # as start() does
+        # in a session of its own, as start() makes it; SIGTERM unblocked, as the helper makes it first thing
+        # (a CI worker's blocked SIGTERM is inherited)
+        prelude = "import signal; signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM}); "
+        process = subprocess.Popen([sys.executable, "-c", prelude + code], start_new_session=True)
         return ValidationAhead(process, config, tmp_path / LOG_NAME)
 
     failed = helper("raise SystemExit(3)")
@@ -105,3 +108,23 @@ def test_a_failed_helper_is_one_line_and_a_running_one_is_stopped(tmp_path):
     running = helper("import time; time.sleep(600)")
     running.stop()
     assert running.process.returncode is not None and not running.config_file.exists()
+    slow = helper("import time; time.sleep(600)")
+    line = slow.wait(timeout_s=0.5)  # a helper that hangs holds the trainer this long at most
+    assert "stopped (not done after 0s of waiting)" in line and slow.process.returncode is not None
+    stopping = helper("import time; time.sleep(600)")
+    assert "stopped (the run is stopping)" in stopping.wait(stopping=lambda: True)
+    assert stopping.process.returncode is not None and not stopping.config_file.exists()
+
+
+def test_a_helper_that_cannot_start_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
+    import tempfile
+
+    from speedgpt.train.validation_ahead import ValidationAhead
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    lines = []
+    cfg = load_preset("tiny-cpu")
+    assert ValidationAhead.start(cfg, tmp_path / "no-such-run-folder", lines.append) is None
+    assert len(lines) == 1 and "did not start" in lines[0] and "validation compiles here" in lines[0]
+    assert list((tmp_path / "tmp").iterdir()) == []  # its config file removed

@@ -176,8 +176,8 @@ class TrainConfig:
     # on without it and says so in one line.
     compile_precompile: bool = False
     # The validation graph compiled in a helper process while this one compiles training's
-    # (train/validation_ahead.py): "auto" on a cold start of one CUDA process whose GPU holds twice the run's
-    # memory estimate (the helper uses host cores the training compile leaves idle, and GPU memory beside the
+    # (train/validation_ahead.py): "auto" on a cold start of one CUDA process whose GPU has twice the run's
+    # memory estimate free (the helper uses host cores the training compile leaves idle, and GPU memory beside the
     # trainer's warmup); "on" wherever a compiled run starts cold (CPU too); "off" compiles it here, after training's.
     compile_validation_ahead: str = "auto"
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by

@@ -50,7 +50,7 @@ from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
-from .validation_ahead import ValidationAhead
+from .validation_ahead import ValidationAhead, room_for_a_helper
 from .validation_ahead import why_not as why_not_ahead
 from .warmup import restored_afterwards, warmup_steps
 
@@ -185,12 +185,11 @@ class Trainer:
         if self.plan.from_table:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         # Last in the setup, so a setup that fails leaves no helper behind
-        room = (self.device.type != "cuda" or
-                torch.cuda.get_device_properties(self.device).total_memory >= 2 * self.memory_estimate.total)
-        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache, room)
+        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache,
+                                  room_for_a_helper(cfg, self.device, self.memory_estimate))
         if not_ahead and cfg.train.compile_validation_ahead == "on":
             self.log(f"compile: train.compile_validation_ahead=on does nothing here ({not_ahead})")
-        self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir)
+        self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir, self.log)
 
     # ------------------------------------------------------------------------------------------
     def enter_stage(self, step: int) -> Stage:
@@ -275,7 +274,7 @@ class Trainer:
                         self.train_step(step)
                 with watch.span("validation"):
                     if self.validation_ahead is not None:  # its wait is part of compile + warmup
-                        self.log(self.validation_ahead.wait())
+                        self.log(self.validation_ahead.wait(stopping=lambda: bool(self.stop_request.signum)))
                         self.validation_ahead = None
                     for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
                         self.evaluate(warmup=True)

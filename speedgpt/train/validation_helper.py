@@ -12,12 +12,15 @@ from pathlib import Path
 
 from ..config.files import load_toml
 from .loop import Trainer
+from .validation_ahead import end_with_the_trainer
 
 
-def compile_validation(config_file: Path) -> None:
+def compile_validation(config_file: Path, trainer_pid: int) -> None:
     """The helper's work: the run's trainer set up as the run sets it up, then its validation warmup (one batch of
     each validation shape, compiled and run), in a run folder of its own that is then deleted."""
+    end_with_the_trainer(trainer_pid)
     cfg = load_toml(config_file)
+    config_file.unlink(missing_ok=True)  # read: the trainer's copy goes even where the trainer cannot remove it
     # no helper of its own, and no second TensorBoard or W&B run (neither key changes what is compiled)
     cfg = replace(cfg, train=replace(cfg.train, compile_validation_ahead="off"),
                   run=replace(cfg.run, tensorboard=False, wandb=False))
@@ -31,4 +34,4 @@ def compile_validation(config_file: Path) -> None:
 
 
 if __name__ == "__main__":
-    compile_validation(Path(sys.argv[1]))
+    compile_validation(Path(sys.argv[1]), int(sys.argv[2]))
