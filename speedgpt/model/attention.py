@@ -91,8 +91,9 @@ def _nearest_first_lists(partial_BQK: torch.Tensor, full_BQK: torch.Tensor):
 class FlexMasks:
     """Block-sparse masks for one batch, from which any window's BlockMask is cheap to derive.
 
-    Documents are contiguous, so the key blocks a query block may see form one run ending at the
-    query's own block: "partial" blocks (the diagonal and the document's first block, which need
+    Documents are contiguous (document ids never decrease along a row: document_ids' cumsum, or all zeros
+    without document masking; the block lists below are built on it), so the key blocks a query block may see
+    form one run ending at the query's own block: "partial" blocks (the diagonal and the document's first block, which need
     the token-level mask) and "full" blocks strictly between (no mask evaluation at all). Built
     from block-level document ranges with dense ops only: no host sync, so it compiles into the step.
     """
