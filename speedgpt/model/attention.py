@@ -93,8 +93,8 @@ class FlexMasks:
 
     Documents are contiguous (document ids never decrease along a row: document_ids' cumsum, or all zeros
     without document masking; the block lists below are built on it), so the key blocks a query block may see
-    form one run ending at the query's own block: "partial" blocks (the diagonal and the document's first block, which need
-    the token-level mask) and "full" blocks strictly between (no mask evaluation at all). Built
+    form one run ending at the query's own block: "partial" blocks (the diagonal and the document's first block,
+    which need the token-level mask) and "full" blocks strictly between (no mask evaluation at all). Built
     from block-level document ranges with dense ops only: no host sync, so it compiles into the step.
     """
 
