@@ -58,17 +58,17 @@ def why_not(cfg, world_size: int, device, strategy: str, cache, room: bool = Tru
 
 def room_for_a_helper(cfg, device, estimate) -> bool:
     """Whether the GPU has room for the helper beside the trainer: free memory now (the trainer's model and
-    optimizers in place) of at least twice the run's memory estimate, within parallel.memory_limit_gib where set
-    (the helper needs less than the trainer: no gradients, nothing kept for a backward). True off CUDA."""
+    optimizers in place) of at least twice the run's memory estimate, within the limit the estimate is checked
+    against (parallel.memory_limit_gib, else the GPU's own; the helper needs less than the trainer: no gradients,
+    nothing kept for a backward). True off CUDA."""
     if device.type != "cuda":
         return True
     import torch
 
-    from ..parallel.memory import GIB
+    from ..parallel.memory import device_memory_limit
 
-    free = torch.cuda.mem_get_info(device)[0]
-    if cfg.parallel.memory_limit_gib:
-        free = min(free, cfg.parallel.memory_limit_gib * GIB - torch.cuda.memory_reserved(device))
+    within_limit = device_memory_limit(cfg, device) - torch.cuda.memory_reserved(device)
+    free = min(torch.cuda.mem_get_info(device)[0], within_limit)
     return free >= 2 * estimate.total
 
 
