@@ -83,9 +83,13 @@ def _nearest_first_lists(partial_BQK: torch.Tensor, full_BQK: torch.Tensor):
     k = torch.arange(n, device=partial_BQK.device, dtype=torch.int32)[None, :]
     full_idx = (i - 1 - k).expand_as(full_BQK)
     partial_idx = torch.where(k == 0, i, i - k - full_n[..., None])
-    lists = [(c[:, None].contiguous(), idx.clamp(0, n - 1)[:, None].contiguous())
-             for c, idx in ((partial_n, partial_idx), (full_n, full_idx))]
-    return lists[0], lists[1]
+    return _as_flex_lists(partial_n, partial_idx), _as_flex_lists(full_n, full_idx)
+
+
+def _as_flex_lists(count_BQ: torch.Tensor, idx_BQK: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A count and its block list (both int32) as BlockMask takes them: contiguous, with a head dimension of 1; entries
+    past the count (never read) clamped to valid block indices."""
+    return count_BQ[:, None].contiguous(), idx_BQK.clamp(0, idx_BQK.size(-1) - 1)[:, None].contiguous()
 
 
 class FlexMasks:
@@ -167,8 +171,8 @@ def _query_side_lists(partial_BQK: torch.Tensor, full_BQK: torch.Tensor, full_n_
     key, slot = j.transpose(0, 1), i.transpose(0, 1)  # now rows are key blocks, columns list slots
     partial_idx = torch.where(slot == 0, key, key + slot + full_after)
     full_idx = (key + 1 + slot).expand_as(partial_idx)
-    return [(listed.sum(dim=-2, dtype=torch.int32)[:, None].contiguous(), idx.clamp(0, n - 1)[:, None].contiguous())
-            for listed, idx in ((partial_listed, partial_idx), (full_listed, full_idx))]
+    return (_as_flex_lists(partial_listed.sum(dim=-2, dtype=torch.int32), partial_idx),
+            _as_flex_lists(full_listed.sum(dim=-2, dtype=torch.int32), full_idx))
 
 
 def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking: bool,
