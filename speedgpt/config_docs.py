@@ -176,9 +176,6 @@ DESCRIPTIONS: dict[str, str] = {
     "train.compile_validation_ahead": "the validation graph compiled in a helper process while the run compiles "
                                       "training's, on a cold start: auto (one CUDA process, twice the memory estimate "
                                       "free on its GPU) | on (CPU too) | off",
-    "train.compile_backward_ahead": "training's backward graph compiled in a helper process while the run compiles "
-                                    "the forward, on a cold start: auto (one CUDA process, twice the memory estimate "
-                                    "free on its GPU) | on (CPU too) | off",
     "train.compile_backend": "who compiles the graphs: inductor (fused kernels) | aot_eager | eager (no codegen: "
                              "fast start, slow steps; graph counting)",
     "train.compile_mode": "torch.compile's mode (Inductor): default | reduce-overhead (CUDA graphs: one launch a "

@@ -46,6 +46,13 @@ def test_the_printout_names_the_timed_stages():
     assert "A timed steps: stage 1 (seq_len 64) x2" in text and "B timed steps:" in text
 
 
+def test_the_printout_says_how_long_the_warmup_waited_for_the_validation_helper():
+    note = "compile: validation's graph compiled ahead by a helper process (done 86.8s after it started; waited 0.0s)"
+    row = {"tok_per_s": 1.0, "world_size": 1, "compile_notes": [note]}
+    text = format_results([("A", row), ("B", {"tok_per_s": 1.0, "world_size": 1})], None)
+    assert f"A {note}" in text.splitlines() and "B compile:" not in text
+
+
 def test_the_printout_names_the_slowest_kernel_compiles():
     """A GPU's cold start waits on Triton's kernel compiles (wave 17: 37.4 of 133.5 s): bench names the slowest, as
     the start log does; a CPU compiles no Triton kernel, and its printout has no such line."""

@@ -5,6 +5,8 @@
 # start on a fresh machine from the both-helpers start's artifact file alone (the warm bar, <= 20 s: the artifacts
 # of a start that took its backward from a helper). Each cold phase alone on the machine, a new compile cache folder
 # each. ~15 device-minutes with the start; nothing in .carry.
+# Ran in full on 2026-12-06 at 0c17fa3 (docs/experiments.md "Wave 21"). The backward helper was withdrawn after it
+# (its key train.compile_backward_ahead is gone): to rerun this plan, check out 0c17fa3.
 # From the repository root of the device copy:
 #   setsid scripts/lease.sh /tmp/w21 scripts/plans/wave21.sh > /tmp/w21.log 2>&1 < /dev/null &
 # and poll `/tmp/w21/progress` in calls of at most ~540 s, one right after another, each ending with

@@ -175,13 +175,11 @@ class TrainConfig:
     # no cache, flex attention where torch lacks the guard unpickling that precompile_guards.py wraps) the run goes
     # on without it and says so in one line.
     compile_precompile: bool = False
-    # Graphs compiled in helper processes while this one compiles training's forward (train/compile_ahead.py):
-    # validation's graph, and training's backward graph. "auto" on a cold start of one CUDA process whose GPU has
-    # twice the run's memory estimate free (the helpers use host cores the trainer's compile leaves idle, and GPU
-    # memory beside the trainer's warmup); "on" wherever a compiled run starts cold (CPU too); "off" compiles it here,
-    # after the graph before it.
+    # The validation graph compiled in a helper process while this one compiles training's
+    # (train/validation_ahead.py): "auto" on a cold start of one CUDA process whose GPU has twice the run's
+    # memory estimate free (the helper uses host cores the training compile leaves idle, and GPU memory beside the
+    # trainer's warmup); "on" wherever a compiled run starts cold (CPU too); "off" compiles it here, after training's.
     compile_validation_ahead: str = "auto"
-    compile_backward_ahead: str = "auto"
     # Inductor tunes the launch configs of its generated kernels (norms, pointwise, reductions) by
     # coordinate descent: slower cold compile, faster steps where those kernels matter.
     coordinate_descent_tuning: bool = False

@@ -46,9 +46,8 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:
     if t.compile_scope not in ("model", "block"):
         raise ConfigError(f"train.compile_scope='{t.compile_scope}' must be model or block")
-    for key in ("compile_validation_ahead", "compile_backward_ahead"):
-        if getattr(t, key) not in ("auto", "on", "off"):
-            raise ConfigError(f"train.{key}='{getattr(t, key)}' must be auto, on or off")
+    if t.compile_validation_ahead not in ("auto", "on", "off"):
+        raise ConfigError(f"train.compile_validation_ahead='{t.compile_validation_ahead}' must be auto, on or off")
     if t.compile_backend not in ("inductor", "aot_eager", "eager"):
         raise ConfigError(f"train.compile_backend='{t.compile_backend}' must be inductor, aot_eager or eager")
     if t.compile_mode not in COMPILE_MODES:

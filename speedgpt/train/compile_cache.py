@@ -51,7 +51,7 @@ FORMAT = "speedgpt.compile_cache/1"
 # Keys of a config that change nothing torch.compile builds: a run of the same config under another
 # name, seed, data or length reuses the first one's artifacts.
 NOT_COMPILED = {"run": None, "data": ("train_files", "val_files", "cache_dir"),
-                "train": ("seed", "compile_cache", "compile_validation_ahead", "compile_backward_ahead")}
+                "train": ("seed", "compile_cache", "compile_validation_ahead")}
 # The modules of speedgpt that define custom torch.autograd.Functions: the cache's folder is keyed on their source
 # (tests/test_compile_cache.py fails when a Function subclass appears in a module missing here).
 AUTOGRAD_FUNCTION_MODULES = ("speedgpt.model.fp8_linear", "speedgpt.model.fp8_head")

@@ -50,7 +50,8 @@ from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
-from .compile_ahead import CompileAhead, start_helpers
+from .validation_ahead import ValidationAhead, room_for_a_helper
+from .validation_ahead import why_not as why_not_ahead
 from .warmup import restored_afterwards, warmup_steps
 
 
@@ -102,8 +103,8 @@ class Trainer:
         # of the stage's table row from `stage.row` (None without a table). Hooks must leave
         # the model in a state that depends only on the stage and the state dict, so resume stays exact.
         self.stage_hooks: list = []
-        self.compile_ahead: dict[str, CompileAhead] = {}  # the compile helpers by part (setup; compile_ahead.py)
-        self.compile_ahead_notes: list[str] = []  # what came of each (its log line; bench prints them)
+        self.validation_ahead: ValidationAhead | None = None  # the validation graph's compile helper (setup)
+        self.compile_notes: list[str] = []  # what came of the helper (its log line; bench prints it)
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -185,8 +186,11 @@ class Trainer:
         if self.plan.from_table:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         # Last in the setup, so a setup that fails leaves no helper behind
-        self.compile_ahead = start_helpers(cfg, dist.world_size, self.device, self.strategy, self.compile_cache,
-                                           self.memory_estimate, self.run_dir, self.log)
+        not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache,
+                                  room_for_a_helper(cfg, self.device, self.memory_estimate))
+        if not_ahead and cfg.train.compile_validation_ahead == "on":
+            self.log(f"compile: train.compile_validation_ahead=on does nothing here ({not_ahead})")
+        self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir, self.log)
 
     # ------------------------------------------------------------------------------------------
     def enter_stage(self, step: int) -> Stage:
@@ -225,8 +229,6 @@ class Trainer:
             if i == 0 and faults.fires("nan", step, rank):
                 loss = loss * float("nan")
             self.grad_sync.prepare(final=i == grad_accum - 1)  # only the last backward communicates
-            if "backward" in self.compile_ahead:  # the first backward's compile: found in the helper's cache entry
-                self.wait_for_helper("backward")
             loss.backward()
             if self.cudagraphs and i == 0:
                 grads_out_of_cudagraph_pool(self.model)
@@ -259,12 +261,6 @@ class Trainer:
         result.val_history.append((self.step, val))
         self.progress.log_validation(self.step, self.tokens, self.train_time, val)
 
-    def wait_for_helper(self, part: str) -> None:
-        """Wait for `part`'s compile helper (compile_ahead.py), whose cache entry the next compile then finds."""
-        note = self.compile_ahead.pop(part).wait(stopping=lambda: bool(self.stop_request.signum))
-        self.compile_ahead_notes.append(note)
-        self.log(note)
-
     def warmup_then_reset(self) -> float:
         """Compile and autotune on real steps (warmup.py chooses which), then restore the exact initial
         state: the measured run starts cold in its numbers but warm in its kernels."""
@@ -278,14 +274,17 @@ class Trainer:
                                     else "training"):
                         self.train_step(step)
                 with watch.span("validation"):
-                    if "validation" in self.compile_ahead:  # its wait is part of compile + warmup
-                        self.wait_for_helper("validation")
+                    if self.validation_ahead is not None:  # its wait is part of compile + warmup
+                        note = self.validation_ahead.wait(stopping=lambda: bool(self.stop_request.signum))
+                        self.compile_notes.append(note)
+                        self.log(note)
+                        self.validation_ahead = None
                     for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
                         self.evaluate(warmup=True)
         finally:
-            for helper in self.compile_ahead.values():  # a warmup that failed before it waited for them
-                helper.stop()
-            self.compile_ahead = {}
+            if self.validation_ahead is not None:  # a warmup that failed before validation
+                self.validation_ahead.stop()
+                self.validation_ahead = None
         self.stage = None  # the run sets up its first stage again (hooks included)
         self.guard.reset()  # what the warmup steps saw is not the run's
         if self.has_experts:  # nor what its forwards counted for the MoE metrics
