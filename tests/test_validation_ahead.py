@@ -118,6 +118,28 @@ def test_a_failed_helper_is_one_line_and_a_running_one_is_stopped(tmp_path):
     assert stopping.process.returncode is not None and not stopping.config_file.exists()
 
 
+def test_the_line_says_when_the_helper_exited_not_when_the_trainer_looked(tmp_path):
+    """A helper done before the trainer's validation warmup: its line's "done" is its exit, which a thread notes
+    (wave 21's lines gave the time of the trainer's wait instead)."""
+    import re
+    import subprocess
+    import sys
+    import time
+
+    from speedgpt.train.validation_ahead import ValidationAhead
+
+    config = tmp_path / "config.toml"
+    config.write_text("")
+    helper = ValidationAhead(subprocess.Popen([sys.executable, "-c", "pass"]), config, tmp_path / LOG_NAME)
+    while helper.finished is None:  # its exit, noted
+        time.sleep(0.05)
+    seen = time.perf_counter()
+    time.sleep(0.3)  # the trainer looks later
+    line = helper.wait()
+    took = float(re.search(r"done ([0-9.]+)s after it started", line).group(1))
+    assert took <= seen - helper.started + 0.05, line
+
+
 def test_a_helper_that_cannot_start_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
     import tempfile
 

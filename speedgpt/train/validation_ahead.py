@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -78,6 +79,13 @@ class ValidationAhead:
     def __init__(self, process: subprocess.Popen, config_file: Path, log_file: Path):
         self.process, self.config_file, self.log_file = process, config_file, log_file
         self.started = time.perf_counter()
+        # when it exited, not when the trainer looked: a helper done early is seen only at the trainer's wait
+        self.finished: float | None = None
+        threading.Thread(target=self._note_exit, daemon=True).start()
+
+    def _note_exit(self) -> None:
+        self.process.wait()  # poll() elsewhere answers None until this wait has set the returncode
+        self.finished = time.perf_counter()
 
     @classmethod
     def start(cls, cfg, run_dir: Path, log) -> ValidationAhead | None:
@@ -121,7 +129,7 @@ class ValidationAhead:
                 time.sleep(0.2)
         finally:
             self.config_file.unlink(missing_ok=True)
-        waited, took = time.perf_counter() - t0, time.perf_counter() - self.started
+        waited, took = time.perf_counter() - t0, (self.finished or time.perf_counter()) - self.started
         if self.process.returncode == 0:
             return (f"compile: validation's graph compiled ahead by a helper process (done {took:.1f}s after it "
                     f"started; waited {waited:.1f}s for it)")

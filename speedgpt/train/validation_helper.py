@@ -30,7 +30,6 @@ def compile_validation(config_file: Path, trainer_pid: int) -> None:
         trainer.save = lambda *args, **kwargs: None  # no step-0 checkpoint (train.on_nonfinite=rollback)
         trainer.setup()
         # the trainer's line says when the helper was done: less these two, its interpreter's start and imports
-        # (wave 21: 49 s of its 87 s went before the compile, beside the trainer's own compile)
         t1 = time.perf_counter()
         print(f"trainer set up in {t1 - t0:.1f}s", flush=True)
         trainer.evaluate(warmup=True)
