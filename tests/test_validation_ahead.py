@@ -152,3 +152,15 @@ def test_a_helper_that_cannot_start_is_one_line_and_leaves_no_file(tmp_path, mon
     assert ValidationAhead.start(cfg, tmp_path / "no-such-run-folder", lines.append) is None
     assert len(lines) == 1 and "did not start" in lines[0] and "validation compiles here" in lines[0]
     assert list((tmp_path / "tmp").iterdir()) == []  # its config file removed
+
+
+def test_the_helper_program_started_by_hand_is_one_line():
+    """It runs only as its trainer's child: no arguments, or a pid that is not its parent's, exit 1 with one line."""
+    import subprocess
+    import sys
+
+    for args, says in (([], "usage: python -m speedgpt.train.validation_helper CONFIG TRAINER_PID"),
+                       (["no-such.toml", "999999999"], "its trainer (pid 999999999) is not its parent")):
+        done = subprocess.run([sys.executable, "-m", "speedgpt.train.validation_helper", *args], capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL)
+        assert done.returncode == 1 and says in done.stderr and done.stderr.count("\n") == 1, done.stderr

@@ -172,5 +172,5 @@ def end_with_the_trainer(trainer_pid: int) -> None:
                                                                                               signal.SIGTERM)
         except OSError:
             pass  # no libc to ask (a musl build, say): the trainer's stop() still ends it
-    if os.getppid() != trainer_pid:  # the trainer died before the request above
-        sys.exit(1)
+    if os.getppid() != trainer_pid:  # the trainer died before the request above (or a start by hand)
+        sys.exit(f"validation helper: its trainer (pid {trainer_pid}) is not its parent: nothing to compile for")

@@ -37,4 +37,6 @@ def compile_validation(config_file: Path, trainer_pid: int) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3 or not sys.argv[2].isdigit():  # started by validation_ahead.py, not by hand
+        sys.exit("usage: python -m speedgpt.train.validation_helper CONFIG TRAINER_PID (the trainer starts it)")
     compile_validation(Path(sys.argv[1]), int(sys.argv[2]))
