@@ -131,8 +131,11 @@ def test_the_line_says_when_the_helper_exited_not_when_the_trainer_looked(tmp_pa
     config = tmp_path / "config.toml"
     config.write_text("")
     helper = ValidationAhead(subprocess.Popen([sys.executable, "-c", "pass"]), config, tmp_path / LOG_NAME)
-    while helper.finished is None:  # its exit, noted
+    for _ in range(1200):  # its exit, noted (a minute at most)
+        if helper.finished is not None:
+            break
         time.sleep(0.05)
+    assert helper.finished is not None
     seen = time.perf_counter()
     time.sleep(0.3)  # the trainer looks later
     line = helper.wait()
