@@ -150,8 +150,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
         "attn_backend": trainer.model.runtime.attn_backend,
         "fp8_head": trainer.model.runtime.fp8_head,
     }
-    if trainer.compile_notes:  # the validation helper's outcome (train/validation_ahead.py), from the quiet start log
-        out["compile_notes"] = trainer.compile_notes
+    if trainer.validation_ahead_note:  # the validation helper's outcome (train/validation_ahead.py), from the quiet log
+        out["validation_ahead"] = trainer.validation_ahead_note
     if compiled and compiled["slowest_kernels"]:  # Triton's, so a GPU's: which kernels the cold start waited for
         out["compile_slowest_kernels"] = describe_kernels(compiled["slowest_kernels"][:5])
     if stage_rows is not None:
@@ -446,8 +446,8 @@ def format_results(rows: list[tuple[str, dict]], measured_peak: float | None) ->
             lines.append(f"{name} host syncs at: {r['host_sync_sites']}")
         if "compile_slowest_kernels" in r:  # where the compile table's kernels seconds went
             lines.append(f"{name} {SLOWEST_KERNELS}: {r['compile_slowest_kernels']}")
-        for note in r.get("compile_notes", ()):  # how long the warmup waited for the validation helper
-            lines.append(f"{name} {note}")
+        if "validation_ahead" in r:  # how long the warmup waited for the validation helper
+            lines.append(f"{name} {r['validation_ahead']}")
         if "memory_estimate" in r:  # beside the measured peak above
             lines.append(f"{name} memory estimate: {r['memory_estimate']}")
         if "per_stage" in r:

@@ -48,7 +48,7 @@ def test_the_printout_names_the_timed_stages():
 
 def test_the_printout_says_how_long_the_warmup_waited_for_the_validation_helper():
     note = "compile: validation's graph compiled ahead by a helper process (done 86.8s after it started; waited 0.0s)"
-    row = {"tok_per_s": 1.0, "world_size": 1, "compile_notes": [note]}
+    row = {"tok_per_s": 1.0, "world_size": 1, "validation_ahead": note}
     text = format_results([("A", row), ("B", {"tok_per_s": 1.0, "world_size": 1})], None)
     assert f"A {note}" in text.splitlines() and "B compile:" not in text
 

@@ -22,7 +22,7 @@ def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
 
     def reason(extra=(), world=1, device=cuda, strategy="ddp", cache=cold, room=True):
-        return why_not(apply_overrides(cfg, list(extra)), world, device, strategy, cache, room)
+        return why_not(apply_overrides(cfg, list(extra)), world, device, strategy, cache, lambda: room)
 
     assert reason() is None
     assert reason(device=cpu) == "not a CUDA device (on to force)"
@@ -38,6 +38,13 @@ def test_only_a_cold_compiled_start_of_one_process_starts_the_helper(tmp_path):
     for extra in (["--train.compile=false"], ["--train.compile_backend=aot_eager"]):
         assert reason(extra) == "nothing compiled into a cache"
     assert reason(cache=None) == "nothing compiled into a cache"
+
+    def no_gpu_to_ask():
+        raise AssertionError("room asked where the answer is not needed")
+
+    for extra, world in ((["--train.compile_validation_ahead=off"], 1), ([], 2),
+                         (["--train.compile_validation_ahead=on"], 1)):
+        why_not(apply_overrides(cfg, extra), world, cuda, "ddp", cold, no_gpu_to_ask)  # the GPU is not asked
 
 
 def test_a_bad_value_is_one_line():
@@ -75,7 +82,7 @@ def test_the_helpers_validation_graph_is_the_trainers_cache_hit(text_shards, tmp
     assert trainer.validation_ahead is None and helper.process.returncode == 0
     assert not helper.config_file.exists()
     assert any("validation's graph compiled ahead by a helper process" in line for line in lines), lines
-    assert len(trainer.compile_notes) == 1 and trainer.compile_notes[0] in lines  # bench prints it
+    assert trainer.validation_ahead_note in lines  # bench prints it
     helper_log = Path(tmp_path / "run" / LOG_NAME).read_text()
     assert "trainer set up in" in helper_log and "validation compiled and run once" in helper_log
     spans = {s.label: s.breakdown() for s in trainer.compile_watch.spans}

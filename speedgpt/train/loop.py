@@ -104,7 +104,7 @@ class Trainer:
         # the model in a state that depends only on the stage and the state dict, so resume stays exact.
         self.stage_hooks: list = []
         self.validation_ahead: ValidationAhead | None = None  # the validation graph's compile helper (setup)
-        self.compile_notes: list[str] = []  # what came of the helper (its log line; bench prints it)
+        self.validation_ahead_note: str | None = None  # what came of the helper (its log line; bench prints it)
 
     def log(self, msg: str) -> None:
         if not self.quiet:
@@ -187,7 +187,7 @@ class Trainer:
             self.metrics.log({"event": "stages", "step": self.step, "stages": self.plan.as_records()})
         # Last in the setup, so a setup that fails leaves no helper behind
         not_ahead = why_not_ahead(cfg, dist.world_size, self.device, self.strategy, self.compile_cache,
-                                  room_for_a_helper(cfg, self.device, self.memory_estimate))
+                                  lambda: room_for_a_helper(cfg, self.device, self.memory_estimate))
         if not_ahead and cfg.train.compile_validation_ahead == "on":
             self.log(f"compile: train.compile_validation_ahead=on does nothing here ({not_ahead})")
         self.validation_ahead = None if not_ahead else ValidationAhead.start(cfg, self.run_dir, self.log)
@@ -275,9 +275,9 @@ class Trainer:
                         self.train_step(step)
                 with watch.span("validation"):
                     if self.validation_ahead is not None:  # its wait is part of compile + warmup
-                        note = self.validation_ahead.wait(stopping=lambda: bool(self.stop_request.signum))
-                        self.compile_notes.append(note)
-                        self.log(note)
+                        self.validation_ahead_note = self.validation_ahead.wait(
+                            stopping=lambda: bool(self.stop_request.signum))
+                        self.log(self.validation_ahead_note)
                         self.validation_ahead = None
                     for _ in range(2 if self.cudagraphs else 1):  # CUDA graphs record on a graph's 2nd call
                         self.evaluate(warmup=True)

@@ -32,11 +32,11 @@ LOG_NAME = "validation-ahead.log"
 WAIT_LIMIT_S = 600.0  # the longest the trainer waits for the helper (wave 20: 55.7 s for speedrun-latest on an H100)
 
 
-def why_not(cfg, world_size: int, device, strategy: str, cache, room: bool = True) -> str | None:
+def why_not(cfg, world_size: int, device, strategy: str, cache, room=lambda: True) -> str | None:
     """Why this run compiles validation itself (None: the helper may start). Only a cold start of one compiled
-    process gains: a warm cache holds validation's code already, and ranks would each need a helper. `room`:
-    room_for_a_helper's answer (the helper's model and validation batch beside the trainer's warmup); "auto" needs
-    it, "on" does not ask."""
+    process gains: a warm cache holds validation's code already, and ranks would each need a helper. `room`: asks
+    room_for_a_helper (the helper's model and validation batch beside the trainer's warmup), only where "auto"
+    needs the answer: "on" does not ask, and a run that rules the helper out earlier asks no GPU."""
     t = cfg.train
     if t.compile_validation_ahead == "off":
         return "off"
@@ -52,7 +52,7 @@ def why_not(cfg, world_size: int, device, strategy: str, cache, room: bool = Tru
         return "warm cache"
     if t.compile_validation_ahead == "auto" and device.type != "cuda":
         return "not a CUDA device (on to force)"
-    if t.compile_validation_ahead == "auto" and not room:
+    if t.compile_validation_ahead == "auto" and not room():
         return "less GPU memory free than twice the run's memory estimate (on to force)"
     return None
 

@@ -1,6 +1,7 @@
 """The validation helper's program (train/validation_ahead.py starts it as `python -m speedgpt.train.validation_helper
-CONFIG`): the run's trainer set up from its resolved config, then its validation warmup, which compiles validation's
-graph into the run's compile cache. A module of its own, so that the trainer's module does not import it back."""
+CONFIG TRAINER_PID`): the run's trainer set up from its resolved config, then its validation warmup, which compiles
+validation's graph into the run's compile cache. A module of its own, so that the trainer's module does not import it
+back."""
 
 from __future__ import annotations
 
