@@ -273,8 +273,9 @@ def test_model_fp8_head_fused_mtp_matches_the_torch_path(rescale, fallback):
     errors = {n: rel(g1[n], g0[n]) for n in g0 if g0[n].ndim >= 2 and "lambdas" not in n and g0[n].norm() > 0}
     # e5m2 keeps 2 mantissa bits, a rounding error of up to 12.5 % an element of the logit gradient that feeds every
     # matrix's: over 12 initialisations of the head the worst matrix was 0.088-0.110 off without the rescale,
-    # 0.048-0.058 with it (2026-12-06; 0.1 had failed whenever the tests before left the global RNG at such a head)
-    assert len(errors) >= 5 and max(errors.values()) < 0.15, errors
+    # 0.048-0.058 with it (2026-12-06; 0.1 had failed whenever the tests before left the global RNG at such a head;
+    # the seeded head now gives 0.1085 and 0.0512): the rescale keeps the earlier bound
+    assert len(errors) >= 5 and max(errors.values()) < (0.1 if rescale else 0.15), errors
 
 
 def test_fp8_head_weights_past_one_keep_the_gradient_in_range(fallback):
