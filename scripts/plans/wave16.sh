@@ -67,7 +67,7 @@ fi
 
 # 5. (Issue 33's run-plan pair for speedrun-latest ran in wave 18 on one H100, scripts/plans/wave18.sh.)
 
-# 6. Issue 32: the loader's K (8,192 open documents against 1,024), if the budget allows.
-[ "$NG" -ge 2 ] && phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=8192" \
+# 6. Issue 32: the loader's K (32,768 open documents against the preset's 8,192), if the budget allows.
+[ "$NG" -ge 2 ] && phase mixk 900 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--data.mix_docs=32768" \
     --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/mixk" $C --train.compile_cache="$W/ccb"
 true
