@@ -89,6 +89,32 @@ def test_cache_folder_and_config_digest(tmp_path, monkeypatch):
     deeper = apply_overrides(base, ["--model.depth=6"])
     assert config_digest(deeper.to_dict(), 1) != config_digest(base.to_dict(), 1)
     assert config_digest(base.to_dict(), 4) != config_digest(base.to_dict(), 1)
+    # the loader's own switches (which tokens fill a row) share the artifacts; the rows' shapes do not
+    loader = apply_overrides(base, ["--data.long_docs=mix", "--data.mix_docs=8192", "--data.max_doc_len=512",
+                                    "--data.shuffle_first_epoch=true", "--data.continued_bos=false",
+                                    "--data.on_bad_shard=skip", "--data.local_max_tokens=0"])
+    assert config_digest(loader.to_dict(), 1) == config_digest(base.to_dict(), 1)
+    for shape in ("--data.seq_len=512", "--data.val_seq_len=2048", "--data.val_tokens=65536"):
+        assert config_digest(apply_overrides(base, [shape]).to_dict(), 1) != config_digest(base.to_dict(), 1), shape
+
+
+# data keys whose value reaches what torch.compile builds: the rows' and validation batches' shapes, and the
+# tokenizer (its folder is where a run takes its vocabulary from)
+COMPILED_DATA_KEYS = {"seq_len", "val_seq_len", "val_tokens", "tokenizer"}
+
+
+def test_every_data_key_is_either_compiled_or_the_loaders_alone():
+    """A new data key must be put on one side: in the digest (it changes a graph) or in NOT_COMPILED's data keys
+    (a loader switch); left out of both, this fails."""
+    from dataclasses import fields
+
+    from speedgpt.config.sections import DataConfig
+    from speedgpt.train.compile_cache import NOT_COMPILED
+
+    keys = {f.name for f in fields(DataConfig)}
+    dropped = set(NOT_COMPILED["data"])
+    assert not dropped & COMPILED_DATA_KEYS
+    assert keys == dropped | COMPILED_DATA_KEYS, keys ^ (dropped | COMPILED_DATA_KEYS)
 
 
 def test_each_rank_keeps_a_file_of_its_own(tmp_path):

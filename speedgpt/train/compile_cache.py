@@ -49,8 +49,14 @@ from ..atomic import atomic_write
 
 FORMAT = "speedgpt.compile_cache/1"
 # Keys of a config that change nothing torch.compile builds: a run of the same config under another
-# name, seed, data or length reuses the first one's artifacts.
-NOT_COMPILED = {"run": None, "data": ("train_files", "val_files", "cache_dir"),
+# name, seed, data or length reuses the first one's artifacts. The data keys past the files are the loader's
+# alone (which tokens fill a row, not the rows' shape): an A/B of a loader switch starts its second arm warm
+# (wave 22: arm B of data.mix_docs=8192 compiled 74 s cold beside arm A's artifacts). data.seq_len,
+# val_seq_len and val_tokens (the validation batches' shapes) and tokenizer stay in the digest.
+NOT_COMPILED = {"run": None,
+                "data": ("train_files", "val_files", "cache_dir", "local_max_tokens", "local_piece_chars", "packing",
+                         "long_docs", "mix_docs", "max_doc_len", "continued_bos", "shuffle_first_epoch",
+                         "on_bad_shard"),
                 "train": ("seed", "compile_cache", "compile_validation_ahead")}
 # The modules of speedgpt that define custom torch.autograd.Functions: the cache's folder is keyed on their source
 # (tests/test_compile_cache.py fails when a Function subclass appears in a module missing here).
