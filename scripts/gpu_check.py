@@ -1,7 +1,8 @@
 """GPU checks of the paths CPU tests cannot run fused: compiled FlexAttention masks against a dense
 SDPA reference, the FP8 lm_head ops against bf16 (and the fused head + loss against fp32, timed), at
-the speedrun's shapes. Prints relative errors; exits non-zero on a failure.
-Usage: python scripts/gpu_check.py [flex|fp8|fp8_ce|generation ...]   (no names: all)"""
+the speedrun's shapes, and the dynamic FP8 casts compiled (Triton's own cast) against a clamped cast, bit for bit.
+Prints relative errors; exits non-zero on a failure.
+Usage: python scripts/gpu_check.py [flex|fp8|fp8_ce|generation|cast ...]   (no names: all)"""
 
 from __future__ import annotations
 
@@ -188,10 +189,36 @@ def check_generation(T=512):
     return e_cache < 0.05 and e_fp8 < 0.1 and agree > 0.95
 
 
+def check_cast():
+    """fp8_cast.quantize casts without a clamp (its comment says why); compiled on the GPU (Triton's cast, not the CPU's)
+    its bits must equal a clamped cast's, on rows built to overshoot fmax in the division, rows of every magnitude, zero
+    rows and random ones, for both formats, per row and per tensor."""
+    from speedgpt.model.fp8_cast import E4M3_MAX, E5M2_MAX, quantize
+
+    v = torch.linspace(1.0, 3.0, 20001, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    bad = 0
+    for dtype, fmax in ((torch.float8_e4m3fn, E4M3_MAX), (torch.float8_e5m2, E5M2_MAX)):
+        over = v[v / (v / fmax) > fmax][:64]
+        rows = [torch.stack([over, -0.5 * over, 0.25 * over], dim=1) * m for m in (1.0, 1e-30, 1e-20, 1e20, 1e30)]
+        t = torch.cat(rows + [torch.zeros_like(rows[0]), torch.randn(over.numel(), 3, device="cuda", generator=g)])
+        for rowwise in (True, False):
+            t32 = t.float()
+            amax = t32.abs().amax(dim=-1, keepdim=True) if rowwise else t32.abs().amax()
+            ref = (t32 / (amax.clamp_min(1e-30) / fmax)).clamp(-fmax, fmax).to(dtype)
+            for fn in (quantize, torch.compile(quantize, fullgraph=True, dynamic=False)):
+                q, _ = fn(t, dtype, rowwise)
+                bad += int((q.view(torch.uint8) != ref.view(torch.uint8)).sum().item())
+        torch._dynamo.reset()
+    print(f"cast: {bad} byte(s) differ from the clamped cast ({over.numel()} overshooting rows per format)")
+    return bad == 0
+
+
 def main():
     print(torch.__version__, torch.cuda.get_device_name(), flush=True)
     ok = True
-    checks = {"flex": check_flex, "fp8": check_fp8, "fp8_ce": check_fp8_ce, "generation": check_generation}
+    checks = {"flex": check_flex, "fp8": check_fp8, "fp8_ce": check_fp8_ce, "generation": check_generation,
+              "cast": check_cast}
     for name in sys.argv[1:] or checks:
         fn = checks[name]
         try:

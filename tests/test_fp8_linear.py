@@ -128,6 +128,37 @@ def test_quantize_max_rounding_up_in_division_gives_no_nan(fmt):
         assert torch.isfinite(q.float()).all() and q.float()[0, 0].item() == fmax
 
 
+def clamped_quantize(t, dtype, rowwise):
+    """quantize as it was before its clamp went (the reference the cast without one must equal)."""
+    fmax = E4M3_MAX if dtype == torch.float8_e4m3fn else E5M2_MAX
+    t32 = t.float()
+    amax = t32.abs().amax(dim=-1, keepdim=True) if rowwise else t32.abs().amax()
+    scale = amax.clamp_min(1e-30) / fmax
+    return (t32 / scale).clamp(-fmax, fmax).to(dtype), scale
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_quantize_without_a_clamp_equals_the_clamped_cast_bit_for_bit(fmt):
+    """The cast after the division takes no clamp (fp8_cast.quantize): its rounding already maps the division's
+    overshoot of fmax to fmax. Eager and compiled (Inductor's own cast), on rows built to overshoot, rows of
+    every magnitude, zero rows and random ones: the same bits as the clamped cast."""
+    dtype, fmax, _, _ = FORMATS[fmt]
+    v = torch.linspace(1.0, 3.0, 20001)
+    over = v[v / (v / fmax) > fmax][:64]
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.stack([over, -0.5 * over, 0.25 * over], dim=1) * m for m in (1.0, 1e-30, 1e-20, 1e20, 1e30)]
+    rows += [torch.zeros(64, 3), torch.randn(64, 3, generator=g) * 1e3]
+    t = torch.cat(rows)
+    compiled = torch.compile(quantize, backend="inductor", fullgraph=True)
+    for rowwise in (True, False):
+        ref_q, ref_scale = clamped_quantize(t, dtype, rowwise)
+        for name, fn in (("eager", quantize), ("compiled", compiled)):
+            q, scale = fn(t, dtype, rowwise)
+            assert torch.equal(q.view(torch.uint8), ref_q.view(torch.uint8)), (name, rowwise)
+            assert torch.equal(scale, ref_scale), (name, rowwise)
+    torch._dynamo.reset()
+
+
 # -- fp8_linear_dynamic ----------------------------------------------------------------------------------
 
 def linear_inputs(seed=0):

@@ -393,10 +393,11 @@ class CausalSelfAttention(nn.Module):
         k = self.rotary(k, pos, paired=self.paired, freq=freq, cos_sin=tables)
         if self.key_offset:
             k = self.offset_keys(k, ctx.doc_start, kv_cache)
+        v0, v1 = v_lambdas.unbind(0)  # one op whose backward is one stack (two indexings: two select_scatters)
         if ve_BTD is not None:
-            v = v_lambdas[0] * v + v_lambdas[1] * ve_BTD.view_as(v)
+            v = v0 * v + v1 * ve_BTD.view_as(v)
         else:
-            v = v_lambdas[0] * v
+            v = v0 * v
         q, k, v = (t.transpose(1, 2) for t in (q, k, v))
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)

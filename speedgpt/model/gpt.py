@@ -78,7 +78,8 @@ class Block(nn.Module):
 
     def forward(self, x, x0, ve, lambdas, v_lambdas, ctx: AttnContext, kv_cache: KVCache | None, extra=None):
         if self.x0_mixing:
-            x = lambdas[0] * x + lambdas[1] * x0
+            l0, l1 = lambdas.unbind(0)  # one op whose backward is one stack (two indexings: two select_scatters)
+            x = l0 * x + l1 * x0
         if extra is not None:  # the bigram hash embedding's share (record #62), next to x0's
             x = x + extra
         if self.attn is not None:
@@ -318,15 +319,20 @@ class GPT(nn.Module):
         skips: list[torch.Tensor] = []
         depth, n = len(self.blocks), self.num_skips
         x_backout = None
+        # The per-layer scalar tables taken apart once a forward: unbind's backward is one stack, where an index per
+        # layer (and per lambda) puts a select_scatter into zeros each in the backward graph (~150 of speedrun-124m's
+        # ~3,000 backward nodes), and every node is compile time.
+        block_lambdas, v_lambdas = self.block_lambdas.unbind(0), self.v_lambdas.unbind(0)
+        skip_weights = self.skip_weights.unbind(0)
+        bigram_lambdas = self.bigram.lambdas.unbind(0) if bigram is not None else None
         for i, block in enumerate(self.blocks):
             if n and i >= depth - n:
                 skip = skips.pop()
                 if self.skip_gates is not None:
                     skip = self.skip_gates(x0, i - (depth - n)) * skip
-                x = x + self.skip_weights[i - (depth - n)] * skip
-            extra = self.bigram.lambdas[i] * bigram if bigram is not None else None
-            args = (x, x0, self.value_embed_for_layer(ves, i), self.block_lambdas[i], self.v_lambdas[i], ctx, kv_cache,
-                    extra)
+                x = x + skip_weights[i - (depth - n)] * skip
+            extra = bigram_lambdas[i] * bigram if bigram is not None else None
+            args = (x, x0, self.value_embed_for_layer(ves, i), block_lambdas[i], v_lambdas[i], ctx, kv_cache, extra)
             if rt.activation_checkpointing and torch.is_grad_enabled() and kv_cache is None:
                 x = checkpoint_block(block, args)
             else:
