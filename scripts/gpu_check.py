@@ -200,7 +200,7 @@ def check_cast():
     bad = 0
     found = {}
     for dtype, fmax in ((torch.float8_e4m3fn, E4M3_MAX), (torch.float8_e5m2, E5M2_MAX)):
-        # CUDA divides a tensor by a Python number as a product with its reciprocal, so this may find none (wave 22b:
+        # CUDA may divide a tensor by a Python number as a product with its reciprocal, so this may find none (wave 22b:
         # an empty tensor here stopped the first version of this check); the rows then come from the range's top
         over = v[v / (v / fmax) > fmax][:64]
         found[str(dtype).removeprefix("torch.")] = over.numel()
