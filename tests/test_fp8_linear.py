@@ -102,17 +102,25 @@ def test_quantize_of_transposed_view_is_row_major(rowwise):
         assert torch.equal(scale, w.abs().amax(dim=0)[:, None] / E4M3_MAX)
 
 
+MAGNITUDES = (1.0, 1e-30, 1e-20, 1e20, 1e30)  # rows' scales, across float32's range
+
+
+def overshooting_rows(fmax: float, n: int) -> list[torch.Tensor]:
+    """Per magnitude, n rows [v, -v/2, v/4] whose v / (v / fmax) comes out above fmax (the division's rounding),
+    asserted found so that the case is really exercised."""
+    v = torch.linspace(1.0, 3.0, 20001)
+    over = v[v / (v / fmax) > fmax][:n]
+    assert over.numel() == n
+    return [torch.stack([over, -0.5 * over, 0.25 * over], dim=1) * m for m in MAGNITUDES]
+
+
 @pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 def test_quantize_max_rounding_up_in_division_gives_no_nan(fmt):
     """amax / (amax / fmax) can come out one fp32 ulp above fmax; the result must stay finite and equal
     fmax. (On CPU the cast itself also maps such overshoots to fmax, so this guards the outcome rather
     than the clamp itself.)"""
     dtype, fmax, _, _ = FORMATS[fmt]
-    v = torch.linspace(1.0, 3.0, 20001)
-    over = v[v / (v / fmax) > fmax][:32]
-    assert over.numel() == 32  # the case is really exercised
-    for scale_of_row in (1.0, 1e-30, 1e-20, 1e20, 1e30):
-        t = torch.stack([over, -0.5 * over, 0.25 * over], dim=1) * scale_of_row
+    for t in overshooting_rows(fmax, 32):
         for rowwise in (True, False):
             q, scale = quantize(t, dtype, rowwise)
             qf = q.float()
@@ -143,11 +151,8 @@ def test_quantize_without_a_clamp_equals_the_clamped_cast_bit_for_bit(fmt):
     overshoot of fmax to fmax. Eager and compiled (Inductor's own cast), on rows built to overshoot, rows of
     every magnitude, zero rows and random ones: the same bits as the clamped cast."""
     dtype, fmax, _, _ = FORMATS[fmt]
-    v = torch.linspace(1.0, 3.0, 20001)
-    over = v[v / (v / fmax) > fmax][:64]
     g = torch.Generator().manual_seed(0)
-    rows = [torch.stack([over, -0.5 * over, 0.25 * over], dim=1) * m for m in (1.0, 1e-30, 1e-20, 1e20, 1e30)]
-    rows += [torch.zeros(64, 3), torch.randn(64, 3, generator=g) * 1e3]
+    rows = overshooting_rows(fmax, 64) + [torch.zeros(64, 3), torch.randn(64, 3, generator=g) * 1e3]
     t = torch.cat(rows)
     compiled = torch.compile(quantize, backend="inductor", fullgraph=True)
     for rowwise in (True, False):
