@@ -95,7 +95,7 @@ def test_kv_cache_decoding_matches_the_full_forward(switch):
     cfg, m = build(*extra, windows=(32, 16), block=8)
     rope = None
     if switch == "yarn":  # a grown state: frequencies and scale both differ from the tables'
-        rope = (rescale(m.rotary.frequencies(), 16, 48), torch.tensor(scale_factor(16, 48)))
+        rope = m.rope_state(rescale(m.rotary.frequencies(), 16, 48), scale_factor(16, 48))
     x = tokens(B=1, T=40)
     x[0, 23] = 5  # one document: the cache path (sampling one prompt) has no document masks
     with torch.no_grad():
@@ -240,11 +240,11 @@ def test_yarn_schedule_compounds_over_the_window_changes_and_is_a_function_of_th
 def test_yarn_at_its_initial_state_is_the_plain_model_and_a_grown_state_changes_it():
     _, m = build()
     x = tokens()
-    base = (m.rotary.frequencies(), torch.tensor(1.0))
-    grown = (rescale(m.rotary.frequencies(), 16, 64), torch.tensor(scale_factor(16, 64)))
+    base = m.rope_state(m.rotary.frequencies(), 1.0)
+    grown = m.rope_state(rescale(m.rotary.frequencies(), 16, 64), scale_factor(16, 64))
     with torch.no_grad():
         plain, same, changed = m(x), m(x, rope=base), m(x, rope=grown)
-    assert torch.equal(plain, same)  # the angles are computed as the tables compute theirs: bit for bit
+    assert torch.equal(plain, same)  # the state's tables are computed as the model's own: bit for bit
     assert not torch.allclose(plain, changed, atol=1e-4)
 
 
@@ -258,10 +258,31 @@ def test_yarn_state_and_window_changes_do_not_recompile_with_every_switch_on():
     compiled = torch.compile(m, backend="aot_eager", dynamic=False)
     freq = m.rotary.frequencies()
     states = [((32, 16), freq, 1.0), ((48, 16), rescale(freq, 32, 48), 1.1), ((64, 32), rescale(freq, 32, 64), 1.3)]
-    losses = [compiled(x, x, windows=torch.tensor(w, dtype=torch.int32), rope=(f, torch.tensor(s))).item()
+    losses = [compiled(x, x, windows=torch.tensor(w, dtype=torch.int32), rope=m.rope_state(f, s)).item()
               for w, f, s in states]
     assert counters["stats"]["unique_graphs"] == 1
     assert len(set(losses)) == 3
+
+
+def test_the_compiled_graph_of_a_yarn_model_computes_no_cos_or_sin():
+    """YaRN's tables enter the graph as data (model/rotary.py): a cos or sin in it is fused into every rotary
+    kernel by Inductor, each element's own, and made speedrun-latest's slowest kernels take 10-13 s to build."""
+    torch._dynamo.reset()
+    _, m = build("--model.key_offset=true", "--model.paired_head_layers=[1]")
+    graphs = []
+
+    def keep_graph(gm, _example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    x = tokens(B=1)
+    freq = rescale(m.rotary.frequencies(), 32, 64)
+    compiled = torch.compile(m, backend=keep_graph, dynamic=False)
+    compiled(x, x, windows=torch.tensor((64, 32), dtype=torch.int32), rope=m.rope_state(freq, 1.3))
+    assert len(graphs) == 1
+    calls = [n.target for n in graphs[0].graph.nodes if n.op in ("call_function", "call_method")]
+    trig = [t for t in calls if getattr(t, "__name__", t) in ("cos", "sin", "cos_", "sin_")]
+    assert calls and not trig, trig
 
 
 def test_training_validation_and_eval_use_the_yarn_state_of_the_scored_step(tiny_cfg, tmp_path):
@@ -299,11 +320,14 @@ def test_kv_cache_sampling_reads_the_yarn_state_from_the_device_and_samples_as_b
     m.blocks[0].register_forward_pre_hook(lambda _mod, args: seen.append(args[5].rope))  # the AttnContext
     prompts = [[BOS_ID, 11, 12, 13], [BOS_ID, 21]]
     cached = generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None)
-    assert len(seen) > 10 and all(r[0] is seen[0][0] and r[1] is seen[0][1] for r in seen)
-    assert torch.equal(seen[0][0], freq) and seen[0][1].item() == torch.tensor(scale, dtype=torch.float32).item()
+    assert len(seen) > 10 and all(r.cos is seen[0].cos and r.sin is seen[0].sin and r.scale is seen[0].scale
+                                  for r in seen)
+    cos, sin = m.rotary.tables(freq)
+    assert torch.equal(seen[0].cos, cos) and torch.equal(seen[0].sin, sin)
+    assert seen[0].scale.item() == torch.tensor(scale, dtype=torch.float32).item()
     assert cached == generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None,
                                     use_cache=False)
     x = tokens(B=2, T=40)
     with torch.no_grad():  # the state given as fresh tensors, as forward built it per call before
-        fresh = m(x, rope=(torch.tensor(rt.yarn[0], dtype=torch.float32), torch.tensor(scale, dtype=torch.float32)))
+        fresh = m(x, rope=m.rope_state(rt.yarn[0], scale))
         assert torch.equal(m(x), fresh)

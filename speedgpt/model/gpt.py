@@ -26,6 +26,7 @@ from .moe import MoE, recompute_marked
 from .mtp import multi_token_loss, target_rows
 from .rotary import Rotary
 from .runtime import ModelRuntime
+from .yarn import RopeState
 
 
 def checkpoint_block(block: nn.Module, args: tuple) -> torch.Tensor:
@@ -199,10 +200,11 @@ class GPT(nn.Module):
     def init_buffers(self) -> None:
         """Buffers after `to_empty`: the rotary tables, YaRN's default state, the MoE balancing state and
         the tying phase."""
-        self.rotary.init_tables(self.embed.weight.device)
         if self.runtime.yarn is not None:
             self.yarn_freq.copy_(torch.tensor(self.runtime.yarn[0], dtype=torch.float32))
             self.yarn_scale.copy_(torch.tensor(self.runtime.yarn[1], dtype=torch.float32))
+        # With YaRN the model's own tables are its default state's: a forward given no state rotates by them.
+        self.rotary.init_tables(self.embed.weight.device, freq=self.yarn_freq if self.runtime.yarn is not None else None)
         if self.tying is not None:
             self.embed_untied.fill_(False)  # training starts tied: the embedding holds the head's values
             self.embed_tied = True
@@ -282,13 +284,21 @@ class GPT(nn.Module):
         computed on that layout (optim.muon_shape_factor = "record28")."""
         return [b.mlp.fc.weight for b in self.blocks if isinstance(b.mlp, MLP)]  # (MoE experts: not in record #28)
 
+    @torch.no_grad()
+    def rope_state(self, freq, scale) -> RopeState:
+        """YaRN's state (frequencies, attention-scale multiplier) in the form forward's `rope` takes, on the
+        model's device; made outside the compiled graph (model/rotary.py says why)."""
+        device = self.embed.weight.device
+        cos, sin = self.rotary.tables(torch.as_tensor(freq, dtype=torch.float32), device)
+        return RopeState(cos, sin, torch.as_tensor(scale, dtype=torch.float32).to(device))
+
     def forward(self, inputs_BT: torch.Tensor, targets_BT: torch.Tensor | None = None, *,
                 reduction: str = "mean", windows=None, rope=None,
                 kv_cache: KVCache | None = None, ctx: AttnContext | None = None,
                 mtp_weights: torch.Tensor | None = None) -> torch.Tensor:
         """The loss (targets given; `reduction` as in F.cross_entropy) or the softcapped fp32 logits.
-        `windows` (long, short) override the runtime's, `rope` (YaRN's (frequencies, attention-scale
-        multiplier), model/yarn.py) too; `ctx` (masks) is built here unless given; `mtp_weights`
+        `windows` (long, short) override the runtime's, `rope` (YaRN's state, model/yarn.py RopeState:
+        `rope_state` makes it) too; `ctx` (masks) is built here unless given; `mtp_weights`
         (K > 1 of them, a mean loss): multi-token prediction (model/mtp.py)."""
         cfg, rt = self.cfg, self.runtime
         windows = self.windows if windows is None else windows
@@ -297,16 +307,16 @@ class GPT(nn.Module):
                    else AttnContext(backend=rt.attn_backend, masks={}, windows=windows,
                                     doc_start=(inputs_BT == cfg.bos_id) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
-            rope = (self.yarn_freq, self.yarn_scale)
+            rope = RopeState(self.rotary.cos, self.rotary.sin, self.yarn_scale)
         if rope is not None:  # YaRN only: without it the context is left as built
             ctx.rope = rope
         # Every layer rotates by the same tables: made here once a forward, before the blocks, which only read them (a
         # dict filled inside a block broke activation checkpointing's recomputation and added per-block recompiles).
         # A new dict each call: a context passed in again must not keep another call's.
         pos = kv_cache.pos if kv_cache is not None else 0
-        freq = ctx.rope[0] if ctx.rope is not None else None
-        ctx.rotary_tables = {paired: self.rotary.cos_sin(inputs_BT.size(1), pos, paired=paired, freq=freq,
-                                                         device=inputs_BT.device) for paired in self.rotary_kinds}
+        tables = (ctx.rope.cos, ctx.rope.sin) if ctx.rope is not None else None
+        ctx.rotary_tables = {paired: self.rotary.cos_sin(inputs_BT.size(1), pos, paired=paired, tables=tables)
+                             for paired in self.rotary_kinds}
         dtype = rt.dtype
         # smear and bigram look one token back; with a KV cache, across calls
         prev = previous_tokens(inputs_BT, kv_cache) if self.smear is not None or self.bigram is not None else None

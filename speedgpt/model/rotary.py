@@ -4,10 +4,14 @@ Half-truncation (from the speedrun) gives only the first half of each head's dim
 frequency; the other half get frequency zero and so carry position-free content ("stationary"
 dims: the partial key offset, model/attention.py, shifts exactly those).
 
-Two optional inputs change the rotation without touching the tables:
-- `freq`: the per-dim angular frequencies to rotate with instead of the tables' (YaRN rescaling
-  as the attention window grows, model/yarn.py). They enter as a tensor, so a compiled model does
-  not recompile when they change; the angles are computed as the tables compute theirs.
+Two optional inputs change the rotation:
+- `tables`: (cos, sin) of every position at other frequencies than the rotary's own (YaRN rescaling as
+  the attention window grows, model/yarn.py), made by `tables(freq)` outside the compiled graph. They
+  enter as tensors, so a compiled model does not recompile when they change. Made inside the graph
+  instead (from the frequencies), Inductor fused the cos and sin into every rotary kernel, computed
+  anew for each element a thread holds: speedrun-latest's six slowest kernels, all of them such,
+  took 10-13 s each to build on an H100 (wave 23; the next 1.3 s); speedrun-124m's rotary kernels, which read tables,
+  2.8 s at most (docs/experiments.md, "YaRN's tables made outside the graph").
 - `paired`: paired-head attention (record #58) views each head pair's two heads as two positions
   of a sequence twice as long: head h of position t is rotated at position 2t + (h mod 2).
 """
@@ -44,41 +48,44 @@ class Rotary(nn.Module):
         still = self.frequencies() == 0
         return torch.cat([still, still])
 
-    def init_tables(self, device: torch.device | str | None = None) -> None:
-        t = torch.arange(self.table_len, dtype=torch.float32, device=device)
-        theta = torch.outer(t, self.frequencies(device))
-        self.cos = theta.cos()
-        self.sin = theta.sin()
+    def tables(self, freq: torch.Tensor | None = None,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin), each (table_len, head_dim // 2) float32: the angle of every rotated position at `freq`
+        (default: the rotary's own frequencies). Not for a compiled graph (the module's docstring says why)."""
+        freq = self.frequencies(device) if freq is None else freq.to(device=device, dtype=torch.float32)
+        theta = torch.outer(torch.arange(self.table_len, dtype=torch.float32, device=device), freq)
+        return theta.cos(), theta.sin()
 
-    def cos_sin(self, T: int, pos_offset: int = 0, *, paired: bool = False, freq: torch.Tensor | None = None,
-                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rotation of T tokens from pos_offset: (cos, sin), shaped to broadcast against forward's x (viewed
-        (B, T, H/2, 2, D) when paired). Every layer of a forward rotates by the same tables: GPT.forward makes
-        them once a forward (AttnContext.rotary_tables) and each attention layer takes its kind's."""
+    def init_tables(self, device: torch.device | str | None = None, freq: torch.Tensor | None = None) -> None:
+        """The tables a forward given none rotates by: at `freq` (YaRN's default state) or the rotary's own."""
+        self.cos, self.sin = self.tables(freq, device)
+
+    def cos_sin(self, T: int, pos_offset: int = 0, *, paired: bool = False,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rotation of T tokens from pos_offset: (cos, sin) of `tables` (`tables()`'s form; default the
+        module's), shaped to broadcast against forward's x (viewed (B, T, H/2, 2, D) when paired). Every layer
+        of a forward rotates by the same rotation: GPT.forward takes it once a forward
+        (AttnContext.rotary_tables) and each attention layer takes its kind's."""
         # Rotated positions: t (or, paired, 2t and 2t + 1 for the two heads of a pair), from pos_offset on.
         n, start = (2 * T, 2 * pos_offset) if paired else (T, pos_offset)
         if pos_offset + T > self.max_seq_len:
             raise ValueError(f"sequence position {pos_offset + T} exceeds the rotary table ({self.max_seq_len}); "
                              f"raise data.seq_len or shorten the input")
-        if freq is not None:
-            theta = torch.outer(torch.arange(start, start + n, dtype=torch.float32, device=device), freq)
-            cos, sin = theta.cos(), theta.sin()
-        else:
-            cos, sin = self.cos[start:start + n], self.sin[start:start + n]
+        cos, sin = tables if tables is not None else (self.cos, self.sin)
+        cos, sin = cos[start:start + n], sin[start:start + n]
         half = self.head_dim // 2
         if paired:  # [t, p, j] of x's paired view is head 2p + j, rotated at position 2t + j
             return cos.view(1, T, 1, 2, half), sin.view(1, T, 1, 2, half)
         return cos[None, :, None, :], sin[None, :, None, :]
 
     def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
-                freq: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                tables: tuple[torch.Tensor, torch.Tensor] | None = None, scale: torch.Tensor | None = None,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
-        (YaRN's attention scale, applied to the queries: one rounding instead of two); `cos_sin`: the tables
-        cos_sin(T, pos_offset, paired=paired, freq=freq) gives, made once for all layers."""
+        (YaRN's attention scale, applied to the queries: one rounding instead of two); `cos_sin`: the rotation
+        cos_sin(T, pos_offset, paired=paired, tables=tables) gives, taken once for all layers."""
         B, T, H, D = x_BTHD.shape
-        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(T, pos_offset, paired=paired, freq=freq,
-                                                                    device=x_BTHD.device)
+        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(T, pos_offset, paired=paired, tables=tables)
         x = x_BTHD.view(B, T, H // 2, 2, D) if paired else x_BTHD
         x1, x2 = x.float().chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin

@@ -13,8 +13,9 @@ more keys gets flatter. At every growth, as YaRN does (Peng et al. 2023, arXiv 2
 The rescaling compounds over the growths, so the state of a step is a replay of the window's
 changes from step 0: `YarnSchedule` computes it once per distinct state, as a pure function of
 the step, so a resumed run, validation and `speedgpt eval` of a checkpoint use the same numbers.
-The model receives the state as tensors (model/attention.py AttnContext.rope): it does not
-recompile when they change. Zero frequencies (half-truncated rotary's stationary dims) stay zero.
+The model receives the state as tensors (RopeState: the rotary tables at its frequencies, made
+outside the compiled graph, model/rotary.py says why): it does not recompile when they change. Zero
+frequencies (half-truncated rotary's stationary dims) stay zero.
 """
 
 from __future__ import annotations
@@ -22,12 +23,22 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 ALPHA = 1.0  # turns over the old window below which a frequency is fully interpolated
 BETA = 32.0  # turns above which it is kept
 SCALE_SLOPE = 0.2  # attention scale x (SCALE_SLOPE * ln(new / old) + 1) per growth
+
+
+class RopeState(NamedTuple):
+    """YaRN's state in the form a forward takes it (`rope`, AttnContext.rope): the rotary tables at the state's
+    frequencies (Rotary.tables: every position's cos and sin) and the attention-scale multiplier (0-d float32)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    scale: torch.Tensor
 
 
 def rescale(freq: torch.Tensor, old: int, new: int) -> torch.Tensor:
@@ -66,10 +77,6 @@ class YarnSchedule:
 
     def state(self, step: int) -> tuple[torch.Tensor, float]:
         return self.states[self.index(step)]
-
-    def tensors(self, step: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
-        freq, scale = self.state(step)
-        return freq.to(device), torch.tensor(scale, dtype=torch.float32, device=device)
 
     @classmethod
     def for_windows(cls, model_cfg, long_window: Callable[[int], int], total: int) -> YarnSchedule:

@@ -152,7 +152,7 @@ class Trainer:
         # torch.compile only wraps the model, except where it installs dynamo's saved package (precompile): its
         # backends loaded, instead of a trace and compile in the warmup. Counted in "compile + warmup".
         self.compile_call_s = time.perf_counter() - t0
-        self.inputs = StepInputs(self.plan, self.device)
+        self.inputs = StepInputs(self.plan, self.device, rope_state=self.model.rope_state)
         self.step = 0
         self.tokens = 0
         self.train_time = 0.0

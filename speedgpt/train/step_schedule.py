@@ -35,13 +35,15 @@ def apply_hyperparameters(optimizers, plan: RunPlan, step: int, lr_scale: float 
 class StepInputs:
     """The forward's per-step inputs from the plan: windows, rope and MTP weights of a step."""
 
-    def __init__(self, plan: RunPlan, device: torch.device):
+    def __init__(self, plan: RunPlan, device: torch.device, rope_state=None):
+        """`rope_state`: the model's GPT.rope_state (YaRN's state of a step in the form forward takes it)."""
         self.plan, self.device = plan, device
         self.compile = plan.cfg.train.compile
         self._window_tensors: dict[tuple[int, int], torch.Tensor] = {}
         self._mtp_tensors = self._mtp_weight_tensors()
-        self.yarn = plan.yarn  # model.yarn: the rotary state of every step (model/yarn.py), as device tensors per state
-        self._yarn_tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.yarn = plan.yarn  # model.yarn: the rotary state of every step (model/yarn.py)
+        self.rope_state = rope_state
+        self._rope: tuple[int, object] | None = None  # (state index, its RopeState): the state in use
     def _mtp_weight_tensors(self) -> list[torch.Tensor | None]:
         """Every step's multi-token-prediction weights as its own device tensor, made once before
         training (None for steps that predict the next token only). Every MTP stage's weights have the
@@ -91,11 +93,16 @@ class StepInputs:
         return self._window_tensors[windows]
 
     def rope_at(self, step: int):
-        """YaRN's (frequencies, attention-scale multiplier) of `step` as device tensors (so the compiled
-        model does not recompile as they change), each state copied to the device once; None without YaRN."""
+        """YaRN's state of `step` as device tensors (model/yarn.py RopeState, so the compiled model does not
+        recompile as it changes); None without YaRN. Only the state in use is kept: its tables are a few hundred
+        MiB at long validation rows, and made again in milliseconds when a step goes back to an earlier state
+        (the warmup)."""
         if self.yarn is None:
             return None
+        if self.rope_state is None:
+            raise ValueError("StepInputs.rope_at: a YaRN run's steps need rope_state (the model's GPT.rope_state)")
         key = self.yarn.index(step)
-        if key not in self._yarn_tensors:
-            self._yarn_tensors[key] = self.yarn.tensors(step, self.device)
-        return self._yarn_tensors[key]
+        if self._rope is None or self._rope[0] != key:
+            self._rope = None  # the old state's tables freed before the new ones are made
+            self._rope = (key, self.rope_state(*self.yarn.state(step)))
+        return self._rope[1]
