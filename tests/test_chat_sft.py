@@ -21,12 +21,16 @@ def base_run(tmp_path_factory, text_shards):
     from speedgpt.config import apply_overrides, load_preset
     from speedgpt.train.loop import train
 
+    # One thread for this module's runs, then the count put back: a later test in this process that compares its
+    # Inductor CPU kernels with a fresh process's (tests/test_validation_ahead.py) keys them by the thread count.
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
     cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [f"--data.train_files={text_shards}",
                                                                      "--train.steps=2", "--train.val_every=0"])
     out = tmp_path_factory.mktemp("base") / "run"
     train(cfg, run_dir=out, quiet=True)
-    return out
+    yield out
+    torch.set_num_threads(threads)
 
 
 def small_spec(base_run, **kw):

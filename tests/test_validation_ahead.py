@@ -63,6 +63,9 @@ def test_the_helpers_validation_graph_is_the_trainers_cache_hit(text_shards, tmp
     # activate() sets these for the process: set first here, so that the test's end puts them back
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "unused-inductor"))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "unused-triton"))
+    # Inductor's CPU kernels are keyed by the thread count: the helper process gets this process's, whatever an
+    # earlier test in it set (test_chat_sft.py's one thread made this test fail when run after it in one process).
+    monkeypatch.setenv("OMP_NUM_THREADS", str(torch.get_num_threads()))
     cfg = apply_overrides(load_preset("tiny-cpu"), TINY_OVERRIDES + [
         f"--data.train_files={text_shards}", "--model.model_dim=32", "--train.compile=true",
         "--train.warmup_steps=1", "--train.compile_validation_ahead=on", f"--train.compile_cache={tmp_path / 'cache'}"])
