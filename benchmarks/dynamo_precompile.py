@@ -119,6 +119,7 @@ def start(label: str, preset: str, overrides: list[str], cache: Path | str, run_
     p = subprocess.run([sys.executable, __file__, "--child", *args], env=env, capture_output=True, text=True,
                        cwd=ROOT)
     out = {"label": label, "process_s": time.perf_counter() - t0, "rc": p.returncode}
+    run_dir.parent.mkdir(parents=True, exist_ok=True)  # a child that failed early made no folder
     (run_dir.parent / f"{run_dir.name}.log").write_text(p.stdout + p.stderr)
     marks = [ln for ln in p.stdout.splitlines() if ln.startswith(MARK)]
     if p.returncode != 0 or not marks:
