@@ -1,5 +1,6 @@
-# Wave 24 (issues 33, 32), one GPU, in priority order (~28 device-minutes with the start: the last phase is cut where
-# the budget ends and resumes in the next lease).
+# Wave 24 (issues 33, 32), one GPU, in priority order (~28 device-minutes with the start). The last phase may be cut
+# where the budget ends: collect before it does; a seed counts as a pair only where both its runs finished (a new
+# machine does not have the half-done ones: rerun what is missing with --seed-base).
 # 1. YaRN's rotary tables made outside the compiled graph (issue 33): speedrun-latest's bench cold in a new cache
 #    folder each, main against b073e6b (the tables made in the graph), two pairs in alternating order, each alone on
 #    the GPU: compile + warmup (wave 23: 105.3 s cold, its six slowest kernels 10-13 s each, all with an inlined cos
