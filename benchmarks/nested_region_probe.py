@@ -69,15 +69,15 @@ def _region_of_tensors(gpt) -> None:
     plain = gpt.Block.forward
 
     @torch.compiler.nested_compile_region
-    def region(block, x, x0, ve, lambdas, v_lambdas, backend, keys, masks, windows, doc_start, rope, extra):
+    def region(block, x, x0, ve, lambdas, v_lambdas, backend, keys, masks, windows, doc_start, q_scale, extra):
         ctx = AttnContext(backend=backend, masks=dict(zip(keys, masks)), windows=windows, doc_start=doc_start,
-                          rope=rope)
+                          q_scale=q_scale)
         return plain(block, x, x0, ve, lambdas, v_lambdas, ctx, None, extra)
 
     def forward(self, x, x0, ve, lambdas, v_lambdas, ctx, kv_cache, extra=None):
         keys = tuple(ctx.masks)
         return region(self, x, x0, ve, lambdas, v_lambdas, ctx.backend, keys, tuple(ctx.masks[k] for k in keys),
-                      ctx.windows, ctx.doc_start, ctx.rope, extra)
+                      ctx.windows, ctx.doc_start, ctx.q_scale, extra)
 
     gpt.Block.forward = forward
 

@@ -74,7 +74,7 @@ def run_mode(mode: str, cfg, plan, step: int, batches, steps: int) -> dict:
     torch._dynamo.reset()
     model = model_from_config(cfg, DEVICE, step=step)
     model.train()
-    inputs = StepInputs(plan, torch.device(DEVICE))
+    inputs = StepInputs(plan, torch.device(DEVICE), rope_state=model.rope_state)
     windows, rope, mtp = inputs.windows_at(step), inputs.rope_at(step), inputs.mtp_weights_at(step)
     cudagraphs = mode == "reduce-overhead"
     forward = torch.compile(model, dynamic=False, mode=mode if cudagraphs else None)

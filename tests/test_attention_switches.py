@@ -264,6 +264,39 @@ def test_yarn_state_and_window_changes_do_not_recompile_with_every_switch_on():
     assert len(set(losses)) == 3
 
 
+def test_blocks_get_the_rows_rotation_not_the_yarn_states_whole_tables():
+    """The context a block receives holds the row's rotation and YaRN's query scale, never the state's whole tables
+    (2 x 128 MiB for speedrun-latest): a sharded block's floating inputs are cast to the compute dtype on every call
+    (FSDP2's mixed precision), so whole tables there would be copied by every block of every forward."""
+    from dataclasses import fields
+
+    _, m = build("--model.paired_head_layers=[1]")
+    x = tokens(B=1, T=40)
+    contexts = []
+    for block in m.blocks:
+        block.register_forward_pre_hook(lambda _mod, args: contexts.append(args[5]))
+    state = m.rope_state(rescale(m.rotary.frequencies(), 16, 64), scale_factor(16, 64))
+    with torch.no_grad():
+        m(x, rope=state)
+    assert len(contexts) == len(m.blocks)
+    tables = {state.cos.untyped_storage().data_ptr(), state.sin.untyped_storage().data_ptr()}
+
+    def tensors(v):
+        if isinstance(v, torch.Tensor):
+            return [v]
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (tuple, list)) else ()
+        return [t for item in items for t in tensors(item)]
+
+    for ctx in contexts:
+        held = [t for f in fields(ctx) for t in tensors(getattr(ctx, f.name))]
+        positions = {t.numel() // (m.rotary.head_dim // 2) for pair in ctx.rotary_tables.values() for t in pair}
+        assert positions == {40, 80}  # unpaired and paired layers' rotations: T and 2T positions
+        from_tables = [t for t in held if t.untyped_storage().data_ptr() in tables]
+        assert len(from_tables) == 4 and all(t.numel() <= 80 * m.rotary.head_dim // 2 for t in from_tables), \
+            [tuple(t.shape) for t in from_tables]
+        assert ctx.q_scale.item() == pytest.approx(scale_factor(16, 64))
+
+
 def test_the_compiled_graph_of_a_yarn_model_computes_no_cos_or_sin():
     """YaRN's tables enter the graph as data (model/rotary.py): a cos or sin in it is fused into every rotary
     kernel by Inductor, each element's own, and made speedrun-latest's slowest kernels take 10-13 s to build."""
@@ -316,15 +349,16 @@ def test_kv_cache_sampling_reads_the_yarn_state_from_the_device_and_samples_as_b
         scale_factor(16, 48)
     rt = runtime_for(cfg, "cpu", window_block=16, windows=(64, 32)).replace(yarn=(tuple(freq.tolist()), scale))
     m = live(build_model(cfg, 64, rt, seed=0))
-    seen = []
-    m.blocks[0].register_forward_pre_hook(lambda _mod, args: seen.append(args[5].rope))  # the AttnContext
+    seen = []  # each call's AttnContext: the rotation its layers read and YaRN's query scale
+    m.blocks[0].register_forward_pre_hook(lambda _mod, args: seen.append((args[5].rotary_tables[False], args[5].q_scale)))
     prompts = [[BOS_ID, 11, 12, 13], [BOS_ID, 21]]
     cached = generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None)
-    assert len(seen) > 10 and all(r.cos is seen[0].cos and r.sin is seen[0].sin and r.scale is seen[0].scale
-                                  for r in seen)
+    # views of the model's own tables and its scale buffer, every call: nothing made or copied per token
+    assert len(seen) > 10 and all(c._base is m.rotary.cos and s._base is m.rotary.sin and q is m.yarn_scale
+                                  for (c, s), q in seen)
     cos, sin = m.rotary.tables(freq)
-    assert torch.equal(seen[0].cos, cos) and torch.equal(seen[0].sin, sin)
-    assert seen[0].scale.item() == torch.tensor(scale, dtype=torch.float32).item()
+    assert torch.equal(m.rotary.cos, cos) and torch.equal(m.rotary.sin, sin)
+    assert m.yarn_scale.item() == torch.tensor(scale, dtype=torch.float32).item()
     assert cached == generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None,
                                     use_cache=False)
     x = tokens(B=2, T=40)

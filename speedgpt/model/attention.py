@@ -37,9 +37,10 @@ class AttnContext:
     # (B, T) bool, True where a document starts (BOS): the partial key offset does not shift a key
     # across it. None: shift everywhere but position 0 (no document masking, or no key offset).
     doc_start: torch.Tensor | None = None
-    # YaRN (model/yarn.py RopeState): the rotary tables at the state's frequencies and the attention-scale
-    # multiplier, as tensors; None: the rotary's own tables and the layers' own scale
-    rope: Any = None
+    # YaRN's attention-scale multiplier on the queries (a 0-d tensor, model/yarn.py), set by GPT.forward with the
+    # rotation below; None: the layers' own scale. The state's whole tables stay in GPT.forward: a sharded block's
+    # inputs are cast to the compute dtype on every call (FSDP2's mixed precision), and they would be too.
+    q_scale: torch.Tensor | None = None
     # paired (bool) -> this forward's rotary (cos, sin) (Rotary.cos_sin), made by GPT.forward before the blocks for
     # all layers: one set of ops for dynamo to trace instead of one a layer (issue 33). None until then (a dataclass
     # default_factory dict cost dynamo ~0.2 s to trace): each layer's Rotary makes its own
@@ -385,12 +386,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x_BTD)
         q, k = norm(q), norm(k)
         pos = kv_cache.pos if kv_cache is not None else 0
-        # YaRN: rotary tables at its frequencies, and an attention scale (on the queries) that grows with the window
-        tables, q_scale = ((ctx.rope.cos, ctx.rope.sin), ctx.rope.scale) if ctx.rope is not None else (None, None)
-        # the forward's rotation (GPT.forward); a context of its own (a layer called alone) has none: Rotary takes it
+        # the forward's rotation and YaRN's query scale (GPT.forward); a context of its own (a layer called alone) has
+        # neither: Rotary takes its own tables
         cos_sin = ctx.rotary_tables[self.paired] if ctx.rotary_tables is not None else None
-        q = self.rotary(q, pos, paired=self.paired, tables=tables, scale=q_scale, cos_sin=cos_sin)
-        k = self.rotary(k, pos, paired=self.paired, tables=tables, cos_sin=cos_sin)
+        q = self.rotary(q, pos, paired=self.paired, scale=ctx.q_scale, cos_sin=cos_sin)
+        k = self.rotary(k, pos, paired=self.paired, cos_sin=cos_sin)
         if self.key_offset:
             k = self.offset_keys(k, ctx.doc_start, kv_cache)
         v0, v1 = v_lambdas.unbind(0)  # one op whose backward is one stack (two indexings: two select_scatters)

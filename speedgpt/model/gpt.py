@@ -308,13 +308,13 @@ class GPT(nn.Module):
                                     doc_start=(inputs_BT == cfg.bos_id) if self.key_offset and cfg.doc_masking else None))
         if rope is None and rt.yarn is not None:
             rope = RopeState(self.rotary.cos, self.rotary.sin, self.yarn_scale)
-        if rope is not None:  # YaRN only: without it the context is left as built
-            ctx.rope = rope
         # Every layer rotates by the same tables: made here once a forward, before the blocks, which only read them (a
         # dict filled inside a block broke activation checkpointing's recomputation and added per-block recompiles).
-        # A new dict each call: a context passed in again must not keep another call's.
+        # A new dict each call: a context passed in again must not keep another call's. The blocks get the row's
+        # rotation and YaRN's query scale, not the state's whole tables (AttnContext.q_scale says why).
         pos = kv_cache.pos if kv_cache is not None else 0
-        tables = (ctx.rope.cos, ctx.rope.sin) if ctx.rope is not None else None
+        tables = (rope.cos, rope.sin) if rope is not None else None
+        ctx.q_scale = rope.scale if rope is not None else None
         ctx.rotary_tables = {paired: self.rotary.cos_sin(inputs_BT.size(1), pos, paired=paired, tables=tables)
                              for paired in self.rotary_kinds}
         dtype = rt.dtype

@@ -79,13 +79,14 @@ class Rotary(nn.Module):
         return cos[None, :, None, :], sin[None, :, None, :]
 
     def forward(self, x_BTHD: torch.Tensor, pos_offset: int = 0, *, paired: bool = False,
-                tables: tuple[torch.Tensor, torch.Tensor] | None = None, scale: torch.Tensor | None = None,
+                scale: torch.Tensor | None = None,
                 cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """x rotated; `scale` (a 0-d tensor) multiplies the result in float32, before the cast back
         (YaRN's attention scale, applied to the queries: one rounding instead of two); `cos_sin`: the rotation
-        cos_sin(T, pos_offset, paired=paired, tables=tables) gives, taken once for all layers."""
+        cos_sin(T, pos_offset, paired=paired, tables=...) gives, taken once for all layers (default: this
+        module's own tables)."""
         B, T, H, D = x_BTHD.shape
-        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(T, pos_offset, paired=paired, tables=tables)
+        cos, sin = cos_sin if cos_sin is not None else self.cos_sin(T, pos_offset, paired=paired)
         x = x_BTHD.view(B, T, H // 2, 2, D) if paired else x_BTHD
         x1, x2 = x.float().chunk(2, dim=-1)
         y1 = x1 * cos + x2 * sin

@@ -33,7 +33,7 @@ SCALE_SLOPE = 0.2  # attention scale x (SCALE_SLOPE * ln(new / old) + 1) per gro
 
 
 class RopeState(NamedTuple):
-    """YaRN's state in the form a forward takes it (`rope`, AttnContext.rope): the rotary tables at the state's
+    """YaRN's state in the form a forward takes it (GPT.forward's `rope`): the rotary tables at the state's
     frequencies (Rotary.tables: every position's cos and sin) and the attention-scale multiplier (0-d float32)."""
 
     cos: torch.Tensor
