@@ -166,3 +166,39 @@ def test_fsdp_reduces_gradients_in_bf16_when_grad_comm_dtype_says_so():
             assert exact and set(exact.values()) == {rounded}, (comm, exact)
     finally:
         teardown()
+
+
+def test_fsdp_in_bf16_hands_the_blocks_the_rotation_and_yarn_scale_in_float32_as_ddp_does():
+    """The model keeps the rotary tables and YaRN's query scale in float32 (the rotation is computed in float32);
+    FSDP2's mixed precision would cast a sharded block's floating inputs to bf16 on every call. With the policy's
+    input cast off, a block under FSDP in bf16 gets them as the unsharded model's blocks do: float32, equal."""
+    from speedgpt.parallel.dist import ensure_process_group, teardown
+    from speedgpt.plan import RunPlan
+
+    cpu = torch.device("cpu")
+    cfg = apply_overrides(run_cfg("unused"), ["--model.yarn=true", "--train.dtype=bfloat16", "--model.paired_head_layers=[1]",
+                                              "--schedule.window_start=16", "--schedule.window_end=64",
+                                              "--schedule.window_block=16"])
+    x = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(0))
+    freq, scale = RunPlan.of(cfg).yarn.state(cfg.train.steps // 2)
+    seen = {}
+
+    def contexts(model, name):
+        seen[name] = []
+        for block in model.blocks:
+            block.register_forward_pre_hook(lambda _mod, args: seen[name].append(args[5]))
+        model(x, x, rope=model.rope_state(freq, scale)).backward()  # a backward: the bf16 path runs end to end
+
+    ensure_process_group(cpu)
+    try:
+        contexts(build_fsdp_model(cfg, cpu, 1), "fsdp")
+    finally:
+        teardown()
+    contexts(model_from_config(cfg, "cpu"), "plain")
+    assert len(seen["fsdp"]) == len(seen["plain"]) == cfg.model.depth
+    for sharded, plain in zip(seen["fsdp"], seen["plain"]):
+        assert sharded.q_scale.dtype == torch.float32 and torch.equal(sharded.q_scale, plain.q_scale)
+        for paired, (cos, sin) in plain.rotary_tables.items():
+            assert cos.dtype == sin.dtype == torch.float32
+            assert torch.equal(sharded.rotary_tables[paired][0], cos)
+            assert torch.equal(sharded.rotary_tables[paired][1], sin)

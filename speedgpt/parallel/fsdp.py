@@ -35,12 +35,16 @@ def device_mesh(device: torch.device, world_size: int):
 
 def mixed_precision(dtype: torch.dtype, reduce_dtype: torch.dtype | None = None):
     """FSDP2's policy for compute dtype `dtype`; `reduce_dtype` (parallel.grad_comm_dtype; None: fp32)
-    is the dtype gradients are reduce-scattered in."""
+    is the dtype gradients are reduce-scattered in. The forward's inputs are left as the model makes them
+    (cast_forward_inputs off): it casts its activations to the compute dtype itself, and what it keeps in float32
+    on purpose, the rotary tables and YaRN's query scale each block receives, FSDP2 would round to bf16 in every
+    block, where the same run under DDP keeps them exact."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if dtype == torch.float32:
-        return MixedPrecisionPolicy(reduce_dtype=reduce_dtype)  # fp32 unless bf16 comm (CPU runs and tests)
-    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype or torch.float32)
+    if dtype == torch.float32:  # fp32 unless bf16 comm (CPU runs and tests)
+        return MixedPrecisionPolicy(reduce_dtype=reduce_dtype, cast_forward_inputs=False)
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=reduce_dtype or torch.float32,
+                                cast_forward_inputs=False)
 
 
 def build_fsdp_model(cfg: Config, device: torch.device, world_size: int) -> GPT:
