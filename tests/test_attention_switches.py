@@ -350,7 +350,8 @@ def test_kv_cache_sampling_reads_the_yarn_state_from_the_device_and_samples_as_b
     rt = runtime_for(cfg, "cpu", window_block=16, windows=(64, 32)).replace(yarn=(tuple(freq.tolist()), scale))
     m = live(build_model(cfg, 64, rt, seed=0))
     seen = []  # each call's AttnContext: the rotation its layers read and YaRN's query scale
-    m.blocks[0].register_forward_pre_hook(lambda _mod, args: seen.append((args[5].rotary_tables[False], args[5].q_scale)))
+    m.blocks[0].register_forward_pre_hook(
+        lambda _mod, args: seen.append((args[5].rotary_tables[False], args[5].q_scale)))
     prompts = [[BOS_ID, 11, 12, 13], [BOS_ID, 21]]
     cached = generate_batch(m, prompts, 12, temperature=1.0, top_k=50, seed=3, stop_token=None)
     # views of the model's own tables and its scale buffer, every call: nothing made or copied per token

@@ -176,9 +176,9 @@ def test_fsdp_in_bf16_hands_the_blocks_the_rotation_and_yarn_scale_in_float32_as
     from speedgpt.plan import RunPlan
 
     cpu = torch.device("cpu")
-    cfg = apply_overrides(run_cfg("unused"), ["--model.yarn=true", "--train.dtype=bfloat16", "--model.paired_head_layers=[1]",
-                                              "--schedule.window_start=16", "--schedule.window_end=64",
-                                              "--schedule.window_block=16"])
+    cfg = apply_overrides(run_cfg("unused"), ["--model.yarn=true", "--train.dtype=bfloat16",
+                                              "--model.paired_head_layers=[1]", "--schedule.window_start=16",
+                                              "--schedule.window_end=64", "--schedule.window_block=16"])
     x = torch.randint(0, 64, (1, 32), generator=torch.Generator().manual_seed(0))
     freq, scale = RunPlan.of(cfg).yarn.state(cfg.train.steps // 2)
     seen = {}

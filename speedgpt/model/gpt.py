@@ -204,7 +204,8 @@ class GPT(nn.Module):
             self.yarn_freq.copy_(torch.tensor(self.runtime.yarn[0], dtype=torch.float32))
             self.yarn_scale.copy_(torch.tensor(self.runtime.yarn[1], dtype=torch.float32))
         # With YaRN the model's own tables are its default state's: a forward given no state rotates by them.
-        self.rotary.init_tables(self.embed.weight.device, freq=self.yarn_freq if self.runtime.yarn is not None else None)
+        self.rotary.init_tables(self.embed.weight.device,
+                                freq=self.yarn_freq if self.runtime.yarn is not None else None)
         if self.tying is not None:
             self.embed_untied.fill_(False)  # training starts tied: the embedding holds the head's values
             self.embed_tied = True

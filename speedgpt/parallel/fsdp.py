@@ -38,7 +38,7 @@ def mixed_precision(dtype: torch.dtype, reduce_dtype: torch.dtype | None = None)
     is the dtype gradients are reduce-scattered in. The forward's inputs are left as the model makes them
     (cast_forward_inputs off): it casts its activations to the compute dtype itself, and what it keeps in float32
     on purpose, the rotary tables and YaRN's query scale each block receives, FSDP2 would round to bf16 in every
-    block, where the same run under DDP keeps them exact."""
+    block, where the same run under DDP keeps them in float32."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if dtype == torch.float32:  # fp32 unless bf16 comm (CPU runs and tests)
