@@ -61,6 +61,7 @@ def main() -> int:
     print(f"triton {triton.__version__}, sm_90 target, BLOCK {args.block}, {args.warps} warps "
           f"({per_thread} elements a thread)")
     print(f"{'kernel':<22} {'build s':>8} {'PTX lines':>10} {'cubin bytes':>12}")
+
     def build(fn, signature, block):
         return triton.compile(ASTSource(fn=fn, signature=signature, constexprs={"BLOCK": block}),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": args.warps})
