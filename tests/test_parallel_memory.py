@@ -103,3 +103,65 @@ def test_a_cpu_run_larger_than_the_machine_is_refused_at_start(monkeypatch):
         choose_strategy(small(), 2, cpu, dtype_bytes=4)
     monkeypatch.setattr(memory, "host_memory", lambda: None)  # an OS that does not say: no check
     assert choose_strategy(small(), 2, cpu, dtype_bytes=4)[0] == "ddp"
+
+
+def test_dense_mask_bytes_are_the_masks_sdpa_builds():
+    """The figure check_dense_masks refuses by is the bytes of the boolean masks build_context makes for sdpa."""
+    import torch
+
+    from speedgpt.model.attention import build_context
+    from speedgpt.train.build import dense_mask_bytes
+
+    inputs = torch.randint(0, 50, (3, 96))
+    inputs[:, ::40] = 50  # documents (BOS 50)
+    for keys in (["L"], ["L", "S"], ["L", "L2", "S", "S2"]):
+        ctx = build_context(inputs, backend="sdpa", windows=(64, 32), doc_masking=True, bos_id=50, patterns=keys,
+                            block=16)
+        built = sum(m.numel() * m.element_size() for m in ctx.masks.values())
+        assert built == dense_mask_bytes(3, 96, keys)
+
+
+def test_sdpa_mask_bytes_by_hand():
+    """On a CPU each sdpa call copies its mask to float32 (4 bytes an element), which training keeps for every attention
+    layer and validation one at a time; on CUDA only the boolean masks are counted."""
+    import torch
+
+    from speedgpt.train.build import sdpa_mask_bytes
+
+    layers = ["L", "S2", "L"]  # two layers of rows of 100, one paired-head layer of 200
+    masks = 3 * (100 ** 2 + 200 ** 2)  # one mask a key: L and S2, 3 rows
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert sdpa_mask_bytes(3, 100, layers, cuda, training=True) == masks
+    assert sdpa_mask_bytes(3, 100, layers, cpu, training=True) == masks + 4 * 3 * (2 * 100 ** 2 + 200 ** 2)
+    assert sdpa_mask_bytes(3, 100, layers, cpu, training=False) == masks + 4 * 3 * 200 ** 2
+
+
+def test_sdpa_masks_past_the_limit_are_refused_by_name():
+    """Wave 24: speedrun-latest under sdpa stopped at its first forward with a CUDA out-of-memory naming no fix (its
+    validation rows of 262,144 need 64 GiB a dense mask). Each row shape's masks are checked against the limit."""
+    import torch
+
+    from speedgpt.train.build import check_dense_masks, sdpa_mask_bytes
+
+    cpu, layers = torch.device("cpu"), ["L", "S"]
+    need = sdpa_mask_bytes(2, 4096, layers, cpu, training=False)
+    shapes = [("data.seq_len", 1, 1024, True), ("data.val_seq_len", 2, 4096, False)]
+    check_dense_masks(shapes, layers, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 1.001}"))
+    with pytest.raises(ConfigError, match=r"sdpa builds dense attention masks: 2 row\(s\) of 4,096 tokens "
+                                          r"\(data.val_seq_len\).*--model.attn_backend=flex.*shorter rows"):
+        check_dense_masks(shapes, layers, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 0.999}"))
+
+
+def test_a_run_whose_sdpa_masks_cannot_fit_stops_before_training(tiny_cfg, tmp_path, monkeypatch):
+    """The check runs in the trainer's setup, with validation's largest batch (here one row of 32,768: 1 GiB a mask
+    and its float32 copy 4 GiB); on a CPU without it the kernel killed such a run (exit 137, no message)."""
+    from speedgpt.train import loop
+
+    def past_the_check(*args):  # the next step of the setup: a run that gets here would go on to an sdpa forward
+        raise AssertionError("the setup went past the dense-mask check")
+
+    monkeypatch.setattr(loop, "fallback_notes", past_the_check)
+    cfg = apply_overrides(tiny_cfg, ["--model.attn_backend=sdpa", "--data.val_seq_len=32768", "--data.val_tokens=32768",
+                                     "--parallel.memory_limit_gib=4"])
+    with pytest.raises(ConfigError, match=r"1 row\(s\) of 32,768 tokens \(data.val_seq_len\) need 5.0 GiB"):
+        train(cfg, run_dir=tmp_path / "run", quiet=True)

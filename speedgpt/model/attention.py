@@ -65,11 +65,13 @@ def dense_mask(doc_BT: torch.Tensor | None, T: int, window, block: int, device: 
     # "key block > query block - window blocks" compares a row against a column, so no T x T tensor of block
     # distances is made (int64: 512 GiB at validation's rows of 262,144, 8x the mask itself; wave 24)
     first_excluded = q // block - window_blocks(window, block)
-    allowed = (k <= q) & (k // block > first_excluded)
+    allowed = k <= q
+    allowed &= k // block > first_excluded  # in place: at most two T x T masks at a time while building
     if doc_BT is None:
         return allowed[None, None]
-    same_doc = doc_BT[:, :, None] == doc_BT[:, None, :]
-    return (allowed[None] & same_doc)[:, None]
+    mask = doc_BT[:, :, None] == doc_BT[:, None, :]
+    mask &= allowed
+    return mask[:, None]
 
 
 def _nearest_first_lists(partial_BQK: torch.Tensor, full_BQK: torch.Tensor):

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError
+from ..model.attention import PAIRED
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..parallel.dist import DistInfo, barrier
@@ -118,8 +119,9 @@ def build_model(cfg: Config, device: torch.device, world_size: int, strategy: st
     return model_from_config(cfg, device, world_size=world_size)
 
 
-def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT) -> None:
-    """FlexAttention's masks come in blocks of schedule.window_block: every row length must be a multiple."""
+def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT, device: torch.device, val_batch_rows: int) -> None:
+    """FlexAttention's masks come in blocks of schedule.window_block: every row length must be a multiple. sdpa's
+    dense masks must fit the device (check_dense_masks); `val_batch_rows`: the rows of validation's largest batch."""
     rt, d = model.runtime, cfg.data
     block = rt.window_block
     lengths = [("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)]
@@ -129,6 +131,59 @@ def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT) -> None:
             raise ConfigError(f"{key}={length} must be a multiple of schedule.window_block={block} for "
                               f"FlexAttention; use {max(block, length // block * block)} or "
                               f"--model.attn_backend=sdpa")
+    if rt.attn_backend == "sdpa" and cfg.model.doc_masking:
+        shapes = [("data.val_seq_len" if d.val_seq_len else "data.seq_len", val_batch_rows, d.val_seq_len or d.seq_len,
+                   False)]
+        shapes += [(f"train.stages[{s.index}].seq_len" if plan.from_table else "data.seq_len",
+                    plan.stage_batch(s)[0], s.seq_len, True) for s in plan.stages]
+        layer_keys = [b.attn.mask_key for b in model.blocks if b.attn is not None]
+        check_dense_masks(shapes, layer_keys, device, cfg)
+
+
+def dense_mask_bytes(micro_rows: int, length: int, mask_keys) -> int:
+    """The boolean masks sdpa's forward holds for a micro-batch of rows of `length` tokens with document masking: one
+    (length x length) per row and mask key, (2 length)^2 for a paired-head key (its doubled sequence)."""
+    return micro_rows * sum(mask_side(length, key) ** 2 for key in set(mask_keys))
+
+
+def mask_side(length: int, key: str) -> int:
+    return 2 * length if key.endswith(PAIRED) else length
+
+
+def sdpa_mask_bytes(micro_rows: int, length: int, layer_keys, device: torch.device, training: bool) -> int:
+    """What sdpa's dense masks take at a forward's peak: the boolean masks (dense_mask_bytes), and on a CPU the float32
+    copy of its mask that every sdpa call makes (4 bytes an element: torch 2.13 on a CPU grew 68 MiB a layer at
+    rows of 4,096, 4.25 bytes an element), which training's backward keeps for each attention layer and validation
+    holds one at a time. CUDA's copies are not counted: there the figure is a lower bound."""
+    masks = dense_mask_bytes(micro_rows, length, layer_keys)
+    if device.type == "cuda":
+        return masks
+    copies = [4 * micro_rows * mask_side(length, key) ** 2 for key in layer_keys]
+    return masks + (sum(copies) if training else max(copies, default=0))
+
+
+def check_dense_masks(shapes, layer_keys, device: torch.device, cfg: Config) -> None:
+    """Fail before the first forward when sdpa's dense masks (sdpa_mask_bytes) for the rows of some stage or of
+    validation pass the memory (the GPU's, parallel.memory_limit_gib, or the host's on a CPU). Wave 24's sdpa run of
+    speedrun-latest stopped at its first forward with a CUDA out-of-memory that named no fix; on a CPU the kernel
+    kills such a run without a word. `shapes`: (config key, rows per micro-step, row length, training) of each
+    shape the run meets; `layer_keys`: each attention layer's mask key."""
+    from ..parallel.memory import GIB, HEADROOM, device_memory_limit, host_memory
+
+    limit = device_memory_limit(cfg, device) if device.type == "cuda" or cfg.parallel.memory_limit_gib else None
+    limit = limit if limit is not None else host_memory()
+    if limit is None:
+        return
+    for key, micro_rows, length, training in shapes:
+        need = sdpa_mask_bytes(micro_rows, length, layer_keys, device, training)
+        if need > HEADROOM * limit:
+            where = "this GPU's" if device.type == "cuda" else "the limit's" if cfg.parallel.memory_limit_gib \
+                else "this machine's"
+            flex = ("--model.attn_backend=flex (a CUDA GPU of compute capability >= 8)" if device.type != "cuda"
+                    else "--model.attn_backend=flex")
+            raise ConfigError(f"model.attn_backend=sdpa builds dense attention masks: {micro_rows} row(s) of "
+                              f"{length:,} tokens ({key}) need {need / GIB:,.1f} GiB of them, more than "
+                              f"{HEADROOM:.0%} of {where} {limit / GIB:,.1f} GiB; use {flex} or shorter rows ({key})")
 
 
 def fallback_notes(cfg: Config, model: GPT, device: torch.device) -> list[str]:

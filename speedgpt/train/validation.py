@@ -46,6 +46,13 @@ class Validator:
         self.tokens = usable_val_tokens(d, val_files, log)
         check_val_ids(val_files, self.tokens + 1, vocab_size)  # the ids the model's table must hold
 
+    @property
+    def largest_batch_rows(self) -> int:
+        """The rows of the largest batch any rank scores (at least 1: a rank short of rows scores a one-row batch)."""
+        from ..data.val import rank_share
+
+        return max(1, min(self.micro_batch, rank_share(self.tokens // self.seq_len, self.dist.world_size, 0)[2]))
+
     @torch.no_grad()
     def loss(self, model, forward, windows, rope, *, warmup: bool = False) -> float:
         """Mean loss with `forward` (the model, compiled or not) at the given windows and rotary state;
