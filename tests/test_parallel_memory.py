@@ -106,50 +106,79 @@ def test_a_cpu_run_larger_than_the_machine_is_refused_at_start(monkeypatch):
 
 
 def test_dense_mask_bytes_are_the_masks_sdpa_builds():
-    """The figure check_dense_masks refuses by is the bytes of the boolean masks build_context makes for sdpa."""
+    """The boolean masks the check counts are the bytes of the masks build_context makes for sdpa."""
     import torch
 
     from speedgpt.model.attention import build_context
-    from speedgpt.train.build import dense_mask_bytes
+    from speedgpt.train.build import SdpaMasks
 
     inputs = torch.randint(0, 50, (3, 96))
     inputs[:, ::40] = 50  # documents (BOS 50)
-    for keys in (["L"], ["L", "S"], ["L", "L2", "S", "S2"]):
+    for keys in (("L",), ("L", "S"), ("L", "L2", "S", "S2")):
         ctx = build_context(inputs, backend="sdpa", windows=(64, 32), doc_masking=True, bos_id=50, patterns=keys,
                             block=16)
         built = sum(m.numel() * m.element_size() for m in ctx.masks.values())
-        assert built == dense_mask_bytes(3, 96, keys)
+        assert built == SdpaMasks(mask_keys=keys, layer_keys=keys).boolean_bytes(3, 96)
 
 
 def test_sdpa_mask_bytes_by_hand():
-    """On a CPU each sdpa call copies its mask to float32 (4 bytes an element), which training keeps for every attention
-    layer and validation one at a time; on CUDA only the boolean masks are counted."""
+    """On a CPU each sdpa call copies its mask to the compute dtype, which training keeps for every attention layer
+    (one at a time under activation checkpointing) and validation one at a time; on CUDA only the boolean masks
+    count."""
     import torch
 
-    from speedgpt.train.build import sdpa_mask_bytes
+    from speedgpt.train.build import SdpaMasks
 
-    layers = ["L", "S2", "L"]  # two layers of rows of 100, one paired-head layer of 200
-    masks = 3 * (100 ** 2 + 200 ** 2)  # one mask a key: L and S2, 3 rows
+    # two layers of rows of 100, one paired-head layer of 200; an attention-free layer's key S builds a mask too
+    masks = SdpaMasks(mask_keys=("L", "S", "S2"), layer_keys=("L", "S2", "L"))
+    held = 3 * (100 ** 2 + 100 ** 2 + 200 ** 2)  # one mask a key, 3 rows
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    assert sdpa_mask_bytes(3, 100, layers, cuda, training=True) == masks
-    assert sdpa_mask_bytes(3, 100, layers, cpu, training=True) == masks + 4 * 3 * (2 * 100 ** 2 + 200 ** 2)
-    assert sdpa_mask_bytes(3, 100, layers, cpu, training=False) == masks + 4 * 3 * 200 ** 2
+    assert masks.peak_bytes(3, 100, cuda, training=True) == held
+    assert masks.peak_bytes(3, 100, cpu, training=True) == held + 4 * 3 * (2 * 100 ** 2 + 200 ** 2)
+    assert masks.peak_bytes(3, 100, cpu, training=False) == held + 4 * 3 * 200 ** 2
+    bf16_checkpointed = SdpaMasks(mask_keys=("L", "S", "S2"), layer_keys=("L", "S2", "L"), copy_bytes=2,
+                                  checkpointed=True)
+    assert bf16_checkpointed.peak_bytes(3, 100, cpu, training=True) == held + 2 * 3 * 200 ** 2
 
 
-def test_sdpa_masks_past_the_limit_are_refused_by_name():
+def test_sdpa_masks_past_the_limit_are_refused_by_name(monkeypatch):
     """Wave 24: speedrun-latest under sdpa stopped at its first forward with a CUDA out-of-memory naming no fix (its
-    validation rows of 262,144 need 64 GiB a dense mask). Each row shape's masks are checked against the limit."""
+    validation rows of 262,144 need 64 GiB a dense mask). Each row shape's masks are checked against the limit; on a
+    CPU the host's memory is shared by its ranks."""
     import torch
 
-    from speedgpt.train.build import check_dense_masks, sdpa_mask_bytes
+    from speedgpt.parallel import memory
+    from speedgpt.train.build import SdpaMasks, check_dense_masks
 
-    cpu, layers = torch.device("cpu"), ["L", "S"]
-    need = sdpa_mask_bytes(2, 4096, layers, cpu, training=False)
+    cpu, masks = torch.device("cpu"), SdpaMasks(mask_keys=("L", "S"), layer_keys=("L", "S"))
+    need = masks.peak_bytes(2, 4096, cpu, training=False)
     shapes = [("data.seq_len", 1, 1024, True), ("data.val_seq_len", 2, 4096, False)]
-    check_dense_masks(shapes, layers, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 1.001}"))
+    check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 1.001}"))
     with pytest.raises(ConfigError, match=r"sdpa builds dense attention masks: 2 row\(s\) of 4,096 tokens "
                                           r"\(data.val_seq_len\).*--model.attn_backend=flex.*shorter rows"):
-        check_dense_masks(shapes, layers, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 0.999}"))
+        check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 0.999}"))
+    monkeypatch.setattr(memory, "host_memory", lambda: need / 0.9 * 1.5)  # one rank fits, two do not
+    check_dense_masks(shapes, masks, cpu, small())
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="for 2 ranks, more than 90% of this machine's"):
+        check_dense_masks(shapes, masks, cpu, small())
+
+
+def test_validation_largest_batch_rows():
+    """The rows of the largest validation batch any rank scores, as rank_val_batches deals them."""
+    from types import SimpleNamespace
+
+    from speedgpt.train.validation import Validator
+
+    def largest(rows, world_size, micro_batch):
+        stub = SimpleNamespace(tokens=rows * 8, seq_len=8, micro_batch=micro_batch,
+                               dist=SimpleNamespace(world_size=world_size))
+        return Validator.largest_batch_rows.fget(stub)
+
+    assert largest(10, 4, 2) == 2  # ranks of 3, 3, 2, 2 rows in batches of 2
+    assert largest(10, 4, 8) == 3
+    assert largest(3, 4, 2) == 1  # one rank holds no row: it scores a one-row batch
+    assert largest(40, 1, 16) == 16
 
 
 def test_a_run_whose_sdpa_masks_cannot_fit_stops_before_training(tiny_cfg, tmp_path, monkeypatch):
