@@ -110,7 +110,7 @@ def test_dense_mask_bytes_are_the_masks_sdpa_builds():
     import torch
 
     from speedgpt.model.attention import build_context
-    from speedgpt.train.build import SdpaMasks
+    from speedgpt.parallel.memory import SdpaMasks
 
     inputs = torch.randint(0, 50, (3, 96))
     inputs[:, ::40] = 50  # documents (BOS 50)
@@ -127,7 +127,7 @@ def test_sdpa_mask_bytes_by_hand():
     count."""
     import torch
 
-    from speedgpt.train.build import SdpaMasks
+    from speedgpt.parallel.memory import SdpaMasks
 
     # two layers of rows of 100, one paired-head layer of 200; an attention-free layer's key S builds a mask too
     masks = SdpaMasks(mask_keys=("L", "S", "S2"), layer_keys=("L", "S2", "L"))
@@ -148,20 +148,20 @@ def test_sdpa_masks_past_the_limit_are_refused_by_name(monkeypatch):
     import torch
 
     from speedgpt.parallel import memory
-    from speedgpt.train.build import SdpaMasks, check_dense_masks
+    from speedgpt.parallel.memory import SdpaMasks, check_dense_masks
 
     cpu, masks = torch.device("cpu"), SdpaMasks(mask_keys=("L", "S"), layer_keys=("L", "S"))
     need = masks.peak_bytes(2, 4096, cpu, training=False)
     shapes = [("data.seq_len", 1, 1024, True), ("data.val_seq_len", 2, 4096, False)]
-    check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 1.001}"))
+    check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 1.001}"), 1)
     with pytest.raises(ConfigError, match=r"sdpa builds dense attention masks: 2 row\(s\) of 4,096 tokens "
                                           r"\(data.val_seq_len\).*--model.attn_backend=flex.*shorter rows"):
-        check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 0.999}"))
+        check_dense_masks(shapes, masks, cpu, small(f"--parallel.memory_limit_gib={need / 0.9 / GIB * 0.999}"), 1)
     monkeypatch.setattr(memory, "host_memory", lambda: need / 0.9 * 1.5)  # one rank fits, two do not
-    check_dense_masks(shapes, masks, cpu, small())
+    check_dense_masks(shapes, masks, cpu, small(), 1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="for 2 ranks, more than 90% of this machine's"):
-        check_dense_masks(shapes, masks, cpu, small())
+        check_dense_masks(shapes, masks, cpu, small(), 1)
 
 
 def test_validation_largest_batch_rows():

@@ -27,6 +27,12 @@ FLEX_BLOCK = 128
 PAIRED = "2"  # suffix of the mask keys of paired-head layers ("L2", "S2"): masks over the doubled sequence
 
 
+def mask_side(T: int, key: str) -> int:
+    """The side of mask `key`'s masks for rows of T tokens: a paired-head key's sequence is doubled (two heads a
+    position)."""
+    return 2 * T if key.endswith(PAIRED) else T
+
+
 @dataclass
 class AttnContext:
     backend: str
@@ -203,7 +209,7 @@ def build_context(inputs_BT: torch.Tensor, *, backend: str, windows, doc_masking
             continue
         window = windows[0] if key[0] == "L" else windows[1]
         paired = key.endswith(PAIRED)
-        d, n = (doubled, 2 * T) if paired else (doc, T)
+        d, n = doubled if paired else doc, mask_side(T, key)
         if backend == "flex":
             if paired not in flex:
                 flex[paired] = FlexMasks(d, block)

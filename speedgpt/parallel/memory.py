@@ -155,13 +155,76 @@ def choose_strategy(cfg: Config, world_size: int, device: torch.device, *, dtype
         knobs.append("more GPUs")
         raise ConfigError(f"does not fit: {est.describe()}, over {HEADROOM:.0%} of {limit / GIB:.1f} GiB; "
                           f"try {', '.join(knobs)}")
-    ram = host_memory() if limit is None and device.type == "cpu" else None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))  # the ranks on this host (torchrun sets it)
+    ram, local = host_share(device, world_size) if limit is None else (None, 1)
     if ram and est.total * local > ram:  # a host's CPU ranks share its memory; past it the run dies of OOM later
         raise ConfigError(f"does not fit: {est.describe()}{f' x {local} ranks' if local > 1 else ''}, more than this "
                           f"machine's {ram / GIB:.1f} GiB; try a smaller --model.depth or --train.micro_batch_size, "
                           f"or a GPU (a CPU preset: --preset tiny-cpu; --parallel.memory_limit_gib=N sets the limit)")
     return strategy, est
+
+
+def host_share(device: torch.device, world_size: int) -> tuple[float | None, int]:
+    """On a CPU: this machine's memory (None where the OS does not say) and the ranks on it that share it (torchrun's
+    LOCAL_WORLD_SIZE, else all `world_size`). Elsewhere (None, 1): a GPU's memory is its process's own."""
+    if device.type != "cpu":
+        return None, 1
+    return host_memory(), int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+
+
+@dataclass(frozen=True)
+class SdpaMasks:
+    """What sdpa's dense masks of a model take: `mask_keys`, the masks each forward builds (GPT.mask_keys);
+    `layer_keys`, each attention layer's; `copy_bytes`, the compute dtype's size; `checkpointed`, activation
+    checkpointing."""
+
+    mask_keys: tuple[str, ...]
+    layer_keys: tuple[str, ...]
+    copy_bytes: int = 4
+    checkpointed: bool = False
+
+    def boolean_bytes(self, micro_rows: int, length: int) -> int:
+        """The boolean masks a forward holds for a micro-batch of rows of `length` tokens: one a row and key."""
+        from ..model.attention import mask_side
+
+        return micro_rows * sum(mask_side(length, key) ** 2 for key in set(self.mask_keys))
+
+    def peak_bytes(self, micro_rows: int, length: int, device: torch.device, training: bool) -> int:
+        """The boolean masks, and on a CPU the copy of its mask in the compute dtype that each sdpa call makes (torch
+        2.13 on a CPU grew 68 MiB a layer at rows of 4,096 in float32: 4.25 bytes an element), which training's
+        backward keeps for each attention layer (one at a time under activation checkpointing, whose blocks save
+        nothing) and validation holds one at a time. CUDA's copies are not counted: there the figure is a lower
+        bound."""
+        from ..model.attention import mask_side
+
+        masks = self.boolean_bytes(micro_rows, length)
+        if device.type == "cuda":
+            return masks
+        copies = [self.copy_bytes * micro_rows * mask_side(length, key) ** 2 for key in self.layer_keys]
+        return masks + (sum(copies) if training and not self.checkpointed else max(copies, default=0))
+
+
+def check_dense_masks(shapes, attention: SdpaMasks, device: torch.device, cfg: Config, world_size: int) -> None:
+    """Fail before the first forward when sdpa's dense masks (SdpaMasks.peak_bytes) for the rows of some stage or of
+    validation pass the memory choose_strategy checks against: the GPU's or parallel.memory_limit_gib, else on a
+    CPU the host's, shared by its ranks. Wave 24's sdpa run of speedrun-latest stopped at its first forward with a
+    CUDA out-of-memory that named no fix; on a CPU the kernel killed such a run without a word. `shapes`: (config
+    key, rows per micro-step, row length, training) of each shape the run meets."""
+    limit, ranks = device_memory_limit(cfg, device), 1
+    if limit is None:
+        limit, ranks = host_share(device, world_size)
+    if limit is None:
+        return
+    for key, micro_rows, length, training in shapes:
+        need = attention.peak_bytes(micro_rows, length, device, training) * ranks
+        if need > HEADROOM * limit:
+            where = "this GPU's" if device.type == "cuda" else "the limit's" if cfg.parallel.memory_limit_gib \
+                else "this machine's"
+            flex = ("--model.attn_backend=flex (a CUDA GPU of compute capability >= 8)" if device.type != "cuda"
+                    else "--model.attn_backend=flex")
+            raise ConfigError(f"model.attn_backend=sdpa builds dense attention masks: {micro_rows} row(s) of "
+                              f"{length:,} tokens ({key}) need {need / GIB:,.1f} GiB of them"
+                              f"{f' for {ranks} ranks' if ranks > 1 else ''}, more than {HEADROOM:.0%} of {where} "
+                              f"{limit / GIB:,.1f} GiB; use {flex} or shorter rows ({key})")
 
 
 def host_memory() -> float | None:

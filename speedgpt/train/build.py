@@ -4,14 +4,11 @@ that strategy; plus the lines that say what was built and which switches fall ba
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from ..config import Config, ConfigError
-from ..model.attention import PAIRED
 from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..parallel.dist import DistInfo, barrier
@@ -121,9 +118,11 @@ def build_model(cfg: Config, device: torch.device, world_size: int, strategy: st
     return model_from_config(cfg, device, world_size=world_size)
 
 
-def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT, device: torch.device, val_batch_rows: int) -> None:
+def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT, device: torch.device, world_size: int,
+                      val_batch_rows: int) -> None:
     """FlexAttention's masks come in blocks of schedule.window_block: every row length must be a multiple. sdpa's
-    dense masks must fit the device (check_dense_masks); `val_batch_rows`: the rows of validation's largest batch."""
+    dense masks must fit the device (parallel/memory.py check_dense_masks); `val_batch_rows`: the rows of
+    validation's largest batch."""
     rt, d = model.runtime, cfg.data
     block = rt.window_block
     lengths = [("data.seq_len", d.seq_len), ("data.val_seq_len", d.val_seq_len)]
@@ -138,71 +137,12 @@ def check_row_lengths(cfg: Config, plan: RunPlan, model: GPT, device: torch.devi
                    False)]
         shapes += [(f"train.stages[{s.index}].seq_len" if plan.from_table else "data.seq_len",
                     plan.stage_batch(s)[0], s.seq_len, True) for s in plan.stages]
+        from ..parallel.memory import SdpaMasks, check_dense_masks
+
         attention = SdpaMasks(mask_keys=tuple(model.mask_keys),
                               layer_keys=tuple(b.attn.mask_key for b in model.blocks if b.attn is not None),
                               copy_bytes=rt.dtype.itemsize, checkpointed=cfg.parallel.activation_checkpointing)
-        check_dense_masks(shapes, attention, device, cfg)
-
-
-def mask_side(length: int, key: str) -> int:
-    """A mask's side for rows of `length`: a paired-head key's sequence is doubled (two heads a position)."""
-    return 2 * length if key.endswith(PAIRED) else length
-
-
-@dataclass(frozen=True)
-class SdpaMasks:
-    """What sdpa's dense masks of a model take: `mask_keys`, the masks each forward builds (GPT.mask_keys);
-    `layer_keys`, each attention layer's; `copy_bytes`, the compute dtype's size; `checkpointed`, activation
-    checkpointing."""
-
-    mask_keys: tuple[str, ...]
-    layer_keys: tuple[str, ...]
-    copy_bytes: int = 4
-    checkpointed: bool = False
-
-    def boolean_bytes(self, micro_rows: int, length: int) -> int:
-        """The boolean masks a forward holds for a micro-batch of rows of `length` tokens: one a row and key."""
-        return micro_rows * sum(mask_side(length, key) ** 2 for key in set(self.mask_keys))
-
-    def peak_bytes(self, micro_rows: int, length: int, device: torch.device, training: bool) -> int:
-        """The boolean masks, and on a CPU the copy of its mask in the compute dtype that each sdpa call makes (torch
-        2.13 on a CPU grew 68 MiB a layer at rows of 4,096 in float32: 4.25 bytes an element), which training's
-        backward keeps for each attention layer (one at a time under activation checkpointing, whose blocks save
-        nothing) and validation holds one at a time. CUDA's copies are not counted: there the figure is a lower
-        bound."""
-        masks = self.boolean_bytes(micro_rows, length)
-        if device.type == "cuda":
-            return masks
-        copies = [self.copy_bytes * micro_rows * mask_side(length, key) ** 2 for key in self.layer_keys]
-        return masks + (sum(copies) if training and not self.checkpointed else max(copies, default=0))
-
-
-def check_dense_masks(shapes, attention: SdpaMasks, device: torch.device, cfg: Config) -> None:
-    """Fail before the first forward when sdpa's dense masks (SdpaMasks.peak_bytes) for the rows of some stage or of
-    validation pass the memory: the GPU's, parallel.memory_limit_gib, or on a CPU the host's shared by its ranks.
-    Wave 24's sdpa run of speedrun-latest stopped at its first forward with a CUDA out-of-memory that named no fix; on
-    a CPU the kernel killed such a run without a word. `shapes`: (config key, rows per micro-step, row length,
-    training) of each shape the run meets."""
-    from ..parallel.memory import GIB, HEADROOM, device_memory_limit, host_memory
-
-    limit = device_memory_limit(cfg, device) if device.type == "cuda" or cfg.parallel.memory_limit_gib else None
-    ranks = 1
-    if limit is None:
-        limit = host_memory()
-        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # the ranks on this host (torchrun sets it) share it
-    if limit is None:
-        return
-    for key, micro_rows, length, training in shapes:
-        need = attention.peak_bytes(micro_rows, length, device, training) * ranks
-        if need > HEADROOM * limit:
-            where = "this GPU's" if device.type == "cuda" else "the limit's" if cfg.parallel.memory_limit_gib \
-                else "this machine's"
-            flex = ("--model.attn_backend=flex (a CUDA GPU of compute capability >= 8)" if device.type != "cuda"
-                    else "--model.attn_backend=flex")
-            raise ConfigError(f"model.attn_backend=sdpa builds dense attention masks: {micro_rows} row(s) of "
-                              f"{length:,} tokens ({key}) need {need / GIB:,.1f} GiB of them"
-                              f"{f' for {ranks} ranks' if ranks > 1 else ''}, more than {HEADROOM:.0%} of {where} "
-                              f"{limit / GIB:,.1f} GiB; use {flex} or shorter rows ({key})")
+        check_dense_masks(shapes, attention, device, cfg, world_size)
 
 
 def fallback_notes(cfg: Config, model: GPT, device: torch.device) -> list[str]:

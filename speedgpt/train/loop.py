@@ -131,7 +131,8 @@ class Trainer:
         self.loader = train_loader(cfg, self.train_files, dist, self.micro_batch, self.grad_accum)
         self.control = RunControl(cfg.train, dist, self.stop_request)
         self.model: GPT = build_model(cfg, self.device, dist.world_size, self.strategy)
-        check_row_lengths(cfg, self.plan, self.model, self.device, self.validator.largest_batch_rows)
+        check_row_lengths(cfg, self.plan, self.model, self.device, dist.world_size,
+                          self.validator.largest_batch_rows)
         for note in fallback_notes(cfg, self.model, self.device):
             self.log(note)
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device, strategy=self.strategy,

@@ -48,10 +48,11 @@ class Validator:
 
     @property
     def largest_batch_rows(self) -> int:
-        """The rows of the largest batch any rank scores (at least 1: a rank short of rows scores a one-row batch)."""
-        from ..data.val import rank_share
+        """The rows of the largest batch any rank scores: rank 0's first, as rank_val_batches deals them (rank 0 holds
+        the most rows; at least 1: a rank short of rows scores a one-row batch)."""
+        from ..data.val import batch_rows
 
-        return max(1, min(self.micro_batch, rank_share(self.tokens // self.seq_len, self.dist.world_size, 0)[2]))
+        return max(1, batch_rows(self.tokens // self.seq_len, self.dist.world_size, self.micro_batch, 0)[0])
 
     @torch.no_grad()
     def loss(self, model, forward, windows, rope, *, warmup: bool = False) -> float:
