@@ -75,11 +75,20 @@ def grid(depths: list[int], budgets: list[float], kind: str) -> list[Point]:
     return [Point(d, b, f"d{d}-{_fmt_budget(kind, b)}") for b in budgets for d in depths]
 
 
+# The keys a sweep sets per run: an override of one of them would be overridden in turn.
+SWEPT_KEYS = ("model.depth", "model.model_dim", "model.num_heads", "train.tokens_per_param", "train.flops_budget")
+
+
 def run_overrides(point: Point, kind: str) -> list[str]:
-    """The per-run keys: the depth (width and heads derived from it) and the budget."""
+    """The per-run keys (SWEPT_KEYS): the depth (width and heads derived from it) and the budget."""
     other = "flops_budget" if kind == "tokens_per_param" else "tokens_per_param"
     return [f"--model.depth={point.depth}", "--model.model_dim=0", "--model.num_heads=0",
             f"--train.{kind}={point.budget!r}", f"--train.{other}=0"]
+
+
+def point_overrides(point: Point, kind: str, overrides: list[str]) -> list[str]:
+    """Every override of a point's `speedgpt train`, as it runs and as `plan` resolves it."""
+    return [*overrides, *run_overrides(point, kind), "--run.report=false", f"--run.name={point.name}"]
 
 
 def _read_run(run_dir: Path):
@@ -126,8 +135,7 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
     else:
         shutil.rmtree(run_dir, ignore_errors=True)  # a run that died before its first checkpoint
         run_dir.mkdir(parents=True)
-        cmd += ["--preset", preset, *overrides, *run_overrides(point, kind), "--run.report=false", f"--run.name={point.name}",
-                "--run-dir", str(run_dir)]
+        cmd += ["--preset", preset, *point_overrides(point, kind, overrides), "--run-dir", str(run_dir)]
         echo(f"sweep: {point.name}: training")
     with open(run_dir / "train.log", "a") as log:
         # By path, like `speedgpt ab` (ab/run.py execute): an inherited cwd that was replaced breaks `import torch`.
@@ -307,6 +315,9 @@ def _numbers(text: str, flag: str, cast) -> list:
         raise SweepError(f"{flag} {text!r}: give comma-separated numbers, {example}") from None
     if not values or any(v <= 0 for v in values):
         raise SweepError(f"{flag} {text!r}: give positive numbers, {example}")
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:  # two points of one name would train into one directory
+        raise SweepError(f"{flag} {text!r} names {', '.join(f'{v:g}' for v in twice)} twice; give each value once")
     return values
 
 
@@ -326,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")
+    swept = [o for o in overrides if o[2:].split("=", 1)[0] in SWEPT_KEYS]
+    if swept:
+        p.error(f"{' '.join(swept)}: the sweep sets {', '.join(SWEPT_KEYS)} per run; give depths with --depths and "
+                f"budgets with --flops or --tokens-per-param")
     out = Path(args.out)
     from .config import ConfigError, default_preset
     from .outdir import OutDirError, make_out_dir, os_error_line
@@ -341,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
         budgets = _numbers(args.tokens_per_param or args.flops, _FLAGS[kind], float)
         points = grid(depths, budgets, kind)
         preset = args.preset or default_preset(gpu=SWEEP_GPU_PRESET)
-        plan(points, kind, preset, overrides)  # every run's config resolves before any starts
+        planned = plan(points, kind, preset, overrides)  # every run's config resolves before any starts
+        check_existing(out, planned)
         if args.dry_run:
             return 0
         make_out_dir(out)
@@ -361,16 +377,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> None:
-    """Resolve every run's budget in-process and print it: a bad grid fails before any training."""
+def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo=print) -> dict[str, dict]:
+    """Resolve every run's budget in-process and print it: a bad grid fails before any training. Returns each
+    point's resolved config (`comparable_config`) by name."""
     from .budget import BudgetBelowOneStep, describe
     from .config import resolve
     from .data.shards import given_shards_problem
     from .planner import plan_run
+    from .rundir.reuse import comparable_config
 
+    planned = {}
     for pt in points:
         try:
-            run_plan = plan_run(resolve(preset, None, [*overrides, *run_overrides(pt, kind)]))
+            cfg = resolve(preset, None, point_overrides(pt, kind, overrides))
+            run_plan = plan_run(cfg)
         except BudgetBelowOneStep as e:  # a point of no step would train one and stand on the frontier as this one
             flag = _FLAGS[kind]
             raise SweepError(f"{flag} {pt.budget:g} is less than one training step at depth {pt.depth} ({pt.name}); "
@@ -385,4 +405,18 @@ def plan(points: list[Point], kind: str, preset: str, overrides: list[str], echo
         for line in run_plan.budget_lines:
             if line.startswith("warning:"):
                 echo(f"sweep: {pt.name}: {line}")
+        planned[pt.name] = comparable_config(run_plan.cfg.to_dict())  # as train saves it: steps derived
+    return planned
+
+
+def check_existing(out: Path, planned: dict[str, dict]) -> None:
+    """A run a sweep finds in its directory is skipped or resumed only when it is the run this command plans: a
+    finished run of other settings would stand in the table as this one's."""
+    from .rundir.reuse import config_differences
+
+    for name, cfg in planned.items():
+        diff = config_differences(out / name, cfg)
+        if diff:
+            raise SweepError(f"{out / name} holds a run of other settings (differs in {', '.join(diff[:4])}); "
+                             f"use a new --out for these settings, or delete that run to train it again")
 

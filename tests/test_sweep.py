@@ -72,6 +72,11 @@ def test_sweep_end_to_end_and_resumable(tmp_path, text_shards, capsys):
     assert main(args) == 0  # everything finished: nothing is trained again
     assert capsys.readouterr().out.count("finished earlier, skipped") == 4
     assert before == {n: (out / n / "metrics.jsonl").read_text() for n in names}
+    # other settings into the same directory: refused before any run, not the old runs reported as theirs
+    assert main([*args, "--optim.muon_lr=0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a run of other settings (differs in optim.muon_lr)" in err and "use a new --out" in err
+    assert before == {n: (out / n / "metrics.jsonl").read_text() for n in names}
 
 
 def test_sweep_errors_name_the_fix(tmp_path, capsys):
@@ -81,6 +86,11 @@ def test_sweep_errors_name_the_fix(tmp_path, capsys):
     assert "no finished run" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--depths", "2,x", "--flops", "1e12"]) == 2
     assert "--depths '2,x': give comma-separated numbers" in capsys.readouterr().err
+    assert main(["--out", str(tmp_path), "--depths", "2,3,2", "--flops", "1e12"]) == 2  # one directory, two runs
+    assert "--depths '2,3,2' names 2 twice; give each value once" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the sweep sets the depth per run: this one would be overridden
+        main(["--out", str(tmp_path), "--depths", "2", "--flops", "1e12", "--model.depth=5"])
+    assert e.value.code == 2 and "--model.depth=5: the sweep sets model.depth" in capsys.readouterr().err
     assert main(["--out", str(tmp_path), "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu",
                  "--model.value_embeds=3"]) == 2
     assert "model.value_embeds=3 needs depth >= 6" in capsys.readouterr().err

@@ -3,10 +3,11 @@ each run's command and resolved config, and the launch order over devices."""
 
 from __future__ import annotations
 
-import json
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..rundir.reuse import comparable_config
 
 ARMS = ("a", "b")
 
@@ -88,14 +89,6 @@ def _resolve(arm: Arm, common: list[str], *, run: bool = False):
     except ConfigError as e:
         raise AbError(f"arm {arm.name.upper()}: {e}") from None
     return cfg
-
-
-def comparable_config(d: dict) -> dict:
-    """A config dict without what does not change a run's numbers' identity (its directory, name)."""
-    d = json.loads(json.dumps(d))
-    d["run"].pop("dir", None)
-    d["run"].pop("name", None)
-    return d
 
 
 def _config_without_seed_and_dir(cfg) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..atomic import atomic_write
 from ..provenance import PACKAGE_DIR
-from .plan import AbError, Plan, Run, comparable_config, waves
+from .plan import AbError, Plan, Run, waves
 
 STATUS_FILE = "ab_status.json"  # written into a run dir when the run failed
 LOG_FILE = "train.log"
@@ -23,20 +23,11 @@ LOG_FILE = "train.log"
 
 def check_existing(run: Run) -> None:
     """A run directory left by an earlier `ab` must hold this plan's configuration."""
-    from ..config import ConfigError
-    from ..rundir import RunDir
+    from ..rundir.reuse import config_differences
 
-    rundir = RunDir(run.run_dir)
-    if not rundir.is_run():
-        return
-    try:
-        have = comparable_config(rundir.read_config().to_dict())
-    except ConfigError:
-        return  # unreadable: the run is redone from scratch
-    if have != run.config:
-        diff = [f"{sec}.{k}" for sec in run.config if isinstance(run.config[sec], dict)
-                for k in run.config[sec] if have.get(sec, {}).get(k) != run.config[sec][k]]
-        raise AbError(f"{run.run_dir} holds a run of another configuration (differs in {', '.join(diff[:4]) or 'preset'}); "
+    diff = config_differences(run.run_dir, run.config)
+    if diff:
+        raise AbError(f"{run.run_dir} holds a run of another configuration (differs in {', '.join(diff[:4])}); "
                       f"use a new --out or delete it")
 
 

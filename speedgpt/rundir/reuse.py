@@ -33,6 +33,35 @@ class RunDirInUse(ValueError):
     pass
 
 
+def comparable_config(d: dict) -> dict:
+    """A config dict without what does not change a run's numbers' identity (its directory, name)."""
+    d = json.loads(json.dumps(d))
+    d["run"].pop("dir", None)
+    d["run"].pop("name", None)
+    return d
+
+
+def config_differences(run_dir: str | Path, planned: dict) -> list[str] | None:
+    """The keys (``section.key``) in which the run that ``run_dir`` holds differs from ``planned`` (a
+    `comparable_config`), [] where it is the same, None where the directory holds no readable run (a runner then
+    starts it afresh). `speedgpt ab` and `sweep` skip or resume a run they find only when it is this one."""
+    from ..config import ConfigError
+    from . import RunDir
+
+    rundir = RunDir(run_dir)
+    if not rundir.is_run():
+        return None
+    try:
+        have = comparable_config(rundir.read_config().to_dict())
+    except ConfigError:
+        return None
+    if have == planned:
+        return []
+    keys = [f"{sec}.{k}" for sec, value in planned.items() if isinstance(value, dict)
+            for k in value if have.get(sec, {}).get(k) != value[k]]
+    return keys or ["preset"]
+
+
 def holds_run(run_dir: str | Path) -> bool:
     return any((Path(run_dir) / name).exists() for name in _MARKS)
 
