@@ -139,6 +139,26 @@ def test_ab_end_to_end_resumes_without_retraining(text_shards, tmp_path, capsys)
     assert summarize(plan, "10.5", concurrent=2)["paired"]["time_to_target_s"]["note"].startswith("unavailable")
 
 
+def test_a_run_directory_of_another_configuration_is_refused(tmp_path):
+    """A finished run of other settings in ab's --out would be skipped and reported as this plan's."""
+    from speedgpt.ab.plan import AbError
+    from speedgpt.ab.run import check_existing
+    from speedgpt.config import resolve
+    from speedgpt.planner import plan_run
+    from speedgpt.rundir import RunDir
+
+    run = plan_for(tmp_path).runs[0]  # arm A, seed 1337, muon_lr 0.04
+    check_existing(run)  # no run there yet
+    overrides = [o for o in run.argv if o.startswith("--") and "." in o.split("=", 1)[0]]  # the run's own keys
+    assert "--optim.muon_lr=0.04" in overrides
+    RunDir(run.run_dir).write_config(plan_run(resolve("tiny-cpu", None, overrides)).cfg)
+    check_existing(run)  # this plan's own run: skipped or resumed
+    other = plan_run(resolve("tiny-cpu", None, [*overrides, "--optim.muon_lr=0.02"])).cfg
+    RunDir(run.run_dir).write_config(other)
+    with pytest.raises(AbError, match=r"holds a run of another configuration \(differs in optim.muon_lr\)"):
+        check_existing(run)
+
+
 class FakeProcess:
     """Stands in for a training subprocess that fails at once: B seed 1338 diverges, the rest crash."""
     launched: list[list[str]] = []
