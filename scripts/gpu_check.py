@@ -155,15 +155,17 @@ def check_fp8_ce(N=49152, Din=768, V=50304, vocab=50257, cap=15.0):
     return e[0] < 1e-2 and e[1] < 0.1 and e[2] < 0.1 and max(e_c) < 1e-4
 
 
-def check_generation(T=512):
-    """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward."""
+def generation_errors(overrides: list[str], T=512) -> dict:
+    """KV-cache decoding (a 300-token prefill, then one token a call) against the full flex forward, of a small
+    speedrun-124m with `overrides`: relative errors overall and by position, argmax agreement; the full forward also
+    through sdpa's dense masks and with a bf16 head, same weights."""
     from speedgpt.config import apply_overrides, load_preset
     from speedgpt.model.attention import KVCache
     from speedgpt.model.build import build_model
     from speedgpt.model.runtime import runtime_for
 
     cfg = apply_overrides(load_preset("speedrun-124m"), ["--model.depth=4", "--model.attn_free_layers=[2]",
-                                                          "--model.window_pattern=LS"]).model
+                                                          "--model.window_pattern=LS", *overrides]).model
     runtime = runtime_for(cfg, "cuda", dtype=torch.bfloat16, window_block=128, windows=(256, 128))
     runtime = runtime.replace(attn_backend="flex")
     m = build_model(cfg, 1024, runtime, seed=0)
@@ -171,8 +173,10 @@ def check_generation(T=512):
         for name, p in m.named_parameters():
             if p.ndim >= 2 and p.abs().sum() == 0:  # zero-initialized projections and head
                 p.normal_(0, 0.02)
-    m_bf16_head = build_model(cfg, 1024, runtime.replace(fp8_head=False), seed=0)
-    m_bf16_head.load_state_dict(m.state_dict())
+    others = {}
+    for what, rt in (("bf16_head", runtime.replace(fp8_head=False)), ("sdpa", runtime.replace(attn_backend="sdpa"))):
+        others[what] = build_model(cfg, 1024, rt, seed=0)
+        others[what].load_state_dict(m.state_dict())
     g = torch.Generator(device="cuda").manual_seed(1)
     x = torch.randint(0, 50000, (1, T), device="cuda", generator=g)
     x[0, 0] = 50256
@@ -181,12 +185,27 @@ def check_generation(T=512):
         cache = KVCache(cfg.depth, 1, cfg.resolved_heads(), T, cfg.head_dim, x.device, torch.bfloat16)
         parts = [m(x[:, :300], kv_cache=cache)] + [m(x[:, t:t + 1], kv_cache=cache) for t in range(300, T)]
         inc = torch.cat(parts, dim=1).float()
-        bf16_head = m_bf16_head(x).float()
-    e_cache, e_fp8 = rel(inc, full), rel(full, bf16_head)
-    agree = (inc.argmax(-1) == full.argmax(-1)).float().mean().item()
-    print(f"generation: cached vs full logits rel err {e_cache:.2e} (argmax agreement {agree:.3f}); "
-          f"fp8 vs bf16 head rel err {e_fp8:.2e}; fp8 head was {'on' if runtime.fp8_head else 'off'}")
-    return e_cache < 0.05 and e_fp8 < 0.1 and agree > 0.95
+        bf16_head, sdpa = (others[w](x).float() for w in ("bf16_head", "sdpa"))
+    by_pos = ((inc - full).norm(dim=-1) / full.norm(dim=-1))[0]
+    return {"cache": rel(inc, full), "agree": (inc.argmax(-1) == full.argmax(-1)).float().mean().item(),
+            "prefill": by_pos[:300].max().item(), "decode": by_pos[300:].max().item(),
+            "fp8_head": rel(full, bf16_head), "sdpa_vs_flex": rel(sdpa, full), "cache_vs_sdpa": rel(inc, sdpa),
+            "fp8_head_on": runtime.fp8_head, "fp8_matmuls": bool(runtime.fp8_mlp or runtime.fp8_attn)}
+
+
+def check_generation():
+    """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward; with the preset's FP8 MLP and
+    attention matmuls, and without them."""
+    ok = True
+    for label, overrides in (("preset", []), ("no FP8 matmuls", ["--model.fp8_mlp=false", "--model.fp8_attn=false"])):
+        e = generation_errors(overrides)
+        print(f"generation ({label}; FP8 matmuls {'on' if e['fp8_matmuls'] else 'off'}, FP8 head "
+              f"{'on' if e['fp8_head_on'] else 'off'}): cached vs full logits rel err {e['cache']:.2e} (argmax agreement "
+              f"{e['agree']:.3f}; worst position: prefill {e['prefill']:.2e}, decode {e['decode']:.2e}); cached vs "
+              f"sdpa's full {e['cache_vs_sdpa']:.2e}; sdpa vs flex full {e['sdpa_vs_flex']:.2e}; fp8 vs bf16 head "
+              f"rel err {e['fp8_head']:.2e}", flush=True)
+        ok &= e["cache"] < 0.05 and e["fp8_head"] < 0.1 and e["agree"] > 0.95
+    return ok
 
 
 def check_cast():
