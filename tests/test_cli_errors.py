@@ -277,6 +277,15 @@ def test_eval_takes_every_flag_combination_the_docs_show(monkeypatch):
     assert len(called) == len(shown)
 
 
+@pytest.mark.parametrize("flags", [["--port", "9000"], ["--host", "0.0.0.0"], ["--host", "::1", "--port", "0"]])
+def test_chat_refuses_host_and_port_without_serve(flags, tmp_path, capsys):
+    # The terminal chat (and --prompt) listens on nothing: the port was silently ignored.
+    with pytest.raises(SystemExit) as e:
+        main(["chat", str(tmp_path), "--prompt", "hi", *flags])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and "say where --serve listens: add --serve" in err[-1], err
+
+
 OUT_COMMANDS = {
     "sweep": ["sweep", "--out", "OUT", "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu"],
     "ab": ["ab", "--preset", "tiny-cpu", "--a", "", "--b", "--model.depth=3", "--seeds", "2", "--out", "OUT"],
