@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from .commands.chat import cmd_chat
 from .commands.data import cmd_data
@@ -79,6 +80,21 @@ COMMANDS = {
 
 LOADS_TORCH = {"train", "bench", "eval", "sample", "export", "sft", "chat"}
 
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_python_formatwarning = warnings.formatwarning
+
+
+def _warnings_as_lines(name: str) -> None:
+    """speedgpt's own warnings (a skipped unreadable metrics line, a bad shard skipped) speak to the user: one line
+    naming the command, not Python's "FILE:LINE: UserWarning: ..." and the source line under it. Others' (torch's)
+    keep Python's form, whose file and line say where to look."""
+    def one_line(message, category, filename, lineno, line=None):
+        if category is UserWarning and os.path.abspath(filename).startswith(_PACKAGE):
+            return f"speedgpt {name}: warning: {message}\n"
+        return _python_formatwarning(message, category, filename, lineno, line)
+
+    warnings.formatwarning = one_line
+
 
 def main(argv: list[str] | None = None) -> int:
     try:
@@ -113,6 +129,7 @@ def _main(argv: list[str] | None) -> int:
         return 2
     # Last resort for what a command does not handle itself: one line and a non-zero status (2 for bad
     # input, 1 for anything else), never a traceback (SPEEDGPT_DEBUG=1 shows it). Ctrl-C: "interrupted" and 130, the shell's code for SIGINT.
+    _warnings_as_lines(name)
     try:
         if name in LOADS_TORCH and not {"-h", "--help"} & set(argv):
             from .interrupt import holding_ctrl_c

@@ -106,6 +106,11 @@ def test_chat_eval_files_and_centring(tmp_path):
     arc.write_text('{"question": "q", "choices": ["a"], "answer": 0}\n')
     with pytest.raises(ValueError, match="line 1: not a multiple-choice item"):
         read_choice_file(arc)
+    # an empty (or blank) file is refused, not scored as an accuracy of 0 over n=0
+    for empty, read in ((tmp_path / "none.jsonl", read_exact_file), (tmp_path / "blank.jsonl", read_choice_file)):
+        empty.write_text("" if read is read_exact_file else "\n  \n")
+        with pytest.raises(ValueError, match=f"^{empty}: no examples"):
+            read(empty)
     # centred: chance scores 0, perfect 1, whatever the number of choices
     assert chatcore([TaskScore("a", 0.25, 0.25, 4), TaskScore("b", 1.0, 0.5, 2), TaskScore("c", 0.5, 0.0, 2)]) \
         == pytest.approx((0 + 1 + 0.5) / 3)

@@ -232,6 +232,60 @@ def test_counts_below_one_are_refused(argv, named, tmp_path, capsys):
     assert e.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--chat", "--hellaswag", "download"], "does not read --hellaswag"),
+    (["--chat", "--core"], "does not read --core"),
+    (["--chat", "--data", "X", "--tokens", "5"], "does not read --data --tokens"),
+    (["--chat", "--split", "train"], "does not read --split"),
+    (["--chat", "--core-bundle", "B", "--batch-rows", "2"], "does not read --core-bundle --batch-rows"),
+    (["--chat", "--limit", "5"], "--limit N with --chat limits the --chat-choice / --chat-exact files"),
+    (["--limit", "5"], "add --hellaswag"),
+    (["--core", "--limit", "5"], "add --hellaswag"),
+    (["--core-bundle", "DIR"], "--core-bundle: is for CORE; add --core"),
+    (["--core-limit", "5"], "--core-limit: is for CORE; add --core"),
+    (["--core-limit", "0", "--core"], "--core-limit 0: must be >= 1"),
+    (["--chat-examples", "0"], "--chat-examples: scores a chat model; add --chat"),
+    (["--chat-exact", "g.jsonl"], "--chat-exact: scores a chat model; add --chat"),
+])
+def test_eval_refuses_a_flag_its_mode_does_not_read(argv, named, tmp_path, capsys):
+    # Each was silently ignored: a `--chat --hellaswag download` scored no HellaSwag, with exit 0.
+    with pytest.raises(SystemExit) as e:
+        main(["eval", str(tmp_path), *argv])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and named in err[-1], err
+
+
+def test_eval_takes_every_flag_combination_the_docs_show(monkeypatch):
+    import re
+    import shlex
+    from pathlib import Path
+
+    from speedgpt.chat import evaluate as chat_evaluate
+    from speedgpt.commands.runs import EVAL_EPILOG
+    from speedgpt.eval import run as eval_run
+
+    root = Path(__file__).parent.parent
+    texts = [EVAL_EPILOG] + [f.read_text() for f in [root / "README.md", *sorted((root / "docs").glob("*.md"))]]
+    shown = {re.sub(r"[\[\]]", "", m).strip() for t in texts for m in re.findall(r"speedgpt eval ([^#`|\n]*)", t)}
+    shown = {re.sub(r"\bN\b", "100", command) for command in shown}  # README's "[--tokens N]"
+    assert len(shown) > 10 and any("--chat-exact" in c for c in shown) and any("--core-limit" in c for c in shown)
+    called = []
+    monkeypatch.setattr(eval_run, "evaluate_run", lambda *a, **kw: called.append(kw))
+    monkeypatch.setattr(chat_evaluate, "evaluate_chat", lambda *a, **kw: called.append(kw))
+    for command in sorted(shown):
+        assert main(["eval", *shlex.split(command)]) == 0, command
+    assert len(called) == len(shown)
+
+
+@pytest.mark.parametrize("flags", [["--port", "9000"], ["--host", "0.0.0.0"], ["--host", "::1", "--port", "0"]])
+def test_chat_refuses_host_and_port_without_serve(flags, tmp_path, capsys):
+    # The terminal chat (and --prompt) listens on nothing: the port was silently ignored.
+    with pytest.raises(SystemExit) as e:
+        main(["chat", str(tmp_path), "--prompt", "hi", *flags])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and "say where --serve listens: add --serve" in err[-1], err
+
+
 OUT_COMMANDS = {
     "sweep": ["sweep", "--out", "OUT", "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu"],
     "ab": ["ab", "--preset", "tiny-cpu", "--a", "", "--b", "--model.depth=3", "--seeds", "2", "--out", "OUT"],

@@ -73,6 +73,7 @@ def test_override_errors_name_the_key(override, fragment):
     (["--schedule.window_block=0"], "schedule.window_block=0 must be at least 1"),
     (["--schedule.kind=wsd"], "is constant_cooldown with a warmup"),
     (["--parallel.grad_comm_dtype=fp16"], "parallel.grad_comm_dtype='fp16' must be param or bf16"),
+    (["--run.sample_tokens=-1"], "run.sample_tokens=-1 must be >= 0"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

@@ -132,6 +132,8 @@ def test_help_says_a_long_document_gets_a_shard_of_its_own(capsys):
     (["tokenize", "X", "--workers", "0"], "--workers 0: must be >= 1"),  # was accepted
     (["local-python", "--workers", "-3"], "--workers -3: must be >= 1"),
     (["local-python", "--max-tokens", "-5"], "--max-tokens -5: must be >= 0"),
+    (["fineweb", "--shards", "0"], "--shards 0: must be 1..103"),  # passed, fetched the val shard alone
+    (["fineweb", "--shards", "104"], "--shards 104: must be 1..103"),
 ])
 def test_bad_counts_are_refused_by_name(tmp_path, capsys, argv, says):
     from speedgpt.cli import main

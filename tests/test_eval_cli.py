@@ -119,6 +119,18 @@ def test_eval_errors_are_one_line(tmp_path, capsys, args, message):
     assert message in err and err.count("\n") == 1 and err.startswith("speedgpt eval: ")
 
 
+@pytest.mark.parametrize("flag", ["--chat-exact", "--chat-choice"])
+def test_eval_chat_refuses_an_empty_task_file(tmp_path, capsys, flag):
+    # Refused before the model is loaded (so a base run shows it too), and nothing is logged.
+    run = make_run(tmp_path)
+    before = (run / "metrics.jsonl").read_text()
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert main(["eval", str(run), "--chat", flag, str(tmp_path / "empty.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"speedgpt eval: {tmp_path / 'empty.jsonl'}: no examples") and err.count("\n") == 1
+    assert (run / "metrics.jsonl").read_text() == before
+
+
 def test_run_without_checkpoints_is_an_error(tmp_path, capsys):
     run = make_run(tmp_path, steps=())
     assert main(["eval", str(run)]) == 2

@@ -30,6 +30,7 @@ def test_load_model_latest_or_named(run):
     assert locate(run).step == 2
     for name in (1, "1", "step_000001", str(run / "checkpoints" / "step_000001")):
         assert locate(run, name).step == 1
+    assert locate(run, "latest").step == 2  # the --checkpoint help's name for the default; it was refused
     one, _ = load_model(run, checkpoint=1)
     assert not torch.equal(one.embed.weight, model.embed.weight)
 

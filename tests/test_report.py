@@ -1,4 +1,6 @@
 import base64
+import contextlib
+import html
 import io
 import json
 import math
@@ -207,3 +209,58 @@ def test_report_out_on_a_file_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "is a file; pass a directory" in err[0]
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+@pytest.mark.parametrize("lines", ["", "garbage\n{\"no\": \"step\"}\n"])
+def test_a_run_with_nothing_to_report_is_one_line(lines, tmp_path, capsys):
+    """It wrote a page of "–" cells and empty panels, exit 0."""
+    run = tmp_path / "r"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(lines)
+    with pytest.warns(UserWarning) if lines else contextlib.nullcontext():
+        assert cli_main(["report", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"speedgpt report: error: {run}: its metrics.jsonl holds no readable record (the run logged no step "
+                   f"yet, or every line is unreadable); report it once it has trained a step"]
+    assert not (run / "report.png").exists() and not (run / "report.html").exists()
+
+
+def test_a_skipped_metrics_line_is_one_warning_line(tmp_path):
+    """It printed as Python's "speedgpt/rundir/metrics.py:210: UserWarning: ..." and the source line under it."""
+    import subprocess
+    import sys
+
+    run = make_run(tmp_path / "r", "warned", steps=130)
+    lines = len((run / "metrics.jsonl").read_text().splitlines())
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 131, "train_lo')  # a crash mid-write
+    out = subprocess.run([sys.executable, "-m", "speedgpt", "report", str(run)], cwd=tmp_path, capture_output=True,
+                         text=True, env={"PYTHONPATH": str(Path(report.__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.splitlines() == [f"speedgpt report: warning: {run / 'metrics.jsonl'}: skipped 1 unreadable "
+                                       f"line(s) (line {lines + 1}); likely a crash mid-write"], out.stderr
+
+
+def test_an_sft_run_reports_its_held_out_loss(tmp_path, capsys):
+    """An SFT run logs no val loss: its table's val cells are empty, and its held-out evaluations are said below."""
+    run = write_lines(tmp_path / "sft", [
+        {"event": "sft_eval", "step": 0, "heldout_loss": 10.5, "chatcore": 0.0},
+        {"step": 3, "train_loss": 8.1, "time_s": 2.3},
+        {"event": "sft_eval", "step": 3, "heldout_loss": 6.75, "chatcore": 0.125}])
+    assert cli_main(["report", str(run)]) == 0
+    said = "sft: SFT run, held-out assistant loss 10.5000 @0 -> 6.7500 @3, ChatCORE +0.125"
+    assert said in capsys.readouterr().out and html.escape(said) in (run / "report.html").read_text()
+
+
+def test_report_out_on_another_run_is_refused(tmp_path, capsys):
+    """`report A B --out C` replaced run C's own report.png and report.html."""
+    a, b, c = (make_run(tmp_path / n, n, steps=130) for n in "abc")
+    assert cli_main(["report", str(c)]) == 0
+    mine = (c / "report.html").read_text()
+    capsys.readouterr()
+    assert cli_main(["report", str(a), str(b), "--out", str(c)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--out {c} holds another run" in err[0] and f"({a / 'compare'})" in err[0]
+    assert (c / "report.html").read_text() == mine
+    assert cli_main(["report", str(a), str(b), "--out", str(a)]) == 0  # one of the runs reported: its own choice
+    assert cli_main(["report", str(a), str(b), "--out", str(tmp_path / "new")]) == 0

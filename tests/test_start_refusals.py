@@ -30,6 +30,33 @@ def test_a_val_shard_id_past_the_vocabulary_is_refused_at_start(bad_id, text_sha
     assert not (run / "config.toml").exists() and not (run / "metrics.jsonl").exists()  # no step, no run
 
 
+@pytest.mark.parametrize("extra, says", [
+    (["--run.sample_tokens=-1"], "run.sample_tokens=-1 must be >= 0"),
+    (["--run.sample_tokens=8", "--run.sample_prompt=" + " ".join(["word"] * 100)],
+     "run.sample_prompt is 101 tokens (with BOS), which does not fit the model's context of 64; shorten it, or give "
+     "--run.sample_tokens=0"),
+])
+def test_a_sample_that_cannot_be_printed_is_refused_at_start(extra, says, text_shards, tmp_path, capsys):
+    # Both were found after the whole run had trained: a raw torch error, and "prompt of 102 tokens does not fit".
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, *extra), capsys)
+    assert says in line, line
+    assert not (run / "config.toml").exists() and not (run / "metrics.jsonl").exists()  # no step, no run
+
+
+def test_a_sample_that_fails_after_training_leaves_the_report_written(text_shards, tmp_path, capsys, monkeypatch):
+    from speedgpt.infer import generate
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the sample broke")
+
+    monkeypatch.setattr(generate, "sample_text", broken)
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, "--run.sample_tokens=8", "--run.report=true"), capsys)
+    assert "the sample broke" in line
+    assert (run / "report.html").exists() and (run / "report.png").exists()
+
+
 def test_a_start_that_failed_before_its_first_step_does_not_block_the_retry(text_shards, tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()

@@ -132,6 +132,9 @@ def _lines(path: Path) -> list[tuple[int, dict]]:
                     out.append((n, json.loads(line)))
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path} line {n}: not JSON ({e.msg})") from None
+    if not out:  # scored, it would be an accuracy of 0 over n=0 averaged into ChatCORE
+        raise ValueError(f"{path}: no examples (the file is empty or blank); pass a JSONL file with one task "
+                         f"example per line (docs/chat.md)")
     return out
 
 
@@ -188,15 +191,16 @@ def evaluate_chat(source, *, choice_files=(), exact_files=(), per_task: int = 10
     from ..tokenizer.folder import run_tokenizer
     from .template import chat_template
 
+    if not (per_task or exact_files or choice_files):
+        raise ValueError("no chat task to score: --chat-examples 0 and no --chat-exact / --chat-choice file")
+    # The task files are read before the model is loaded, so that a bad one fails before any scoring.
+    exact = [(Path(f).stem, read_exact_file(Path(f))[:limit]) for f in exact_files]
+    choice = [(Path(f).stem, read_choice_file(Path(f))[:limit]) for f in choice_files]
     model, cfg = load_model(source, device=device, checkpoint=checkpoint)
     template = chat_template(run_tokenizer(source, cfg), cfg.model)
     scores = builtin_scores(model, template, per_task) if per_task else []
-    for f in exact_files:
-        scores.append(exact_match(model, template, Path(f).stem, read_exact_file(Path(f))[:limit]))
-    for f in choice_files:
-        scores.append(multiple_choice(model, template, Path(f).stem, read_choice_file(Path(f))[:limit]))
-    if not scores:
-        raise ValueError("no chat task to score: --chat-examples 0 and no --chat-exact / --chat-choice file")
+    scores += [exact_match(model, template, task, pairs) for task, pairs in exact]
+    scores += [multiple_choice(model, template, task, items) for task, items in choice]
     for s in scores:
         print_fn(f"{s.task:<16} accuracy {s.accuracy:6.1%}  (chance {s.chance:.0%}, centred {s.centred:+.3f}, n={s.n})")
     record = {"event": "chat_eval", "step": 0, "chatcore": chatcore(scores),

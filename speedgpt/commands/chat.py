@@ -25,18 +25,20 @@ def cmd_chat(argv: list[str]) -> int:
     p.add_argument("run_dir", metavar="RUN", help="an SFT run directory")
     p.add_argument("--prompt", metavar="TEXT", help="print one answer to TEXT and exit")
     p.add_argument("--serve", action="store_true", help="serve a chat web page instead of the terminal chat")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind with --serve (default 127.0.0.1: this "
-                                                       "machine only)")
-    p.add_argument("--port", type=int, default=8000, help="port with --serve (default 8000; 0: any free port)")
+    p.add_argument("--host", help="address to bind with --serve (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, help="port with --serve (default 8000; 0: any free port)")
     add_sampling_options(p, temperature=0.6, max_tokens=256, what="answer")
     p.add_argument("--checkpoint", metavar="STEP", help="a checkpoint step (default: the latest)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     args = p.parse_args(argv)
     check_sampling_options(p, args)
-    if not 0 <= args.port <= 65535:
+    if args.port is not None and not 0 <= args.port <= 65535:
         p.error(f"--port {args.port}: must be 0..65535")
     if args.prompt is not None and args.serve:
         p.error("--prompt answers once in the terminal; --serve serves the web page: pick one")
+    unserved = [flag for flag, value in (("--host", args.host), ("--port", args.port)) if value is not None]
+    if unserved and not args.serve:  # the terminal chat listens on nothing: the value would be silently ignored
+        p.error(f"{' and '.join(unserved)} say where --serve listens: add --serve, or drop them")
 
     from ..chat.session import ChatSession, ContextFull, cut_reason
     from ..chat.template import ConversationError, chat_template
@@ -56,7 +58,7 @@ def cmd_chat(argv: list[str]) -> int:
                            max_new_tokens=args.max_tokens, seed=args.seed)
 
     if args.serve:
-        return _serve(session, args.host, args.port)
+        return _serve(session, args.host or "127.0.0.1", 8000 if args.port is None else args.port)
     if args.prompt is not None:
         chat = session()
         try:

@@ -43,7 +43,13 @@ def cmd_data(argv: list[str]) -> int:
     if args.what == "local-python" and args.piece_chars < 0:
         p.error(f"--piece-chars {args.piece_chars}: must be >= 0 (0: one document per file)")
     if getattr(args, "workers", None) is not None and args.workers < 1:
-        p.error(f"--workers {args.workers}: must be >= 1 (leave it out for one a CPU)")
+        p.error(f"--workers {args.workers}: must be >= 1 (leave it out for one per CPU)")
+    if args.what == "fineweb":
+        from ..data.fineweb import FINEWEB_TRAIN_SHARDS
+
+        if not 1 <= args.shards <= FINEWEB_TRAIN_SHARDS:  # 0 fetched the val shard alone: nothing to train on
+            p.error(f"--shards {args.shards}: must be 1..{FINEWEB_TRAIN_SHARDS} (train shards of 100M tokens; the "
+                    f"val shard comes with them)")
     if args.what == "tokenize" and args.max_tokens is not None and args.max_tokens < 1:
         p.error(f"--max-tokens {args.max_tokens}: must be >= 1 (leave it out for all input)")
     if args.what == "local-python" and args.max_tokens < 0:

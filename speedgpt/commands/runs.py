@@ -66,18 +66,19 @@ def cmd_eval(argv: list[str]) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
     p.add_argument("--data", metavar="GLOB_OR_DIR", help="shards to score (default: the run's own data)")
-    p.add_argument("--split", default="val", choices=["val", "train"], help="which shards of a directory (default val)")
+    p.add_argument("--split", choices=["val", "train"], help="which shards of a directory (default val)")
     p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
     p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
-    p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples")
+    p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples (with --chat: the first N "
+                                             "of each --chat-choice / --chat-exact file)")
     p.add_argument("--core", action="store_true", help="also score CORE (DCLM's 22 in-context tasks)")
-    p.add_argument("--core-bundle", metavar="PATH_OR_download", default="download",
-                   help="the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or 'download' "
-                        "(default: fetched once into the cache)")
-    p.add_argument("--core-limit", type=int, help="score only N examples per CORE task (quick, approximate)")
+    p.add_argument("--core-bundle", metavar="PATH_OR_download",
+                   help="with --core: the unpacked CORE bundle (core.yaml, eval_meta_data.csv, eval_data/), or "
+                        "'download' (default: fetched once into the cache)")
+    p.add_argument("--core-limit", type=int, help="with --core: score only N examples per CORE task (quick, approximate)")
     p.add_argument("--chat", action="store_true", help="score a chat (SFT) model instead: exact match on the "
                    "built-in tasks and the task files below, and their ChatCORE")
-    p.add_argument("--chat-examples", type=int, default=100,
+    p.add_argument("--chat-examples", type=int,
                    help="with --chat: held-out examples per built-in task (0: none; default 100)")
     p.add_argument("--chat-choice", action="append", default=[], metavar="FILE",
                    help="with --chat: a multiple-choice JSONL (ARC/MMLU layout); repeatable")
@@ -88,16 +89,13 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (default auto)")
     p.add_argument("--no-log", action="store_true", help="do not append the result to metrics.jsonl")
     args = p.parse_args(argv)
-    for flag, value in (("--tokens", args.tokens), ("--limit", args.limit), ("--batch-rows", args.batch_rows)):
+    for flag, value in (("--tokens", args.tokens), ("--limit", args.limit), ("--batch-rows", args.batch_rows),
+                        ("--core-limit", args.core_limit)):
         if value is not None and value < 1:
             p.error(f"{flag} {value}: must be >= 1")
-    if args.core_limit is not None and (args.core_limit < 1 or not args.core):
-        p.error("--core-limit N needs --core and N >= 1")
-
-    if (args.chat_choice or args.chat_exact) and not args.chat:
-        p.error("--chat-choice / --chat-exact score a chat model: add --chat")
-    if not 0 <= args.chat_examples <= 100:
+    if args.chat_examples is not None and not 0 <= args.chat_examples <= 100:
         p.error(f"--chat-examples {args.chat_examples}: must be 0..100 (the held-out set's size per task)")
+    _check_eval_mode(p, args)
 
     from ..config import ConfigError
     from ..eval.run import EvalError, evaluate_run
@@ -107,21 +105,50 @@ def cmd_eval(argv: list[str]) -> int:
         from ..chat.evaluate import evaluate_chat
 
         try:
+            per_task = 100 if args.chat_examples is None else args.chat_examples
             evaluate_chat(args.run_dir, choice_files=args.chat_choice, exact_files=args.chat_exact,
-                          per_task=args.chat_examples, limit=args.limit, device=args.device,
+                          per_task=per_task, limit=args.limit, device=args.device,
                           checkpoint=args.checkpoint, log=not args.no_log)
         except (LoadError, ConfigError, FileNotFoundError, ValueError) as e:
             print(f"speedgpt eval: {e}", file=sys.stderr)
             return 2
         return 0
     try:
-        evaluate_run(args.run_dir, data=args.data, split=args.split, tokens=args.tokens, hellaswag=args.hellaswag,
-                     limit=args.limit, device=args.device, checkpoint=args.checkpoint, batch_rows=args.batch_rows,
-                     log=not args.no_log, core=args.core_bundle if args.core else None, core_limit=args.core_limit)
+        evaluate_run(args.run_dir, data=args.data, split=args.split or "val", tokens=args.tokens,
+                     hellaswag=args.hellaswag, limit=args.limit, device=args.device, checkpoint=args.checkpoint,
+                     batch_rows=args.batch_rows, log=not args.no_log,
+                     core=(args.core_bundle or "download") if args.core else None, core_limit=args.core_limit)
     except (LoadError, EvalError, ConfigError, FileNotFoundError, ValueError, RuntimeError) as e:
         print(f"speedgpt eval: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def _check_eval_mode(p: argparse.ArgumentParser, args) -> None:
+    """Refuse a flag that the chosen scoring does not read: left in, it would be silently ignored (a `--chat
+    --hellaswag download` that scored no HellaSwag, a `--limit` that limited nothing)."""
+    def given(*flags: str) -> list[str]:
+        values = [getattr(args, f[2:].replace("-", "_")) for f in flags]
+        return [f for f, v in zip(flags, values) if v is not None and v is not False and v != []]  # 0 is given
+
+    if args.chat:
+        base = given("--data", "--split", "--tokens", "--hellaswag", "--core", "--core-bundle", "--core-limit",
+                     "--batch-rows")
+        if base:
+            p.error(f"--chat scores a chat model's tasks and does not read {' '.join(base)} (a base model's loss, "
+                    f"HellaSwag or CORE); drop {'it' if len(base) == 1 else 'them'} or --chat")
+        if args.limit is not None and not (args.chat_choice or args.chat_exact):
+            p.error("--limit N with --chat limits the --chat-choice / --chat-exact files' examples, and none is given; "
+                    "for the built-in tasks use --chat-examples N")
+        return
+    chat = given("--chat-examples", "--chat-choice", "--chat-exact")
+    if chat:
+        p.error(f"{' '.join(chat)}: score{'s' if len(chat) == 1 else ''} a chat model; add --chat")
+    if args.limit is not None and not args.hellaswag:
+        p.error("--limit N limits the HellaSwag examples: add --hellaswag PATH_OR_download (CORE's: --core-limit N)")
+    core = given("--core-bundle", "--core-limit")
+    if core and not args.core:
+        p.error(f"{' '.join(core)}: {'is' if len(core) == 1 else 'are'} for CORE; add --core")
 
 
 SAMPLE_EPILOG = """\

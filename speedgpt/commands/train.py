@@ -219,18 +219,24 @@ def _run_training(cfg, run_dir: str | None, resume, extend: bool = False):
 
 def sample_and_report(cfg, result) -> None:
     """What `speedgpt train` adds after training: a sample from the trained model and the run's report."""
-    if cfg.run.sample_tokens:
-        from ..infer.generate import sample_text
-        from ..tokenizer.folder import run_tokenizer
+    try:
+        if cfg.run.sample_tokens:
+            from ..infer.generate import sample_text
+            from ..tokenizer.folder import run_tokenizer
 
-        text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
-                           temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=run_tokenizer(result.run_dir))
-        print("sample:\n" + text, flush=True)
-    if cfg.run.report:
-        try:
-            from ..report import write_report
+            text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
+                               temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=run_tokenizer(result.run_dir))
+            print("sample:\n" + text, flush=True)
+    finally:  # a sample that fails still fails the command (cli.py's one line), but after the run's report
+        if cfg.run.report:
+            _write_report(result)
 
-            paths = write_report([result.run_dir], result.run_dir)
-            print(f"report: {paths.get('png', '')}", flush=True)
-        except Exception as e:  # a plotting failure must not lose a finished run
-            print(f"report: not written ({type(e).__name__}: {e})", flush=True)
+
+def _write_report(result) -> None:
+    try:
+        from ..report import write_report
+
+        paths = write_report([result.run_dir], result.run_dir)
+        print(f"report: {paths.get('png', '')}", flush=True)
+    except Exception as e:  # a plotting failure must not lose a finished run
+        print(f"report: not written ({type(e).__name__}: {e})", flush=True)

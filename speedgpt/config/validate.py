@@ -11,7 +11,7 @@ import math
 from .errors import ConfigError
 from .model_checks import check_model
 from .optim import OptimConfig
-from .sections import COMPILE_MODES, CUDAGRAPH_MODES, Config, ParallelConfig, ScheduleConfig, TrainConfig
+from .sections import COMPILE_MODES, CUDAGRAPH_MODES, Config, ParallelConfig, RunConfig, ScheduleConfig, TrainConfig
 
 
 def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
@@ -41,6 +41,15 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
     _check_optim(cfg.optim)
     _check_parallel(cfg.parallel, cfg.train)
     _check_checkpointed_experts(cfg)
+    _check_run(cfg.run)
+
+
+def _check_run(r: RunConfig) -> None:
+    # The sample is printed after training: a bad value found only then cost the whole run's time. (Whether the
+    # prompt fits the model's context needs the run's tokenizer: train/tokenizer.py check_sample_prompt.)
+    if r.sample_tokens < 0:
+        raise ConfigError(f"run.sample_tokens={r.sample_tokens} must be >= 0 (new tokens of the sample printed after "
+                          f"training; 0: no sample)")
 
 
 def _check_parallel(par: ParallelConfig, t: TrainConfig) -> None:

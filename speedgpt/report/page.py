@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..atomic import atomic_file, atomic_write
-from ..rundir import COMPARE_DIR, REPORT_HTML, REPORT_PNG
+from ..rundir import COMPARE_DIR, REPORT_HTML, REPORT_PNG, RunDir
 from .compare import compare_runs, comparison_markdown, format_comparison, print_comparison
 from .plot import plot_runs
 from .runs import RunData, load_runs
-from .summary import format_rows, print_summary, summarize, target_note
+from .summary import format_rows, print_summary, sft_notes, summarize, target_note
 from .tables import _print_table
 from .tokenizers import tokenizer_table
 
@@ -49,8 +49,8 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
         f"<pre>{esc(run.config_text or '(no config.toml)')}</pre></details>\n"
         for run in runs
     )
-    note = target_note(rows)
-    method = f"<p class='meta'>{esc(note)}</p>\n" if note else ""
+    notes = [n for n in [target_note(rows), *sft_notes(runs)] if n]
+    method = "".join(f"<p class='meta'>{esc(n)}</p>\n" for n in notes)
     tok_table = tokenizer_table(runs)
     tokenizers = f"<h2>tokenizer</h2>\n{_html_table(*tok_table)}" if tok_table else ""
     stamp = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -92,7 +92,13 @@ def report_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | 
     FIRST_RUN_DIR/compare for several) and print the summary and A/B tables, or with `markdown`
     only print the A/B table as GitHub markdown on stdout and write no files."""
     # Several runs: the comparison goes next to the baseline's files, never into the working directory.
-    out = Path(out) if out is not None else (Path(run_dirs[0]) if len(run_dirs) == 1 else Path(run_dirs[0]) / COMPARE_DIR)
+    default = Path(run_dirs[0]) if len(run_dirs) == 1 else Path(run_dirs[0]) / COMPARE_DIR
+    if out is not None and not markdown and RunDir(out).is_run() and \
+            Path(out).resolve() not in {Path(d).resolve() for d in run_dirs}:
+        # That run's own report.png and report.html (the trainer's) would be replaced by these runs'.
+        raise ValueError(f"--out {out} holds another run (its config.toml), whose report this would replace; pass a "
+                         f"new directory, or leave --out out ({default})")
+    out = Path(out) if out is not None else default
     runs = load_runs(run_dirs)
     rows = [summarize(run, target_loss) for run in runs]
     comparison = compare_runs(runs) if len(runs) > 1 else None
@@ -102,6 +108,8 @@ def report_runs(run_dirs: Sequence[str | os.PathLike], out: str | os.PathLike | 
     paths = _render(runs, rows, out, target_loss, title, comparison)
     wrote = f"wrote {paths['png']} and {paths['html']}"
     print_summary(rows)
+    for line in sft_notes(runs):
+        print(line)
     tok_table = tokenizer_table(runs)
     if tok_table:
         from rich.console import Console

@@ -34,6 +34,11 @@ class RunData:
     def evals(self) -> list[dict]:
         return [r for r in self.records if finite(r.get("val_loss"))]
 
+    @property
+    def sft_evals(self) -> list[dict]:
+        """An SFT run's held-out evaluations (chat/sft.py): its assistant-token loss and ChatCORE, not a val loss."""
+        return [r for r in self.records if r.get("event") == "sft_eval" and finite(r.get("heldout_loss"))]
+
 
 def load_run(run_dir: str | os.PathLike) -> RunData:
     """Read one run dir; a missing metrics.jsonl is an error, a missing/bad config.toml is not
@@ -57,6 +62,13 @@ def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[RunData]:
     if not run_dirs:
         raise ValueError("no run directories given: pass at least one RUN_DIR")
     runs = [load_run(d) for d in run_dirs]
+    if not any(run.records for run in runs):  # a page of "–" cells and empty panels would say nothing
+        why = "logged no step yet, or every line is unreadable"
+        if len(runs) == 1:
+            raise ValueError(f"{runs[0].dir}: its metrics.jsonl holds no readable record (the run {why}); report it "
+                             f"once it has trained a step")
+        raise ValueError(f"none of {', '.join(str(run.dir) for run in runs)} holds a readable record in its "
+                         f"metrics.jsonl (each {why}); report them once one has trained a step")
     # Two runs with the same name (e.g. the same preset twice) need distinct legend entries.
     seen: dict[str, int] = {}
     for run in runs:

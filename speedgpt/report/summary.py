@@ -49,6 +49,19 @@ def summary_table(run_dirs: Sequence[str | os.PathLike], *, target_loss: float |
     return [summarize(run, target_loss) for run in load_runs(run_dirs)]
 
 
+def sft_notes(runs: Sequence[RunData]) -> list[str]:
+    """A line per SFT run: what it evaluated (held-out assistant loss, ChatCORE), which the table's val columns do
+    not show (it is not a val loss on the pretraining data, so an A/B of it with a base run would mislead)."""
+    lines = []
+    for run in runs:
+        if evals := run.sft_evals:
+            first, last = evals[0], evals[-1]
+            chat = f", ChatCORE {last['chatcore']:+.3f}" if finite(last.get("chatcore")) else ""
+            lines.append(f"{run.label}: SFT run, held-out assistant loss {first['heldout_loss']:.4f} @{first['step']} "
+                         f"-> {last['heldout_loss']:.4f} @{last['step']}{chat} (`speedgpt eval RUN --chat` scores it)")
+    return lines
+
+
 def _target_of(rows: list[dict]) -> float | None:
     return next((r["target_loss"] for r in rows if r.get("target_loss") is not None), None)
 

@@ -79,6 +79,8 @@ def weights_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tupl
 
 def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSource:
     """Find the weights `load_model` would use, without loading them."""
+    if checkpoint == "latest":  # the commands' --checkpoint help calls the default "the latest": it is a name too
+        checkpoint = None
     root = Path(path).expanduser()
     if not root.exists():
         raise LoadError(f"{root} does not exist; pass a run directory (from `speedgpt train`) or an export "

@@ -48,7 +48,7 @@ from .preempt import StoppedMidStep, StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .resume import check_resume
 from .step_schedule import StepInputs, apply_hyperparameters
-from .tokenizer import adopt_shards_tokenizer, check_same_tokenizer, keep_in_run, log_compression
+from .tokenizer import adopt_shards_tokenizer, check_sample_prompt, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
 from .validation_ahead import ValidationAhead, room_for_a_helper
 from .validation_ahead import why_not as why_not_ahead
@@ -79,6 +79,7 @@ class Trainer:
         self.dist = init_distributed(cfg.train.device)
         self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
         self.cfg = cfg = self.plan.cfg
+        check_sample_prompt(cfg, self.tokenizer)
         self.quiet = quiet or not self.dist.is_main
         for line in tokenizer_lines + list(self.plan.budget_lines):
             self.log(line)

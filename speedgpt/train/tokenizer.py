@@ -91,3 +91,17 @@ def log_compression(tok: Tokenizer | None, val_files, val_tokens: int, metrics) 
                  "tokenizer_id": tok.short_id, "vocab_size": tok.vocab_size, "tokenizer_documents": m["documents"],
                  "tokenizer_bytes": m["bytes"], "bytes_per_token": ratio(m["bytes"], m["tokens"]),
                  "gpt2_bytes_per_token": ratio(m["bytes"], m["ref_tokens"])})
+
+
+def check_sample_prompt(cfg: Config, tok: Tokenizer | None) -> None:
+    """run.sample_prompt, the start of the sample `speedgpt train` prints after training, must fit the model's
+    context: refused before the first step, not found once the whole run has trained. `tok`: the run's tokenizer
+    (None: GPT-2's, as adopt_shards_tokenizer gives it)."""
+    from ..model.runtime import max_seq_len
+
+    if not cfg.run.sample_tokens:
+        return
+    tokens, context = len((tok or gpt2_tokenizer()).encode_document(cfg.run.sample_prompt)), max_seq_len(cfg)
+    if tokens >= context:  # as infer/generate.py decode_steps refuses it: room for one new token at least
+        raise ConfigError(f"run.sample_prompt is {tokens} tokens (with BOS), which does not fit the model's context "
+                          f"of {context}; shorten it, or give --run.sample_tokens=0 for no sample")
