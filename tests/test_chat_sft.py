@@ -237,3 +237,32 @@ def test_an_sft_run_split_the_old_way_is_not_resumed_on_other_conversations(base
     (run / "config.toml").write_text((base_run / "config.toml").read_text())
     assert main(["sft", "--resume", str(run)]) == 2
     assert "chose its training and held-out conversations as speedgpt did before 2026-12-05" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["--model.depth=8", "--parallel.strategy=fsdp"])
+def test_sft_refuses_model_and_parallel_overrides(base_run, tmp_path, capsys, override):
+    """The model comes from the base run and sft runs in one process: --model.depth=8 was a weights mismatch (exit
+    1, "the config was edited after training"), --parallel.strategy=fsdp silently ignored."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{override.split('=')[0]}: sft fine-tunes the base run's model" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_broken_base_checkpoint_is_exit_2_naming_what_sft_can_do(base_run, tmp_path, capsys):
+    """A truncated model.pt in the base run: exit 1 and "name another with --checkpoint STEP", a flag sft lacks."""
+    import shutil
+
+    from speedgpt.cli import main
+
+    base = tmp_path / "base"
+    shutil.copytree(base_run, base)
+    model = sorted((base / "checkpoints").iterdir())[-1] / "model.pt"
+    model.write_bytes(model.read_bytes()[:100])
+    assert main(["sft", str(base), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--checkpoint" not in err, err
+    assert "sft starts from the base run's latest checkpoint: move this one out" in err, err

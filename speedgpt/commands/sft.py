@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,12 @@ def cmd_sft(argv: list[str]) -> int:
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --train.steps=200)")
+    # The chat model is the base run's model (its weights' shapes and function), trained in one process: a model.* or
+    # parallel.* override would be refused deep in the weights' loading, or silently ignored.
+    fixed_keys = [o.split("=", 1)[0] for o in overrides if o.startswith(("--model.", "--parallel."))]
+    if fixed_keys:
+        p.error(f"{', '.join(fixed_keys)}: sft fine-tunes the base run's model (model.*) in one process (parallel.*); "
+                f"drop the override (to change the model, train a base run with it)")
     if bool(args.base_run) == bool(args.resume):
         p.error("give BASE_RUN to start an SFT run, or --resume SFT_RUN to continue one")
     fixed = [flag for flag, given in (("--data", args.data), ("--load-optimizer", args.load_optimizer),
@@ -58,6 +65,7 @@ def cmd_sft(argv: list[str]) -> int:
     from ..rundir.checkpoint import CheckpointError
     from ..rundir.lock import RunLocked, lock_run_dir
     from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
+    from ..rundir.weights import LoadError
     from ..chat.sft import SFTSpec, sft
     from ..train.preempt import TrainingStopped
 
@@ -81,6 +89,11 @@ def cmd_sft(argv: list[str]) -> int:
             return e.exit_code
         except ConfigError as e:
             print(f"speedgpt sft: config error: {e}", file=sys.stderr)
+            return 2
+        except LoadError as e:  # the base run's weights: sft takes its latest checkpoint (it has no --checkpoint)
+            print(re.sub(r"name (another|an earlier one) with --checkpoint STEP", "sft starts from the base run's "
+                         "latest checkpoint: move this one out of its checkpoints folder to start from the one before",
+                         f"speedgpt sft: error: {e}"), file=sys.stderr)
             return 2
         except (RunLocked, OutDirError, RunDirInUse, CheckpointError, FileNotFoundError, ValueError) as e:
             # (a refused start wrote nothing: the lock removes the directory it made)
