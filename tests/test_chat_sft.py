@@ -75,7 +75,7 @@ def test_sft_resume_is_bit_exact(base_run, tmp_path):
     whole = sft(base_run, tmp_path / "whole", two, spec=small_spec(base_run), quiet=True)
     half = tmp_path / "half"
     sft(base_run, half, ["--train.steps=1", *SFT_OVERRIDES[1:]], spec=small_spec(base_run), quiet=True)
-    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True)
+    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True, extend=True)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     def losses(d):  # {step: loss} of the logged steps
@@ -266,3 +266,21 @@ def test_a_broken_base_checkpoint_is_exit_2_naming_what_sft_can_do(base_run, tmp
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--checkpoint" not in err, err
     assert "sft starts from the base run's latest checkpoint: move this one out" in err, err
+
+
+def test_sft_resume_to_more_steps_needs_extend_as_train_does(sft_run, capsys):
+    """`speedgpt train --resume` refuses another train.steps without --extend; sft's resume took it silently."""
+    from speedgpt.cli import main
+
+    run = str(sft_run.run_dir)
+    before = (sft_run.run_dir / "metrics.jsonl").read_bytes()
+    assert main(["sft", "--resume", run, "--train.steps=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.steps: checkpoint 4, config 6" in err and "add --extend" in err, err
+    assert main(["sft", "--resume", run]) == 0  # finished: nothing to train, said as train says it
+    out = capsys.readouterr().out
+    assert "is complete (step 4 of 4)" in out and f"speedgpt sft --resume {run} --train.steps=N --extend" in out, out
+    assert (sft_run.run_dir / "metrics.jsonl").read_bytes() == before
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(sft_run.run_dir), "--extend"])
+    assert e.value.code == 2 and "--extend goes with --resume" in capsys.readouterr().err

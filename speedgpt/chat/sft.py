@@ -244,9 +244,11 @@ def _describe(record: dict) -> str:
 
 
 def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None = None, *,
-        spec: SFTSpec | None = None, resume: bool = False, quiet: bool = False) -> SFTResult:
+        spec: SFTSpec | None = None, resume: bool = False, quiet: bool = False, extend: bool = False) -> SFTResult:
     """Fine-tune `base_run` into `run_dir`; with `resume`, continue `run_dir` from its latest checkpoint
-    (its sft.json and config.toml, then `overrides`)."""
+    (its sft.json and config.toml, then `overrides`); a changed train.steps or schedule needs `extend`, as
+    `train`'s resume (train/resume.py check_resume: ConfigError without it, RunComplete at the run's end)."""
+    from ..train.resume import check_resume
     from ..config import apply_overrides
     from ..config.validate import check_config
     from ..rundir import RunDir
@@ -264,6 +266,7 @@ def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None =
                              f"--data ...)")
         cfg = apply_overrides(RunDir(run_dir).read_config(), list(overrides or []))
         check_config(cfg)
+        check_resume(cfg, run_dir, extend=extend)
         tok = run_tokenizer(run_dir, cfg)
     else:
         spec = spec or SFTSpec(str(base_run))
