@@ -72,7 +72,7 @@ def cmd_sft(argv: list[str]) -> int:
     from ..rundir.lock import RunLocked, lock_run_dir
     from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
     from ..rundir.weights import LoadError
-    from ..chat.sft import SFTSpec, sft
+    from ..chat.sft import SPEC_FILE, SFTSpec, sft
     from ..train.preempt import TrainingStopped
     from ..train.resume import RunComplete
 
@@ -86,8 +86,12 @@ def cmd_sft(argv: list[str]) -> int:
                 try:
                     prepare_new_run_dir(run_dir, overwrite=False)
                 except RunDirInUse:  # sft has no --overwrite: a run there is kept
+                    if not (Path(run_dir) / SPEC_FILE).is_file():  # `sft --resume` of it would say "no SFT run"
+                        raise RunDirInUse(f"{run_dir} already holds a run of `speedgpt train`; pick a fresh "
+                                          f"--run-dir for the SFT run") from None
                     raise RunDirInUse(f"{run_dir} already holds a run; continue an SFT run there with `speedgpt sft "
-                                      f"--resume {run_dir}`, or pick a fresh --run-dir") from None
+                                      f"--resume {run_dir}` (one stopped before its first checkpoint starts again), "
+                                      f"or pick a fresh --run-dir") from None
             spec = None if args.resume else SFTSpec(args.base_run, list(args.data), args.load_optimizer,
                                                     eval_examples=args.eval_examples)
             sft(args.base_run, run_dir, overrides, spec=spec, resume=bool(args.resume), extend=args.extend)
