@@ -70,3 +70,15 @@ def started_in(run_dir) -> str | None:
         return None
     cwd = env.get("cwd") if isinstance(env, dict) else None
     return cwd if isinstance(cwd, str) else None
+
+
+def with_start_dir(message: str, run_dir, paths) -> str:
+    """`message` (a path of the run's config not found) with, where it names one of `paths` that is relative, the
+    directory that path is relative to: config.toml keeps paths as typed (its digest is of them)."""
+    relative = [p for p in paths if p and not os.path.isabs(p) and p in message]
+    if not relative:
+        return message
+    start = started_in(run_dir)
+    where = f"the directory the run was started from, {start}" if start else \
+        "the directory the run was started from (its env.json does not record which)"
+    return f"{message} ({relative[0]} is relative to {where}: run from there, or give the path as an absolute one)"
