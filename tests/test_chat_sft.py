@@ -75,7 +75,7 @@ def test_sft_resume_is_bit_exact(base_run, tmp_path):
     whole = sft(base_run, tmp_path / "whole", two, spec=small_spec(base_run), quiet=True)
     half = tmp_path / "half"
     sft(base_run, half, ["--train.steps=1", *SFT_OVERRIDES[1:]], spec=small_spec(base_run), quiet=True)
-    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True)
+    resumed = sft(base_run, half, ["--train.steps=2"], resume=True, quiet=True, extend=True)
     a, b = whole.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     def losses(d):  # {step: loss} of the logged steps
@@ -162,7 +162,8 @@ def test_no_held_out_conversation_is_trained_on_whatever_the_weights_and_copies(
 
 @pytest.mark.parametrize("args, says", [
     (["--train.steps=0"], "config error: train.steps=0 must be at least 1"),  # was a ZeroDivisionError
-    (["--run-dir", "BASE"], "continue an SFT run there with `speedgpt sft --resume"),  # not train's --overwrite
+    # not train's --overwrite, nor `sft --resume BASE`, which holds no SFT run
+    (["--run-dir", "BASE"], "already holds a run of `speedgpt train`; pick a fresh --run-dir for the SFT run"),
     (["--resume"], "holds no SFT run (no sft.json)"),  # was [Errno 2] ... sft.json
 ])
 def test_sft_refuses_in_one_line(base_run, tmp_path, capsys, args, says):
@@ -237,3 +238,105 @@ def test_an_sft_run_split_the_old_way_is_not_resumed_on_other_conversations(base
     (run / "config.toml").write_text((base_run / "config.toml").read_text())
     assert main(["sft", "--resume", str(run)]) == 2
     assert "chose its training and held-out conversations as speedgpt did before 2026-12-05" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("override", ["--model.depth=8", "--parallel.strategy=fsdp"])
+def test_sft_refuses_model_and_parallel_overrides(base_run, tmp_path, capsys, override):
+    """The model comes from the base run and sft runs in one process: --model.depth=8 was a weights mismatch (exit
+    1, "the config was edited after training"), --parallel.strategy=fsdp silently ignored."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"{override.split('=')[0]}: sft fine-tunes the base run's model" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_broken_base_checkpoint_is_exit_2_naming_what_sft_can_do(base_run, tmp_path, capsys):
+    """A truncated model.pt in the base run: exit 1 and "name another with --checkpoint STEP", a flag sft lacks."""
+    import shutil
+
+    from speedgpt.cli import main
+
+    base = tmp_path / "base"
+    shutil.copytree(base_run, base)
+    model = sorted((base / "checkpoints").iterdir())[-1] / "model.pt"
+    model.write_bytes(model.read_bytes()[:100])
+    assert main(["sft", str(base), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--checkpoint" not in err, err
+    assert "sft starts from the base run's latest checkpoint: move this one out" in err, err
+
+
+def test_sft_resume_to_more_steps_needs_extend_as_train_does(sft_run, capsys):
+    """`speedgpt train --resume` refuses another train.steps without --extend; sft's resume took it silently."""
+    from speedgpt.cli import main
+
+    run = str(sft_run.run_dir)
+    before = (sft_run.run_dir / "metrics.jsonl").read_bytes()
+    assert main(["sft", "--resume", run, "--train.steps=6"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.steps: checkpoint 4, config 6" in err and "add --extend" in err, err
+    assert main(["sft", "--resume", run]) == 0  # finished: nothing to train, said as train says it
+    out = capsys.readouterr().out
+    assert "is complete (step 4 of 4)" in out and f"speedgpt sft --resume {run} --train.steps=N --extend" in out, out
+    assert (sft_run.run_dir / "metrics.jsonl").read_bytes() == before
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(sft_run.run_dir), "--extend"])
+    assert e.value.code == 2 and "--extend goes with --resume" in capsys.readouterr().err
+
+
+def test_an_sft_run_stopped_before_its_first_checkpoint_starts_again_in_place(base_run, tmp_path, capsys):
+    """Killed before its first checkpoint: --resume said "no checkpoint ... (`speedgpt train` can also replace this
+    one: --overwrite)" and `sft BASE --run-dir RUN` said "continue ... with `speedgpt sft --resume RUN`": a loop."""
+    import shutil
+
+    from speedgpt.chat.sft import sft
+    from speedgpt.cli import main
+
+    run = tmp_path / "run"
+    sft(base_run, run, ["--train.steps=1", *SFT_OVERRIDES[1:]], spec=small_spec(base_run), quiet=True)
+    shutil.rmtree(run / "checkpoints")  # as if killed at step 1, before the save
+    assert main(["sft", str(base_run), "--run-dir", str(run)]) == 2
+    assert f"`speedgpt sft --resume {run}`" in capsys.readouterr().err
+    assert main(["sft", "--resume", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "has no checkpoint (stopped before its first): nothing to resume; started again from step 0" in out, out
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step_000001"]
+    steps = [r["step"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "train_loss" in r]
+    assert steps == [1]  # the stopped start's records replaced, not appended to
+
+
+def test_sft_resumes_from_another_directory_without_the_base_run(base_run, tmp_path, capsys, monkeypatch):
+    """sft.json kept "base" and "w/chats.jsonl" as typed: a resume from elsewhere said "--data w/chats.jsonl: no such
+    file"; and a resume loaded the base run's weights only to replace them with the checkpoint's."""
+    from speedgpt.cli import main
+
+    (tmp_path / "w").mkdir()
+    (tmp_path / "base").symlink_to(base_run)
+    (tmp_path / "w" / "chats.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"q {i}"}, {"role": "assistant", "content": f"a {i}"}]}) + "\n" for i in range(40)))
+    monkeypatch.chdir(tmp_path)
+    assert main(["sft", "base", "--data", "w/chats.jsonl:2", "--run-dir", "s", "--eval-examples", "0",
+                 "--train.steps=1", "--train.val_every=0"]) == 0
+    spec = json.loads((tmp_path / "s" / "sft.json").read_text())
+    assert spec["base_run"] == str(tmp_path / "base") and spec["data"] == [str(tmp_path / "w" / "chats.jsonl") + ":2"]
+    (tmp_path / "base").unlink()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert main(["sft", "--resume", str(tmp_path / "s"), "--train.steps=2", "--extend"]) == 0, capsys.readouterr().err
+    assert (tmp_path / "s" / "checkpoints" / "step_000002").is_dir()
+
+
+def test_an_old_sft_json_with_relative_paths_says_where_they_are_relative_to(base_run, tmp_path, capsys):
+    from speedgpt.cli import main
+
+    run = tmp_path / "old"
+    run.mkdir()
+    (run / "sft.json").write_text(json.dumps({"base_run": str(base_run), "data": ["w/chats.jsonl"], "split": 2}))
+    (run / "config.toml").write_text((base_run / "config.toml").read_text())
+    assert main(["sft", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "names --data file w/chats.jsonl, a path relative to the directory it was " \
+        "started in, which its env.json does not record" in err and "resume from that directory" in err, err

@@ -129,3 +129,17 @@ def test_check_token_ids_names_the_first_offender_without_loading(tmp_path):
     write_shard(path, [50256, 7, 50300])  # below the padded embedding (50304), still no GPT-2 token
     with pytest.raises(ShardError, match=r"token id 50300 >= vocab_size 50257 \(first at position 2"):
         shards.check_token_ids(path, 50257)
+
+
+def test_a_directory_of_train_shards_only_names_data_val_files_as_the_other_fix(tmp_path):
+    """`data tokenize --val-fraction 0` writes train shards only: training's refusal named only re-tokenizing."""
+    from types import SimpleNamespace
+
+    from speedgpt.data.shards import given_shards
+
+    write_shard(tmp_path / "train_000000.bin", [1, 2, 3])
+    with pytest.raises(FileNotFoundError, match=r"has no val shards .*--data\.val_files=DIR_OR_GLOB"):
+        given_shards(SimpleNamespace(train_files=str(tmp_path), val_files=""))
+    with pytest.raises(FileNotFoundError) as e:  # a glob that matches nothing: no such hint
+        find_shards(str(tmp_path / "val_*.bin"), "val")
+    assert "--data.val_files" not in str(e.value)

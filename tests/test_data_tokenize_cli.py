@@ -168,3 +168,16 @@ def test_a_second_build_into_a_folder_being_built_is_refused_and_leaves_the_firs
         assert not (out / "manifest.json").exists()
     assert main(argv) == 0
     assert json.loads((out / "manifest.json").read_text())["documents"] == 4
+
+
+def test_an_out_that_holds_a_training_run_is_refused(tmp_path, capsys):
+    """`data tokenize TXT --out RUN_DIR` exited 0 and dropped train_*.bin, val_*.bin and manifest.json into the run."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("one document\n\ntwo documents\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text("preset = 'tiny-cpu'\n")
+    assert main(["data", "tokenize", str(tmp_path / "in"), "--out", str(run), "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--out {run} holds a training run" in err, err
+    assert sorted(p.name for p in run.iterdir()) == ["config.toml"]

@@ -126,3 +126,22 @@ def test_a_finished_budget_run_extends_to_the_step_count_given(tmp_path, small_v
     saved = load_toml(run / "config.toml")
     assert (saved.train.steps, saved.train.horizon, saved.train.batch_tokens) == (4, "steps", 512)
     assert plan_run(saved).cfg.train.steps == 4  # the saved config reproduces the extended run
+
+
+def test_a_relative_data_path_resumed_from_elsewhere_names_the_start_directory(tmp_path, monkeypatch, capsys,
+                                                                                text_shards):
+    """config.toml keeps --data.train_files as typed: a resume from another directory said only "no files match"."""
+    run = tmp_path / "run"
+    monkeypatch.chdir(text_shards.parent)
+    monkeypatch.setenv("SPEEDGPT_INJECT", "sigterm@1")
+    faults.reset()
+    argv = train_argv(text_shards, run, "--train.steps=6", f"--data.train_files={text_shards.name}")
+    assert main(argv) != 0
+    monkeypatch.delenv("SPEEDGPT_INJECT")
+    faults.reset()
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--resume", str(run)]) == 2
+    err = one_line(capsys)
+    assert f"({text_shards.name} is relative to the directory the run was started from, {text_shards.parent}: run " \
+        f"from there, or give the path as an absolute one)" in err, err

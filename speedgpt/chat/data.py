@@ -28,17 +28,23 @@ class Source:
     weight: float = 1.0
 
 
+def split_source(spec: str) -> tuple[str, float | None]:
+    """(FILE, WEIGHT) of "FILE:WEIGHT", (FILE, None) of "FILE" (a file whose name has a colon is a FILE);
+    ChatDataError when the part after the last colon is no number."""
+    head, _, tail = spec.rpartition(":")
+    if not head or Path(spec).exists():
+        return spec, None
+    try:
+        return head, float(tail)
+    except ValueError:
+        raise ChatDataError(f"--data {spec}: not a file, and '{tail}' is not a weight; pass FILE or "
+                            f"FILE:WEIGHT (e.g. chats.jsonl:2)") from None
+
+
 def parse_source(spec: str) -> Source:
     """"FILE" or "FILE:WEIGHT" (a weight > 0: how many times the file is read per epoch, 0.5 = its first half)."""
-    path, weight = spec, 1.0
-    head, _, tail = spec.rpartition(":")
-    if head and not Path(spec).exists():
-        try:
-            weight = float(tail)
-        except ValueError:
-            raise ChatDataError(f"--data {spec}: not a file, and '{tail}' is not a weight; pass FILE or "
-                                f"FILE:WEIGHT (e.g. chats.jsonl:2)") from None
-        path = head
+    path, weight = split_source(spec)
+    weight = 1.0 if weight is None else weight
     if not math.isfinite(weight) or weight <= 0:
         raise ChatDataError(f"--data {spec}: weight {weight} must be > 0")
     p = Path(path).expanduser()

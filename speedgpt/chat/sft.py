@@ -13,13 +13,16 @@ with more assistant tokens weigh more (each token counts once, as in one big bat
 
 RUN/sft.json records the base run, the data and the options; a resume reads it back, and continues
 from the newest checkpoint with the same data order (the loader's (epoch, row)), as `train` resumes.
+Its paths are absolute, so a resume from another directory finds them; the checkpoint holds every weight,
+so a resume needs no base run. A run stopped before its first checkpoint has nothing to resume: --resume
+starts it again from step 0 with its own sft.json and config.toml.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -38,6 +41,47 @@ class SFTSpec:
     # How --data files become training and held-out conversations (data.mixture): 2 since 2026-12-05 (copies dropped,
     # held out before the weights); a run saved before has none, read as 1
     split: int = 2
+    # The base checkpoint's step, which the model's default windows are of (infer/load.py): a resume rebuilds the
+    # model with it, without the base run; None in runs saved before it was recorded (they load the base run again)
+    base_step: int | None = None
+
+    def absolute(self) -> "SFTSpec":
+        """This spec with its paths absolute (each data entry FILE[:WEIGHT] keeps its weight): a resume from
+        another directory reads the same files."""
+        from .data import split_source
+
+        data = []
+        for entry in self.data:
+            path, weight = split_source(entry)
+            data.append(str(Path(path).expanduser().absolute()) + (entry[len(path):] if weight is not None else ""))
+        return replace(self, base_run=str(Path(self.base_run).expanduser().absolute()), data=data)
+
+    def located(self, run_dir: Path) -> "SFTSpec":
+        """A loaded spec whose relative paths (runs saved before sft.json held absolute ones) are read from the
+        directory the run was started in (env.json's "cwd"); FileNotFoundError naming that when it is unknown
+        and the path is not found from here either. The base run only where the resume needs it."""
+        from ..rundir.env import started_in
+        from .data import split_source
+
+        start = started_in(run_dir)
+
+        def locate(path: str, what: str) -> str:
+            if Path(path).expanduser().is_absolute() or Path(path).exists():
+                return path
+            if start is not None and (Path(start) / path).exists():
+                return str(Path(start) / path)
+            where = f"the directory it was started in ({start})" if start else \
+                "the directory it was started in, which its env.json does not record"
+            raise FileNotFoundError(f"{run_dir}/{SPEC_FILE} names {what} {path}, a path relative to {where}, and it "
+                                    f"is not found from here: resume from that directory")
+        data = []
+        for entry in self.data:
+            path, weight = split_source(entry)
+            data.append(locate(path, "--data file") + (entry[len(path):] if weight is not None else ""))
+        from ..rundir import RunDir
+
+        needs_base = self.base_step is None or not RunDir(run_dir).list_checkpoints()
+        return replace(self, base_run=locate(self.base_run, "base run") if needs_base else self.base_run, data=data)
 
     def save(self, run_dir: Path) -> None:
         (run_dir / SPEC_FILE).write_text(json.dumps(asdict(self), indent=1) + "\n", encoding="utf-8")
@@ -76,11 +120,13 @@ class SFTResult:
 
 
 class SFTTrainer:
-    def __init__(self, cfg, tokenizer, spec: SFTSpec, run_dir: Path, resume: bool = False, quiet: bool = False):
+    def __init__(self, cfg, tokenizer, spec: SFTSpec, run_dir: Path, resume: bool = False, quiet: bool = False,
+                 restart: bool = False):
         from ..device import resolve_device
         from .template import ChatTemplate
 
         self.cfg, self.spec, self.run_dir, self.resume, self.quiet = cfg, spec, Path(run_dir), resume, quiet
+        self.restart = restart  # the run in run_dir stopped before its first checkpoint: its files are replaced
         self.template = ChatTemplate(tokenizer)
         self.device = resolve_device(cfg.train.device)
         self.duplicates = 0  # exact copies dropped from the --data files (data.mixture)
@@ -123,7 +169,16 @@ class SFTTrainer:
         self.train_convs, self.heldout_convs = self.conversations()
         self.loader = ConversationLoader(self.train_convs, cfg.data.seq_len + 1, self.plan.micro_batch,
                                          cfg.train.seed, self.template.bos, self.device)
-        self.model, _ = load_model(self.spec.base_run, device=self.device, cfg=cfg)
+        if self.resume and self.spec.base_step is not None:  # the checkpoint loaded below holds every weight
+            from ..model.build import model_from_config
+
+            self.model = model_from_config(cfg, self.device, step=self.spec.base_step)
+        else:
+            from ..rundir.weights import locate
+
+            self.model, _ = load_model(self.spec.base_run, device=self.device, cfg=cfg)
+            if self.spec.base_step is None and not self.resume:
+                self.spec.base_step = locate(self.spec.base_run).step
         self.model.train()
         self.optimizers = build_optimizers(self.model, cfg.optim, self.device, world_size=1)
         self.rundir = RunDir(self.run_dir)
@@ -139,6 +194,12 @@ class SFTTrainer:
             self.step = int(state["step"])
             self.log(f"resumed {self.run_dir} at step {self.step}")
         else:
+            if self.restart:  # its metrics (steps without a checkpoint) would mix with this start's
+                from ..rundir.reuse import prepare_new_run_dir
+
+                prepare_new_run_dir(self.run_dir, overwrite=True)
+                self.log(f"{self.run_dir} has no checkpoint (stopped before its first): nothing to resume; started "
+                         f"again from step 0 with its own {SPEC_FILE} and config.toml")
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self.rundir.write_config(cfg)
             self.spec.save(self.run_dir)
@@ -244,15 +305,18 @@ def _describe(record: dict) -> str:
 
 
 def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None = None, *,
-        spec: SFTSpec | None = None, resume: bool = False, quiet: bool = False) -> SFTResult:
+        spec: SFTSpec | None = None, resume: bool = False, quiet: bool = False, extend: bool = False) -> SFTResult:
     """Fine-tune `base_run` into `run_dir`; with `resume`, continue `run_dir` from its latest checkpoint
-    (its sft.json and config.toml, then `overrides`)."""
+    (its sft.json and config.toml, then `overrides`); a changed train.steps or schedule needs `extend`, as
+    `train`'s resume (train/resume.py check_resume: ConfigError without it, RunComplete at the run's end)."""
+    from ..train.resume import check_resume
     from ..config import apply_overrides
     from ..config.validate import check_config
     from ..rundir import RunDir
     from ..tokenizer.folder import run_tokenizer
 
     run_dir = Path(run_dir)
+    restart = False
     if resume:
         if not (run_dir / SPEC_FILE).is_file():
             raise FileNotFoundError(f"{run_dir} holds no SFT run (no {SPEC_FILE}): --resume continues a run of "
@@ -262,10 +326,18 @@ def sft(base_run: str | Path, run_dir: str | Path, overrides: list[str] | None =
             raise ValueError(f"{run_dir} chose its training and held-out conversations as speedgpt did before "
                              f"2026-12-05; this one chooses others: start it again (speedgpt sft {spec.base_run} "
                              f"--data ...)")
+        spec = spec.located(run_dir)
         cfg = apply_overrides(RunDir(run_dir).read_config(), list(overrides or []))
         check_config(cfg)
-        tok = run_tokenizer(run_dir, cfg)
+        # Stopped before its first checkpoint (killed, say): started again with its config; the base run's
+        # tokenizer, as the run's own copy goes with the files a restart replaces
+        restart = not RunDir(run_dir).list_checkpoints()
+        if restart:
+            tok = sft_config(spec.base_run, [])[1]
+        else:
+            check_resume(cfg, run_dir, extend=extend)
+            tok = run_tokenizer(run_dir, cfg)
     else:
-        spec = spec or SFTSpec(str(base_run))
-        cfg, tok = sft_config(base_run, list(overrides or []))
-    return SFTTrainer(cfg, tok, spec, run_dir, resume=resume, quiet=quiet).run()
+        spec = (spec or SFTSpec(str(base_run))).absolute()
+        cfg, tok = sft_config(spec.base_run, list(overrides or []))
+    return SFTTrainer(cfg, tok, spec, run_dir, resume=resume and not restart, quiet=quiet, restart=restart).run()

@@ -56,10 +56,16 @@ def cmd_data(argv: list[str]) -> int:
         p.error(f"--max-tokens {args.max_tokens}: must be >= 0 (0: every file)")
     from ..outdir import OutDirError, check_out_dir, missing_dirs, remove_empty_dirs
 
+    from ..rundir.reuse import holds_run
+
     try:
         check_out_dir(args.out)
     except OutDirError as e:
         print(f"speedgpt data: {e}", file=sys.stderr)
+        return 2
+    if holds_run(args.out):  # its shards, manifest.json (and the old shards' removal) would land among the run's files
+        print(f"speedgpt data: --out {args.out} holds a training run; pass another directory for the shards",
+              file=sys.stderr)
         return 2
     created, status = missing_dirs(args.out), 1
     try:

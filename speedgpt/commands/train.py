@@ -212,6 +212,10 @@ def _run_training(cfg, run_dir: str | None, resume, extend: bool = False):
         # Bad data or checkpoints: one line that says what to do. SPEEDGPT_DEBUG=1 shows the traceback.
         if os.environ.get("SPEEDGPT_DEBUG"):
             raise
+        if resume is True and isinstance(e, FileNotFoundError):  # data paths of the run's config.toml, relative to its start
+            from ..rundir.env import with_start_dir
+
+            e = with_start_dir(str(e), run_dir, [cfg.data.train_files, cfg.data.val_files])
         print(f"speedgpt train: error: {e}", file=sys.stderr)
         return 2
     return result

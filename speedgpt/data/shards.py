@@ -246,6 +246,10 @@ def _check_ids(ids: np.ndarray, path: Path, vocab_size: int, width: int) -> None
         )
 
 
+# The other fix for a directory without val shards (made with --val-fraction 0): `data tokenize` and training say it alike
+OWN_VAL_SHARDS = "give training its own val shards with --data.val_files=DIR_OR_GLOB"
+
+
 def find_shards(pattern_or_dir: str | os.PathLike, split: str | None = "train") -> list[Path]:
     """Resolve a directory or a glob into a sorted list of shard paths.
 
@@ -262,9 +266,11 @@ def find_shards(pattern_or_dir: str | os.PathLike, split: str | None = "train") 
     if not files:
         where = f"directory {target} has no {split + ' ' if split else ''}shards ({os.path.basename(pattern)})" \
             if os.path.isdir(target) else f"no files match {target}"
+        # (`data tokenize --val-fraction 0` writes a directory of train shards only, on purpose)
+        own_val = f", {OWN_VAL_SHARDS}" if split == "val" and os.path.isdir(target) else ""
         raise FileNotFoundError(
             f"{where}; create them with `speedgpt data local-python`, `speedgpt data tokenize` "
-            "or `speedgpt data fineweb`, or point to the right path"
+            f"or `speedgpt data fineweb`{own_val}, or point to the right path"
         )
     return files
 

@@ -24,6 +24,7 @@ from ..atomic import atomic_write
 from .corpus import (MISSING_FIELD, JsonlFiles, ParquetFiles, Source, TextFiles, expand_paths,
                      python_source_files)
 from .dedupe import SeenHashes
+from .shards import OWN_VAL_SHARDS
 from .split import Splitter
 from .tokenize_pool import TokenizeError, WorkerDied, document_chunks, ordered_results
 from .tokenizer import BOS_ID, GPT2_VOCAB_SIZE
@@ -266,7 +267,7 @@ def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplic
         return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "") + hint
     copies = f" (and {duplicates:,} exact copies of it, dropped)" if duplicates else ""
     return (f"only 1 distinct document read{copies}: a val split needs at least 2; add inputs or pass --val-fraction 0 "
-            "(then give training its own val shards with --data.val_files)")
+            f"(then {OWN_VAL_SHARDS})")
 
 
 def _skip_summary(sources: list[Source], examples: int = 1) -> str:

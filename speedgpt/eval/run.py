@@ -18,8 +18,9 @@ class EvalError(ValueError):
     """Evaluation data is missing or too small; the message says what to pass instead."""
 
 
-def resolve_eval_files(cfg, data: str | None, split: str) -> list[Path]:
-    """Shards to score: `data` if given, else the run's own split as its training resolved it."""
+def resolve_eval_files(cfg, data: str | None, split: str, run_dir=None) -> list[Path]:
+    """Shards to score: `data` if given, else the run's own split as its training resolved it (a relative path
+    of the run's config not found: the error names the directory it is relative to, when `run_dir` is given)."""
     from ..data.shards import find_shards
 
     d = cfg.data
@@ -37,7 +38,11 @@ def resolve_eval_files(cfg, data: str | None, split: str) -> list[Path]:
     try:
         return find_shards(where, split)
     except FileNotFoundError as e:
-        raise EvalError(str(e)) from None
+        if data or run_dir is None:
+            raise EvalError(str(e)) from None
+        from ..rundir.env import with_start_dir
+
+        raise EvalError(with_start_dir(str(e), run_dir, [where])) from None
 
 
 def plan_batches(available: int, want: int, seq_len: int, max_rows: int) -> tuple[int, int]:
@@ -77,7 +82,7 @@ def evaluate_run(source: str | Path, *, data: str | None = None, split: str = "v
     src = locate(source, checkpoint)
     model, cfg = load_model(source, device=device, checkpoint=checkpoint)
     dev = next(model.parameters()).device
-    files = resolve_eval_files(cfg, data, split)
+    files = resolve_eval_files(cfg, data, split, run_dir=src.root if src.kind == "run" else None)
     seq = cfg.data.val_seq_len or cfg.data.seq_len
     available = sum(read_header(f) for f in files)  # a damaged shard is named here, before anything else
     tok = run_tokenizer(source, cfg)  # bits per byte counts the bytes its tokens stand for

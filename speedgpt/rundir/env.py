@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 from importlib import metadata
@@ -29,6 +30,7 @@ def environment_snapshot(device: torch.device) -> dict:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "argv": sys.argv,
+        "cwd": os.getcwd(),  # what the command's relative paths (config.toml's data files, say) are relative to
         "packages": packages,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
@@ -57,3 +59,26 @@ def record_resume(rundir: RunDir, snapshot: dict, step: int) -> None:
     entry.update({k: v for k, v in snapshot.items() if k not in entry and env.get(k) != v})
     env.setdefault("resumes", []).append(entry)
     rundir.write_env(env)
+
+
+def started_in(run_dir) -> str | None:
+    """The directory the run in `run_dir` was started from (env.json's "cwd"); None where it is not recorded (runs
+    started before it was) or env.json is unreadable."""
+    try:
+        env = RunDir(run_dir).read_env()
+    except (OSError, ValueError):
+        return None
+    cwd = env.get("cwd") if isinstance(env, dict) else None
+    return cwd if isinstance(cwd, str) else None
+
+
+def with_start_dir(message: str, run_dir, paths) -> str:
+    """`message` (a path of the run's config not found) with, where it names one of `paths` that is relative, the
+    directory that path is relative to: config.toml keeps paths as typed (its digest is of them)."""
+    relative = [p for p in paths if p and not os.path.isabs(p) and p in message]
+    if not relative:
+        return message
+    start = started_in(run_dir)
+    where = f"the directory the run was started from, {start}" if start else \
+        "the directory the run was started from (its env.json does not record which)"
+    return f"{message} ({relative[0]} is relative to {where}: run from there, or give the path as an absolute one)"
