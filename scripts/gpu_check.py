@@ -186,24 +186,28 @@ def generation_errors(overrides: list[str], T=512) -> dict:
         parts = [m(x[:, :300], kv_cache=cache)] + [m(x[:, t:t + 1], kv_cache=cache) for t in range(300, T)]
         inc = torch.cat(parts, dim=1).float()
         bf16_head, sdpa = (others[w](x).float() for w in ("bf16_head", "sdpa"))
-    by_pos = ((inc - full).norm(dim=-1) / full.norm(dim=-1))[0]
-    return {"cache": rel(inc, full), "agree": (inc.argmax(-1) == full.argmax(-1)).float().mean().item(),
+    by_pos = ((inc - sdpa).norm(dim=-1) / sdpa.norm(dim=-1))[0]
+    return {"cache": rel(inc, sdpa), "agree": (inc.argmax(-1) == sdpa.argmax(-1)).float().mean().item(),
             "prefill": by_pos[:300].max().item(), "decode": by_pos[300:].max().item(),
-            "fp8_head": rel(full, bf16_head), "sdpa_vs_flex": rel(sdpa, full), "cache_vs_sdpa": rel(inc, sdpa),
+            "cache_vs_flex": rel(inc, full), "agree_flex": (inc.argmax(-1) == full.argmax(-1)).float().mean().item(),
+            "sdpa_vs_flex": rel(sdpa, full), "fp8_head": rel(full, bf16_head),
             "fp8_head_on": runtime.fp8_head, "fp8_matmuls": bool(runtime.fp8_mlp or runtime.fp8_attn)}
 
 
 def check_generation():
-    """KV-cache decoding on the GPU path (bf16, FP8 head) against the full flex forward; with the preset's FP8 MLP and
-    attention matmuls, and without them."""
+    """KV-cache decoding on the GPU path (bf16, FP8 head) against the full forward through the same kernel, sdpa (the
+    cache decodes through sdpa): the cache's bookkeeping, with the preset's FP8 MLP and attention matmuls and without.
+    Against the full flex forward it is reported, not judged: wave 25b found cached decoding 6e-3 from sdpa's full
+    forward and sdpa's 1.2-2.6e-2 from flex's (bf16 kernels apart, the FP8 matmuls rounding their differences further),
+    and the argmax agreement against flex went 0.928, then 0.951, on one code; flex's own kernels are check_flex's."""
     ok = True
     for label, overrides in (("preset", []), ("no FP8 matmuls", ["--model.fp8_mlp=false", "--model.fp8_attn=false"])):
         e = generation_errors(overrides)
         print(f"generation ({label}; FP8 matmuls {'on' if e['fp8_matmuls'] else 'off'}, FP8 head "
-              f"{'on' if e['fp8_head_on'] else 'off'}): cached vs full logits rel err {e['cache']:.2e} (argmax agreement "
-              f"{e['agree']:.3f}; worst position: prefill {e['prefill']:.2e}, decode {e['decode']:.2e}); cached vs "
-              f"sdpa's full {e['cache_vs_sdpa']:.2e}; sdpa vs flex full {e['sdpa_vs_flex']:.2e}; fp8 vs bf16 head "
-              f"rel err {e['fp8_head']:.2e}", flush=True)
+              f"{'on' if e['fp8_head_on'] else 'off'}): cached vs sdpa's full logits rel err {e['cache']:.2e} (argmax "
+              f"agreement {e['agree']:.3f}; worst position: prefill {e['prefill']:.2e}, decode {e['decode']:.2e}); "
+              f"cached vs flex's full {e['cache_vs_flex']:.2e} (agreement {e['agree_flex']:.3f}); sdpa vs flex full "
+              f"{e['sdpa_vs_flex']:.2e}; fp8 vs bf16 head rel err {e['fp8_head']:.2e}", flush=True)
         ok &= e["cache"] < 0.05 and e["fp8_head"] < 0.1 and e["agree"] > 0.95
     return ok
 
