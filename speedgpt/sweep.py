@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"budgets with --flops or --tokens-per-param")
     out = Path(args.out)
     from .config import ConfigError, default_preset
-    from .outdir import OutDirError, make_out_dir, os_error_line
+    from .outdir import OutDirError, check_out_dir, make_out_dir, os_error_line
 
     try:
         if args.analyze:
@@ -357,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         points = grid(depths, budgets, kind)
         preset = args.preset or default_preset(gpu=SWEEP_GPU_PRESET)
         planned = plan(points, kind, preset, overrides)  # every run's config resolves before any starts
+        check_out_dir(out)
         check_existing(out, planned)
         if args.dry_run:
             return 0

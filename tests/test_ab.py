@@ -66,6 +66,8 @@ def test_waves_pair_a_and_b_of_a_seed_and_swap_gpus(tmp_path):
     (dict(a="--train.seed=3", b=""), "sets train.seed"),
     (dict(a="oops", b=""), "is not a config override"),
     (dict(a="--optim.muon_lr=0.04", b="", target="abc"), "--target-loss 'abc'"),  # before any run trains
+    (dict(a="--optim.muon_lr=0.04", b="", target="-3"), "--target-loss '-3': a validation loss is > 0"),
+    (dict(a="--optim.muon_lr=0.04", b="", target="nan"), "--target-loss 'nan': a validation loss is > 0"),
     (dict(a="--optim.muon_lr=0.04 --data.train_files=/nonexistent/shards", b=""), "no files match /nonexistent"),
 ])
 def test_bad_input_is_one_line(tmp_path, capsys, kwargs, message):

@@ -289,6 +289,10 @@ def test_chat_refuses_host_and_port_without_serve(flags, tmp_path, capsys):
 OUT_COMMANDS = {
     "sweep": ["sweep", "--out", "OUT", "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu"],
     "ab": ["ab", "--preset", "tiny-cpu", "--a", "", "--b", "--model.depth=3", "--seeds", "2", "--out", "OUT"],
+    # a dry run lists the run directories it would make under --out: a file there is refused as in the real run
+    "sweep --dry-run": ["sweep", "--out", "OUT", "--depths", "2", "--flops", "1e12", "--preset", "tiny-cpu", "--dry-run"],
+    "ab --dry-run": ["ab", "--preset", "tiny-cpu", "--a", "", "--b", "--model.depth=3", "--seeds", "2", "--out", "OUT",
+                     "--dry-run"],
 }
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..argv import bind_values
 from ..atomic import atomic_write
-from ..outdir import OutDirError, make_out_dir, os_error_line
+from ..outdir import OutDirError, check_out_dir, make_out_dir, os_error_line
 from ..provenance import short_commit
 from .notebook import NOTEBOOK_HEADER, device_name, notebook_row
 from .plan import ARMS, AbError, detect_devices, make_plan, waves
@@ -118,6 +118,7 @@ def main(argv: list[str]) -> int:
                          save_checkpoint=not args.no_checkpoint)
         resolve_target(args.target_loss, [])  # a bad --target-loss now, not after every run has trained
         devices = detect_devices(args.devices)
+        check_out_dir(out)  # a file where --out goes: refused in the dry run too, not only when runs start
         if args.dry_run:
             print_commands(plan, devices, args.concurrent)
             return 0

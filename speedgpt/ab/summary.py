@@ -4,6 +4,8 @@ printed table."""
 
 from __future__ import annotations
 
+import math
+
 from ..rundir.target import TARGET_METHOD, to_target
 from .plan import ARMS, AbError, Plan, Run
 from .run import failure_of, read_records
@@ -44,9 +46,13 @@ def resolve_target(spec: str | None, results: list[dict]) -> float | None:
         finals = [r["final_loss"] for r in results if r["arm"] == spec.lower() and "final_loss" in r]
         return sum(finals) / len(finals) if finals else None
     try:
-        return float(spec)
+        value = float(spec)
     except ValueError:
         raise AbError(f"--target-loss {spec!r}: give a loss such as 3.28, or a / b (that arm's mean final loss)")
+    if not math.isfinite(value) or value <= 0:  # no run reaches it: every time to target would be missing
+        raise AbError(f"--target-loss {spec!r}: a validation loss is > 0; give one such as 3.28, or a / b (that arm's "
+                      f"mean final loss)")
+    return value
 
 
 def summarize(plan: Plan, target_spec: str | None, *, concurrent: int = 1,
