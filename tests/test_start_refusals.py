@@ -111,6 +111,7 @@ def test_overwrite_removes_every_file_a_run_wrote_and_keeps_the_users(tmp_path):
     for name in ("export", "export-hf", "checkpoints"):
         (run / name).mkdir(exist_ok=True)
         (run / name / "model.safetensors").write_text("old")
+    (run / "sft.json").write_text("{}")  # an SFT run's: left behind, it named the old run's base and data
     (run / "notes.md").write_text("mine")
     prepare_new_run_dir(run, overwrite=True)
     assert sorted(p.name for p in run.iterdir()) == ["notes.md"]

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import torch
 
-SPEC_FILE = "sft.json"
+from ..rundir import SFT_SPEC_FILE
+
+SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
 
 
 @dataclass

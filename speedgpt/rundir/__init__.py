@@ -47,6 +47,7 @@ REPORT_PNG = "report.png"
 REPORT_HTML = "report.html"
 COMPARE_DIR = "compare"  # `speedgpt report` of several runs, in the first (baseline) run's directory
 TOKENIZER_DIR = "tokenizer"  # the run's own tokenizer (speedgpt/tokenizer/folder.py), when it has one
+SFT_SPEC_FILE = "sft.json"  # an SFT run's base run, data and options (chat/sft.py)
 
 
 class RunDir:

@@ -17,16 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from . import (CHECKPOINTS_DIR, COMPARE_DIR, CONFIG_FILE, ENV_FILE, EXPORT_DIR, HF_EXPORT_DIR, METRICS_FILE,
-               PLAN_FILE, REPORT_HTML, REPORT_PNG, TOKENIZER_DIR)
+               PLAN_FILE, REPORT_HTML, REPORT_PNG, SFT_SPEC_FILE, TOKENIZER_DIR)
 
 # What `speedgpt train` writes into a run directory (and `report` / `export` / TensorBoard after it): --overwrite
 # removes every one (an export left behind would be the old model under the new run's name).
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, TOKENIZER_DIR, REPORT_PNG, REPORT_HTML,
-             EXPORT_DIR, HF_EXPORT_DIR, "tb", "wandb", COMPARE_DIR)
+             EXPORT_DIR, HF_EXPORT_DIR, "tb", "wandb", COMPARE_DIR, SFT_SPEC_FILE)
 _MARKS = (CONFIG_FILE, METRICS_FILE, CHECKPOINTS_DIR)  # any of these: the directory holds a run
 # What a start writes before its first step (train/loop.py setup, the metrics loggers): a directory
 # with any other of RUN_FILES (a report, an export) holds a run, whatever its metrics say.
-_START_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, TOKENIZER_DIR, "tb", "wandb")
+_START_FILES = (CONFIG_FILE, PLAN_FILE, METRICS_FILE, ENV_FILE, CHECKPOINTS_DIR, TOKENIZER_DIR, "tb", "wandb",
+                SFT_SPEC_FILE)
 
 
 class RunDirInUse(ValueError):
