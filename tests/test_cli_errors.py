@@ -283,7 +283,7 @@ def test_chat_refuses_host_and_port_without_serve(flags, tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["chat", str(tmp_path), "--prompt", "hi", *flags])
     err = capsys.readouterr().err.splitlines()
-    assert e.value.code == 2 and "say where --serve listens: add --serve" in err[-1], err
+    assert e.value.code == 2 and "where --serve listens: add --serve" in err[-1], err
 
 
 OUT_COMMANDS = {

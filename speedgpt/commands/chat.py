@@ -38,7 +38,9 @@ def cmd_chat(argv: list[str]) -> int:
         p.error("--prompt answers once in the terminal; --serve serves the web page: pick one")
     unserved = [flag for flag, value in (("--host", args.host), ("--port", args.port)) if value is not None]
     if unserved and not args.serve:  # the terminal chat listens on nothing: the value would be silently ignored
-        p.error(f"{' and '.join(unserved)} say where --serve listens: add --serve, or drop them")
+        verb = "say" if len(unserved) > 1 else "says"
+        p.error(f"{' and '.join(unserved)} {verb} where --serve listens: add --serve, or drop "
+                f"{'them' if len(unserved) > 1 else 'it'}")
 
     from ..chat.session import ChatSession, ContextFull, cut_reason
     from ..chat.template import ConversationError, chat_template
