@@ -143,3 +143,23 @@ def test_a_directory_of_train_shards_only_names_data_val_files_as_the_other_fix(
     with pytest.raises(FileNotFoundError) as e:  # a glob that matches nothing: no such hint
         find_shards(str(tmp_path / "val_*.bin"), "val")
     assert "--data.val_files" not in str(e.value)
+
+
+def test_validation_never_scores_the_training_files(tmp_path):
+    """A glob or a file as data.train_files with no data.val_files: find_shards takes a glob literally, so
+    validation scored the training files themselves, and the val loss looked like any other."""
+    from types import SimpleNamespace
+
+    from speedgpt.data.shards import given_shards, given_shards_problem
+
+    write_shard(tmp_path / "train_000000.bin", [1, 2, 3])
+    write_shard(tmp_path / "val_000000.bin", [4, 5, 6])
+    for train in (str(tmp_path / "train_*.bin"), str(tmp_path / "train_000000.bin"), str(tmp_path / "*.bin")):
+        with pytest.raises(ValueError, match=r"names files, not a directory, and data.val_files is not given"):
+            given_shards(SimpleNamespace(train_files=train, val_files=""))
+    both = SimpleNamespace(train_files=str(tmp_path / "*.bin"), val_files=str(tmp_path / "val_*.bin"))
+    assert "1 shard(s) are both training and validation data" in given_shards_problem(both)  # ab's, sweep's check
+    train, val = given_shards(SimpleNamespace(train_files=str(tmp_path / "train_*.bin"),
+                                              val_files=str(tmp_path / "val_*.bin")))
+    assert (train, val) == ([tmp_path / "train_000000.bin"], [tmp_path / "val_000000.bin"])
+    assert given_shards(SimpleNamespace(train_files=str(tmp_path), val_files="")) == (train, val)  # a directory

@@ -275,6 +275,17 @@ def find_shards(pattern_or_dir: str | os.PathLike, split: str | None = "train") 
     return files
 
 
+def val_from_train_problem(train_files: str, val_files: str) -> str | None:
+    """Why validation cannot take its shards from `train_files`, or None. Only a directory has a val split
+    (its ``*val_*.bin``): a glob or a file is taken literally, so with no `val_files` validation would score the
+    training files themselves (a `fineweb_train_*.bin` glob did, and its val loss looked like any other)."""
+    if val_files or not train_files or os.path.isdir(str(train_files)):
+        return None
+    return (f"data.train_files={train_files} names files, not a directory, and data.val_files is not given: "
+            f"validation would score the training files; give --data.val_files=GLOB_OR_DIR (e.g. a val_*.bin glob), "
+            f"or pass the shards' directory as data.train_files (its val_*.bin are the val split)")
+
+
 def given_shards(data, read_headers: bool = False) -> tuple[list[Path], list[Path]] | None:
     """The training and validation shards `data.train_files` / `data.val_files` name (FileNotFoundError when
     none match; `read_headers`: every header read too, ShardError for a file that is no shard); None when
@@ -282,7 +293,14 @@ def given_shards(data, read_headers: bool = False) -> tuple[list[Path], list[Pat
     a wrong path is one line, not a crash in every run."""
     if not data.train_files:
         return None
+    problem = val_from_train_problem(data.train_files, data.val_files)
+    if problem:
+        raise ValueError(problem)
     train, val = find_shards(data.train_files, "train"), find_shards(data.val_files or data.train_files, "val")
+    both = {p.resolve() for p in train} & {p.resolve() for p in val}
+    if both:  # a val loss on files it trained on measures memory, not generalization
+        raise ValueError(f"{len(both)} shard(s) are both training and validation data (e.g. {min(both)}); give "
+                         f"data.train_files and data.val_files that share no file")
     if read_headers:
         for path in (*train, *val):
             read_shard_info(path)
@@ -294,6 +312,6 @@ def given_shards_problem(data) -> str | None:
     or none are named. ab and sweep check this before launching any run."""
     try:
         given_shards(data, read_headers=True)
-    except (FileNotFoundError, ShardError) as e:
+    except (FileNotFoundError, ValueError) as e:  # (ShardError is a ValueError)
         return str(e)
     return None

@@ -21,9 +21,12 @@ class EvalError(ValueError):
 def resolve_eval_files(cfg, data: str | None, split: str, run_dir=None) -> list[Path]:
     """Shards to score: `data` if given, else the run's own split as its training resolved it (a relative path
     of the run's config not found: the error names the directory it is relative to, when `run_dir` is given)."""
-    from ..data.shards import find_shards
+    from ..data.shards import find_shards, val_from_train_problem
 
     d = cfg.data
+    problem = None if data or split != "val" else val_from_train_problem(d.train_files, d.val_files)
+    if problem:  # a run from before training refused this: its "val" would be its training files
+        raise EvalError(f"{problem.replace('give --data.val_files=GLOB_OR_DIR', 'pass --data GLOB_OR_DIR')}")
     if data:
         where = data
     elif split == "val" and d.val_files:
