@@ -425,3 +425,28 @@ def test_bench_refuses_a_bad_config_or_data_with_status_2_as_train_does(tmp_path
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert err.startswith("speedgpt bench: error: ") and err.count("\n") == 1, err
+
+
+def test_auto_resume_keeps_a_finished_run_without_a_checkpoint(tmp_path, capsys, text_shards):
+    """--auto-resume on a finished run that saved no checkpoint wiped it, without a word, and trained it again."""
+    run = tmp_path / "nock"
+    argv = train_argv(text_shards, run, "--train.save_final_checkpoint=false", "--train.checkpoint_every_min=0")
+    assert main(argv) == 0
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main([*argv, "--auto-resume"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"speedgpt train: {run} holds a finished run without a checkpoint (nothing to resume); pick a "
+                   f"fresh --run-dir, or pass --overwrite to replace it"], err
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+
+
+@pytest.mark.parametrize("extra", [["--run-dir", "OTHER"], ["--overwrite"]])
+def test_resume_refuses_flags_it_ignored(extra, tmp_path, capsys):
+    """`train --resume RUN --run-dir OTHER` wrote into RUN, and --overwrite continued the old run."""
+    other = tmp_path / "other"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--resume", str(tmp_path / "run"), *[str(other) if a == "OTHER" else a for a in extra]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and f"--resume continues {tmp_path / 'run'} in place: drop {extra[0]}" in err[-1], err
+    assert not other.exists()

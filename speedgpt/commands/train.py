@@ -50,6 +50,11 @@ def cmd_train(argv: list[str]) -> int:
         return 0
     if args.auto_resume and not args.run_dir:
         p.error("--auto-resume needs --run-dir DIR (the directory to resume or start)")
+    kept = [flag for flag, given in (("--run-dir", args.run_dir), ("--overwrite", args.overwrite),
+                                     ("--auto-resume", args.auto_resume)) if given]
+    if args.resume and kept:  # each was silently ignored: the run went on in --resume's directory
+        p.error(f"--resume continues {args.resume} in place: drop {' and '.join(kept)} (a new run in another "
+                f"directory is `speedgpt train --run-dir DIR`)")
     with contextlib.ExitStack() as held:  # the run directory's lock, released whatever happens
         # Locked before anything looks at the directory (rundir/lock.py): a second command on it is
         # refused before it reads the run's config or checks whether the directory holds a run.
@@ -161,15 +166,22 @@ def _run_dir_usable(args, new_dir: str) -> bool:
     if args.resume or not _main_rank():  # one rank decides (torchrun)
         return True
     from ..rundir import RunDir
-    from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
+    from ..rundir.reuse import RunDirInUse, finished_run, prepare_new_run_dir, took_no_step
 
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
     auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    notice = lambda line: print(f"speedgpt train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
+        if auto and not RunDir(new_dir).list_checkpoints() and not args.overwrite:
+            if finished_run(new_dir):  # nothing to resume, and its results are no failed start's: kept
+                raise RunDirInUse(f"{new_dir} holds a finished run without a checkpoint (nothing to resume); pick a "
+                                  f"fresh --run-dir, or pass --overwrite to replace it")
+            if not took_no_step(new_dir):
+                notice(f"notice: {new_dir} holds a run stopped before its first checkpoint (nothing to resume); its "
+                       f"files are replaced by this run's, from step 0")
         if not (auto and RunDir(new_dir).list_checkpoints()):
-            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto,
-                                notice=lambda line: print(f"speedgpt train: {line}", file=sys.stderr, flush=True))
+            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto, notice=notice)
     except RunDirInUse as e:
         print(f"speedgpt train: {e}", file=sys.stderr)
         return False

@@ -279,8 +279,8 @@ def val_from_train_problem(train_files: str, val_files: str) -> str | None:
     """Why validation cannot take its shards from `train_files`, or None. Only a directory has a val split
     (its ``*val_*.bin``): a glob or a file is taken literally, so with no `val_files` validation would score the
     training files themselves (a `fineweb_train_*.bin` glob did, and its val loss looked like any other)."""
-    if val_files or not train_files or os.path.isdir(str(train_files)):
-        return None
+    if val_files or not train_files or os.path.isdir(str(train_files)) or not glob.glob(str(train_files)):
+        return None  # (a path that matches nothing: find_shards says so, with what to do)
     return (f"data.train_files={train_files} names files, not a directory, and data.val_files is not given: "
             f"validation would score the training files; give --data.val_files=GLOB_OR_DIR (e.g. a val_*.bin glob), "
             f"or pass the shards' directory as data.train_files (its val_*.bin are the val split)")

@@ -87,6 +87,26 @@ def took_no_step(run_dir: str | Path) -> bool:
                for r in records)
 
 
+def finished_run(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds a run that logged its final validation (rundir/metrics.py ended_by: all its steps,
+    or its time budget); False for anything unreadable."""
+    from ..config import ConfigError
+    from . import RunDir
+    from .metrics import ended_by
+
+    rundir = RunDir(run_dir)
+    if not rundir.is_run() or not rundir.metrics_path.is_file():
+        return False
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unreadable line is the metrics reader's to report, not this check's
+            return ended_by(rundir.read_metrics(), rundir.read_config().train.steps) is not None
+    except (ConfigError, OSError, ValueError):
+        return False
+
+
 def prepare_new_run_dir(run_dir: str | Path, *, overwrite: bool, notice: Callable[[str], None] | None = None) -> None:
     """Raise RunDirInUse if ``run_dir`` holds a run; with ``overwrite``, delete that run's files first.
     A failed start (took_no_step) is cleared without ``overwrite``, after a line to ``notice``."""
