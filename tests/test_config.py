@@ -74,6 +74,12 @@ def test_override_errors_name_the_key(override, fragment):
     (["--schedule.kind=wsd"], "is constant_cooldown with a warmup"),
     (["--parallel.grad_comm_dtype=fp16"], "parallel.grad_comm_dtype='fp16' must be param or bf16"),
     (["--run.sample_tokens=-1"], "run.sample_tokens=-1 must be >= 0"),
+    # the model's float keys: a reshape error, a division by zero or a non-finite loss at step 1 before
+    (["--model.mlp_ratio=0"], "model.mlp_ratio=0.0 must be finite and > 0"),
+    (["--model.mlp_ratio=nan"], "model.mlp_ratio=nan must be finite and > 0"),
+    (["--model.rope_base=0"], "model.rope_base=0.0 must be finite and > 0"),
+    (["--model.attn_scale=nan"], "model.attn_scale=nan must be finite and >= 0"),
+    (["--model.logit_softcap=-5"], "model.logit_softcap=-5.0 must be finite and >= 0"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from .errors import ConfigError
 from .model import ModelConfig
 
 
 def check_model(m: ModelConfig) -> None:
+    _check_model_numbers(m)
     dim = m.resolved_dim()
     if m.depth < 1:
         raise ConfigError(f"model.depth={m.depth} must be at least 1")
@@ -55,6 +58,18 @@ def check_model(m: ModelConfig) -> None:
     if m.fp8_head_w_bound <= 0:
         raise ConfigError(f"model.fp8_head_w_bound={m.fp8_head_w_bound} must be > 0 (record #28: 0.875)")
     _check_later_records(m)
+
+
+def _check_model_numbers(m: ModelConfig) -> None:
+    """The float keys the model's shapes and math take as they are: a bad one failed deep in the model's build
+    (mlp_ratio 0: a reshape error; rope_base 0: a division by zero) or at step 1 as a non-finite loss whose
+    message blames the learning rates."""
+    for key, value, floor, what in (("mlp_ratio", m.mlp_ratio, "> 0", "hidden width over model width; 4.0"),
+                                    ("rope_base", m.rope_base, "> 0", "rotary's base period; record #28: 1024"),
+                                    ("attn_scale", m.attn_scale, ">= 0", "0: 1/sqrt(head_dim)"),
+                                    ("logit_softcap", m.logit_softcap, ">= 0", "0: no cap; record #28: 15")):
+        if not math.isfinite(value) or (value <= 0 if floor == "> 0" else value < 0):
+            raise ConfigError(f"model.{key}={value} must be finite and {floor} ({what})")
 
 
 def _check_later_records(m: ModelConfig) -> None:
