@@ -288,7 +288,8 @@ def val_from_train_problem(train_files: str, val_files: str) -> str | None:
 
 def given_shards(data, read_headers: bool = False) -> tuple[list[Path], list[Path]] | None:
     """The training and validation shards `data.train_files` / `data.val_files` name (FileNotFoundError when
-    none match; `read_headers`: every header read too, ShardError for a file that is no shard); None when
+    none match; ValueError when validation would read training files, val_from_train_problem, or both lists
+    share one; `read_headers`: every header read too, ShardError for a file that is no shard); None when
     none are named: the run builds the default corpus itself. ab and sweep call it before launching runs, so
     a wrong path is one line, not a crash in every run."""
     if not data.train_files:

@@ -26,7 +26,7 @@ def resolve_eval_files(cfg, data: str | None, split: str, run_dir=None) -> list[
     d = cfg.data
     problem = None if data or split != "val" else val_from_train_problem(d.train_files, d.val_files)
     if problem:  # a run from before training refused this: its "val" would be its training files
-        raise EvalError(f"{problem.replace('give --data.val_files=GLOB_OR_DIR', 'pass --data GLOB_OR_DIR')}")
+        raise EvalError(problem.replace("give --data.val_files=GLOB_OR_DIR", "pass --data GLOB_OR_DIR"))
     if data:
         where = data
     elif split == "val" and d.val_files:
