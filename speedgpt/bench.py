@@ -505,6 +505,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--at-step {args.at_step}: must be a step of the run (>= 0)")
     if args.per_stage and args.at_step is not None:
         p.error("--per-stage times steps inside every stage; drop --at-step")
+    if args.ab is not None and not args.ab.strip():  # an empty shell variable, say: only A would be timed
+        p.error("--ab is empty: give config B's overrides, e.g. --ab=--model.fp8_head=false, or drop --ab")
+    gpu_only = [f for f, on in (("--profile", args.profile), ("--peak", args.peak)) if on]
+    if gpu_only and not torch.cuda.is_available():  # each measured nothing on a CPU, exit 0
+        p.error(f"{' and '.join(gpu_only)} measure{'s' if len(gpu_only) == 1 else ''} CUDA kernels: run on a GPU, "
+                f"or drop {'it' if len(gpu_only) == 1 else 'them'}")
     traces = profile_traces(p, args.profile_trace, args.profile)
     preset = args.preset
     if not preset and not args.config:

@@ -182,6 +182,10 @@ def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path):
     (["--at-step", "-1"], "--at-step -1: must be a step of the run"),
     (["--at-step", "100000"], "--at-step 100000: must be a step of the run, 0 to 99"),
     (["--profile", "-2"], "--profile -2: must be >= 0"),
+    (["--ab", ""], "--ab is empty"),  # only A was timed, exit 0
+    # on a CPU each measured nothing, exit 0 (the tests run without CUDA; a GPU machine skips these two)
+    *([(["--profile", "3"], "--profile measures CUDA kernels"), (["--peak"], "--peak measures CUDA kernels")]
+      if not __import__("torch").cuda.is_available() else []),
 ])
 def test_bench_refuses_a_bad_arm_b_or_option_before_timing_arm_a(argv, says, capsys, monkeypatch):
     """A bad --ab was found only after arm A's compile and timed steps (on a GPU, minutes); now before anything."""

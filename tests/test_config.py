@@ -80,6 +80,8 @@ def test_override_errors_name_the_key(override, fragment):
     (["--model.rope_base=0"], "model.rope_base=0.0 must be finite and > 0"),
     (["--model.attn_scale=nan"], "model.attn_scale=nan must be finite and >= 0"),
     (["--model.logit_softcap=-5"], "model.logit_softcap=-5.0 must be finite and >= 0"),
+    (["--train.peak_flops=-1"], "train.peak_flops=-1.0 must be finite and >= 0"),  # a negative MFU was logged
+    (["--train.time_budget_s=nan"], "train.time_budget_s=nan must be finite and >= 0"),  # "no limit", silently
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)
@@ -156,6 +158,9 @@ def test_the_config_command_refuses_what_train_refuses(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["speedgpt config: config error: model.depth=0 must be at least 1"]
     assert main(["config", "--preset", "speedrun-latest"]) == 0
+    capsys.readouterr()
+    assert main(["config", "--list-presets"]) == 0  # train's flag: it was refused as a malformed override
+    assert capsys.readouterr().out.split() == preset_names()
 
 
 def test_resume_takes_the_runs_own_preset_again_and_refuses_another(tmp_path, capsys):

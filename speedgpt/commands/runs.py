@@ -252,9 +252,14 @@ def cmd_config(argv: list[str]) -> int:
                                             "Set any key on `speedgpt train` as --section.key=value.")
     p.add_argument("--preset", help="start from this preset (default: the built-in defaults)")
     p.add_argument("--config", help="start from this config.toml (e.g. a run's)")
+    p.add_argument("--list-presets", action="store_true", help="print the preset names and exit (as train's)")
     args, overrides = p.parse_known_args(argv)
 
-    from ..config import Config, ConfigError, resolve
+    from ..config import Config, ConfigError, preset_names, resolve
+
+    if args.list_presets:
+        print("\n".join(preset_names()))
+        return 0
     from ..config.validate import check_config
     from ..config_docs import describe_config
 

@@ -102,6 +102,12 @@ def _check_checkpointed_experts(cfg: Config) -> None:
 
 def _check_data_and_batch(cfg: Config, world_size: int) -> None:
     d, t = cfg.data, cfg.train
+    # 0 means "none" / "the device's table" for both; a negative or NaN one meant that too, silently (a negative
+    # peak wrote a negative MFU into metrics.jsonl)
+    for key, value, zero in (("time_budget_s", t.time_budget_s, "no time limit"),
+                             ("peak_flops", t.peak_flops, "the device's table value")):
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"train.{key}={value} must be finite and >= 0 (0: {zero})")
     if d.seq_len < 2:
         raise ConfigError(f"data.seq_len={d.seq_len} must be at least 2")
     if t.batch_tokens % d.seq_len:
