@@ -343,6 +343,7 @@ def test_bench_profile_trace_paths_reach_each_config_and_bad_folders_are_refused
     traces = []
     monkeypatch.setattr(bench, "bench_config", lambda cfg, *a, **k: traces.append(a[-1])
                         or {"tok_per_s": 1.0, "world_size": 1})
+    monkeypatch.setattr(bench, "cuda_present", lambda: True)  # --profile measures CUDA kernels: the paths as on a GPU
     out = tmp_path / "tr"
     assert bench.main(["--preset", "tiny-cpu", "--steps", "1", "--profile", "3", "--profile-trace", str(out),
                        "--ab", "--model.depth=3"]) == 0

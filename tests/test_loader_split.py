@@ -232,9 +232,10 @@ def test_run_start_prints_tokens_read_against_the_corpus_and_warns_past_one_epoc
     from speedgpt.train.loop import Trainer
 
     files, _ = make_corpus(tmp_path, random_lens(200, seed=10), [200])  # ~30K tokens
+    val, _ = make_corpus(tmp_path, random_lens(200, seed=10), [200], prefix="val")  # a file of its own: none shared
     corpus = int(stream_tokens(files).size)
     for steps, warned in ((2, False), (200, True)):
-        cfg = apply_overrides(tiny_cfg, [f"--data.train_files={files[0]}", f"--data.val_files={files[0]}",
+        cfg = apply_overrides(tiny_cfg, [f"--data.train_files={files[0]}", f"--data.val_files={val[0]}",
                                          f"--train.steps={steps}", "--train.val_every=0"])
         Trainer(cfg, run_dir=tmp_path / f"run{steps}").setup()
         out = capsys.readouterr().out
