@@ -47,23 +47,26 @@ class SFTSpec:
     # model with it, without the base run; None in runs saved before it was recorded (they load the base run again)
     base_step: int | None = None
 
-    def absolute(self) -> "SFTSpec":
-        """This spec with its paths absolute (each data entry FILE[:WEIGHT] keeps its weight): a resume from
-        another directory reads the same files."""
+    def data_paths(self, fn) -> list[str]:
+        """The data entries with each FILE of FILE[:WEIGHT] replaced by fn(FILE), its weight kept."""
         from .data import split_source
 
-        data = []
-        for entry in self.data:
+        def one(entry: str) -> str:
             path, weight = split_source(entry)
-            data.append(str(Path(path).expanduser().absolute()) + (entry[len(path):] if weight is not None else ""))
-        return replace(self, base_run=str(Path(self.base_run).expanduser().absolute()), data=data)
+            return fn(path) + (entry[len(path):] if weight is not None else "")
+        return [one(entry) for entry in self.data]
+
+    def absolute(self) -> "SFTSpec":
+        """This spec with its paths absolute: a resume from another directory reads the same files."""
+        def absolute(path: str) -> str:
+            return str(Path(path).expanduser().absolute())
+        return replace(self, base_run=absolute(self.base_run), data=self.data_paths(absolute))
 
     def located(self, run_dir: Path) -> "SFTSpec":
         """A loaded spec whose relative paths (runs saved before sft.json held absolute ones) are read from the
         directory the run was started in (env.json's "cwd"); FileNotFoundError naming that when it is unknown
         and the path is not found from here either. The base run only where the resume needs it."""
         from ..rundir.env import started_in
-        from .data import split_source
 
         start = started_in(run_dir)
 
@@ -76,10 +79,7 @@ class SFTSpec:
                 "the directory it was started in, which its env.json does not record"
             raise FileNotFoundError(f"{run_dir}/{SPEC_FILE} names {what} {path}, a path relative to {where}, and it "
                                     f"is not found from here: resume from that directory")
-        data = []
-        for entry in self.data:
-            path, weight = split_source(entry)
-            data.append(locate(path, "--data file") + (entry[len(path):] if weight is not None else ""))
+        data = self.data_paths(lambda path: locate(path, "--data file"))
         from ..rundir import RunDir
 
         needs_base = self.base_step is None or not RunDir(run_dir).list_checkpoints()

@@ -171,17 +171,18 @@ def _run_dir_usable(args, new_dir: str) -> bool:
     # --auto-resume, or a worker torchrun restarted: a run dir with a checkpoint is resumed by
     # train(); one without (killed before its first checkpoint) is started afresh.
     auto = args.auto_resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    if auto and RunDir(new_dir).list_checkpoints():
+        return True  # train() resumes it
     notice = lambda line: print(f"speedgpt train: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        if auto and not RunDir(new_dir).list_checkpoints() and not args.overwrite:
+        if auto and not args.overwrite:
             if finished_run(new_dir):  # nothing to resume, and its results are no failed start's: kept
                 raise RunDirInUse(f"{new_dir} holds a finished run without a checkpoint (nothing to resume); pick a "
                                   f"fresh --run-dir, or pass --overwrite to replace it")
             if not took_no_step(new_dir):
                 notice(f"notice: {new_dir} holds a run stopped before its first checkpoint (nothing to resume); its "
                        f"files are replaced by this run's, from step 0")
-        if not (auto and RunDir(new_dir).list_checkpoints()):
-            prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto, notice=notice)
+        prepare_new_run_dir(new_dir, overwrite=args.overwrite or auto, notice=notice)
     except RunDirInUse as e:
         print(f"speedgpt train: {e}", file=sys.stderr)
         return False
