@@ -41,7 +41,7 @@ BATCH_EXPONENT = 0.383
 ROUNDING_WARN = 0.05
 
 
-def _meta_model(model_cfg: ModelConfig, seq_len: int):
+def meta_model(model_cfg: ModelConfig, seq_len: int):
     """The model on the meta device: shapes and counts without allocating memory."""
     import torch
 
@@ -57,7 +57,7 @@ def scaling_params_of(model) -> int:
 
 
 def scaling_params(model_cfg: ModelConfig) -> int:
-    return scaling_params_of(_meta_model(model_cfg, 8))
+    return scaling_params_of(meta_model(model_cfg, 8))
 
 
 def ladder_model(model_cfg: ModelConfig, depth: int) -> ModelConfig:
@@ -112,7 +112,7 @@ def training_flops_per_token(cfg: Config) -> float:
     """Training FLOPs per token at the schedule's final attention window (model.flops_per_token)."""
     from .optim.schedules import attention_windows
 
-    model = _meta_model(cfg.model, cfg.data.seq_len)
+    model = meta_model(cfg.model, cfg.data.seq_len)
     return model.flops_per_token(cfg.data.seq_len, windows=attention_windows(cfg.schedule, 1, 1))
 
 

@@ -96,6 +96,22 @@ def test_resume_with_another_optimizer_value_needs_extend(stopped_run, capsys):
     assert (run / "config.toml").read_text() == before
 
 
+def test_resume_with_another_training_value_needs_extend_and_env_names_it(stopped_run, capsys):
+    """Another softcap, seed or batch on resume trained differently from that step on, and config.toml then said it
+    held from step 0 (a new-user audit: accepted without a word; a seed only failed in the loader's state)."""
+    run = stopped_run
+    before = {name: (run / name).read_bytes() for name in ("config.toml", "metrics.jsonl", "env.json")}
+    assert main(["train", "--resume", str(run), "--model.logit_softcap=30", "--train.seed=7"]) == 2
+    line = one_line(capsys)
+    assert f"resuming {run} at step 2 with model.logit_softcap: checkpoint 0.0, config 30.0; train.seed: " \
+        "checkpoint 1337, config 7 would train differently" in line and "add --extend" in line
+    assert {name: (run / name).read_bytes() for name in before} == before  # the run is as it was
+    # a cadence is not the training's: accepted as it was
+    assert main(["train", "--resume", str(run), "--train.val_every=3", "--model.logit_softcap=30", "--extend"]) == 0
+    env = json.loads((run / "env.json").read_text())
+    assert env["resumes"][-1]["changed"] == ["model.logit_softcap: checkpoint 0.0, config 30.0"]
+
+
 def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
     run = stopped_run
     assert main(["train", "--resume", str(run), "--train.steps=3"]) == 2

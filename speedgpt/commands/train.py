@@ -37,7 +37,8 @@ def cmd_train(argv: list[str]) -> int:
                         "schedulers that re-run the same command; implied for workers torchrun restarted)")
     p.add_argument("--extend", action="store_true",
                    help="with --resume/--auto-resume: accept a changed train.steps, schedule or optimizer value (the "
-                        "lr schedule is stretched from the checkpoint on), e.g. to train a finished run further")
+                        "lr schedule is stretched from the checkpoint on), e.g. to train a finished run further, or "
+                        "another data, batch, seed or model value (env.json's entry for the resume names it)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")

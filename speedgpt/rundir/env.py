@@ -45,10 +45,11 @@ def environment_snapshot(device: torch.device) -> dict:
     return snap
 
 
-def record_resume(rundir: RunDir, snapshot: dict, step: int) -> None:
+def record_resume(rundir: RunDir, snapshot: dict, step: int, changed: list[str] | tuple = ()) -> None:
     """env.json keeps the environment and command the run started with; each resume appends one
-    entry to its "resumes" list: the step it resumed at, when, its command, and whatever else in
-    `snapshot` differs from the start (another machine, another speedgpt commit, ...)."""
+    entry to its "resumes" list: the step it resumed at, when, its command, the config values --extend let it
+    change (`changed`, "key: checkpoint A, config B"), and whatever else in `snapshot` differs from the start
+    (another machine, another speedgpt commit, ...)."""
     import time
 
     try:
@@ -56,6 +57,8 @@ def record_resume(rundir: RunDir, snapshot: dict, step: int) -> None:
     except ValueError:  # unreadable: the start's record is gone either way; keep the resumes from now on
         env = {"note": "env.json was unreadable when a resume rewrote it"}
     entry = {"step": step, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": snapshot.get("argv")}
+    if changed:
+        entry["changed"] = list(changed)
     entry.update({k: v for k, v in snapshot.items() if k not in entry and env.get(k) != v})
     env.setdefault("resumes", []).append(entry)
     rundir.write_env(env)

@@ -86,9 +86,10 @@ class Trainer:
         self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
         self.resume = should_resume(resume, self.run_dir)
+        self.resume_changes: list[str] = []  # what --extend accepted, for env.json's entry of this resume
         if self.resume:  # a finished run, or a schedule changed without `extend`: stop before anything is built
             check_same_tokenizer(self.tokenizer, self.run_dir)
-            check_resume(cfg, self.run_dir, extend=extend)
+            self.resume_changes = check_resume(cfg, self.run_dir, extend=extend)
         self.guard = NumericsGuard(cfg.train.on_nonfinite, self.dist.device, self.dist.rank, self.dist.world_size)
         self.rollbacks = Rollbacks(cfg.train)  # and the lr scale they left, part of the checkpointed state
         self.stop_request = StopRequest()
@@ -182,7 +183,7 @@ class Trainer:
             if dist.is_main:
                 self.rundir.write_config(cfg)
                 self.rundir.write_plan(self.plan.as_dict())
-                record_resume(self.rundir, environment_snapshot(self.device), self.step)
+                record_resume(self.rundir, environment_snapshot(self.device), self.step, self.resume_changes)
         elif cfg.train.on_nonfinite == "rollback":
             self.save()  # step 0: something to roll back to before the first periodic checkpoint
         if self.plan.from_table:

@@ -6,6 +6,11 @@ the run it names, nor silently redoes a finished one:
 - a config whose schedule differs from the checkpoint's (another train.steps stretches every lr,
   momentum and window schedule over the new length from the checkpoint on; another optimizer value
   changes it too) is refused unless the command says --extend;
+- any other value that shapes the training from the checkpoint on (the data and how it is cut, the batch, the
+  seed, the model's values that leave its weights' shapes alone) is refused too unless the command says
+  --extend: config.toml would otherwise say it held from step 0. Only RESUMABLE_KEYS (paths, cadences,
+  checkpointing, compile and kernel settings, the hardware) change freely; an accepted change is named in
+  env.json's entry for the resume;
 - the weights must fit the model the config describes (else one line naming the config keys that
   changed since the checkpoint was written).
 
@@ -27,6 +32,18 @@ from ..rundir.checkpoint import CheckpointError, read_state
 # values they scale: a resume with another lr or momentum changes the run from that step on, and its config.toml
 # would then say the new value for the steps before too (a new-user audit: accepted without a word).
 SCHEDULE_KEYS = ("train.steps", "train.stages", "schedule.", "optim.")
+# What a resume may change without --extend: where things are (paths), how often the run logs, validates and
+# checkpoints, how it compiles and which kernels compute the same math, and the hardware it runs on. The training
+# data itself is checked by the loader's state (the same shard names and token count). Everything else changes the
+# training from the resumed step on (a new-user audit: a resume took another batch, seed or softcap without a word).
+RESUMABLE_KEYS = (
+    "run.", "parallel.", "data.train_files", "data.val_files", "data.cache_dir", "data.tokenizer",
+    "data.on_bad_shard", "train.val_every", "train.log_every", "train.checkpoint_", "train.save_final_checkpoint",
+    "train.keep_checkpoint", "train.on_nonfinite", "train.rollback_lr_factor", "train.max_rollbacks",
+    "train.device", "train.dtype", "train.compile", "train.coordinate_descent_tuning", "train.autotune_pointwise",
+    "train.persistent_reductions_upto", "train.warmup_steps", "train.time_budget_s", "train.peak_flops",
+    "train.micro_batch_size", "model.attn_backend", "model.fused_ce", "model.fused_mtp", "model.fp8_mlp_fused_act",
+)
 
 
 class RunComplete(Exception):
@@ -59,13 +76,37 @@ def _changes(before: dict, now: dict, prefix: str | tuple[str, ...]) -> list[str
     return [f"{k}: checkpoint {_show(before[k])}, config {_show(now[k])}" for k in keys]
 
 
-def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> None:
-    """Before a resume of `run_dir` with the resolved `cfg`: ConfigError when the schedule would change
-    without `extend`, RunComplete when the latest checkpoint is already the run's end. Nothing is
-    checked without a checkpoint (loading it says what is wrong)."""
+def training_changes(saved: dict | None, cfg: Config) -> list[str]:
+    """config_changes outside SCHEDULE_KEYS and RESUMABLE_KEYS; a model key only where the weights keep their shapes
+    (a change of shape is the weights' load to refuse: model_mismatch names it)."""
+    if not saved:
+        return []
+    changes = [c for c in config_changes(saved, cfg)
+               if not c.startswith(SCHEDULE_KEYS + RESUMABLE_KEYS) and not c.startswith("preset:")]
+    if any(c.startswith("model.") for c in changes) and not _same_weight_shapes(saved, cfg):
+        changes = [c for c in changes if not c.startswith("model.")]
+    return changes
+
+
+def _same_weight_shapes(saved: dict, cfg: Config) -> bool:
+    from ..budget import meta_model
+
+    try:
+        before = meta_model(config_from_dict(saved).model, 8).state_dict()
+    except (ValueError, TypeError, RuntimeError):  # a saved config this version cannot build: the load says what
+        return False
+    now = meta_model(cfg.model, 8).state_dict()
+    return {k: v.shape for k, v in before.items()} == {k: v.shape for k, v in now.items()}
+
+
+def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[str]:
+    """Before a resume of `run_dir` with the resolved `cfg`: ConfigError when the schedule or another training
+    value (training_changes) would change without `extend`, RunComplete when the latest checkpoint is already the
+    run's end. Returns the changes `extend` accepted ("key: checkpoint A, config B"). Nothing is checked without a
+    checkpoint (loading it says what is wrong)."""
     found = RunDir(run_dir).list_checkpoints()
     if not found:
-        return
+        return []
     state = read_state(found[-1])
     step, saved = int(state.get("step", 0)), _saved_config(run_dir, state)
     changes = schedule_changes(saved, cfg)
@@ -73,11 +114,17 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> None:
         raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(changes)} would change its "
                           f"schedules from that step on{_lr_change(saved, cfg, step)}; add --extend to do so, "
                           f"or resume with the run's own values")
+    others = training_changes(saved, cfg)
+    if others and not extend:
+        raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(others)} would train differently from "
+                          f"that step on, while its config.toml would say so from step 0; add --extend to do so (the "
+                          f"resume's entry in env.json names the change), or resume with the run's own values")
     budget = cfg.train.time_budget_s
     if step >= cfg.train.steps or (budget and float(state.get("train_time_s", 0.0)) >= budget):
         end = f"step {step} of {cfg.train.steps}" if step >= cfg.train.steps else f"time budget of {budget}s spent"
         raise RunComplete(f"{run_dir} is complete ({end}); nothing to train. To train it further: "
                           f"speedgpt train --resume {run_dir} --train.steps=N --extend")
+    return changes + others
 
 
 def _saved_config(run_dir: Path, state: dict) -> dict | None:
