@@ -112,6 +112,28 @@ def test_resume_with_another_training_value_needs_extend_and_env_names_it(stoppe
     assert env["resumes"][-1]["changed"] == ["model.logit_softcap: checkpoint 0.0, config 30.0"]
 
 
+def test_training_changes_leave_out_what_a_resume_may_change():
+    """The planner fits a stage table's rows (data.seq_len among them) to the world size, so a resume on another
+    number of ranks may plan other rows: not a change of the user's. Without a table the rows are the user's."""
+    import dataclasses
+
+    from speedgpt.config import Config, StageConfig
+    from speedgpt.train.resume import training_changes
+
+    base = Config()
+    moved = dataclasses.replace(base, data=dataclasses.replace(base.data, seq_len=512, train_files="elsewhere"),
+                                train=dataclasses.replace(base.train, val_every=5, compile=True))
+    assert training_changes(base.to_dict(), moved) == ["data.seq_len: checkpoint 1024, config 512"]
+    table = [StageConfig(share=1.0)]
+    with_table = dataclasses.replace(base, train=dataclasses.replace(base.train, stages=table))
+    assert training_changes(with_table.to_dict(), dataclasses.replace(
+        moved, train=dataclasses.replace(moved.train, stages=table))) == []
+    softer = dataclasses.replace(base, model=dataclasses.replace(base.model, logit_softcap=30.0))
+    assert training_changes(base.to_dict(), softer) == ["model.logit_softcap: checkpoint 15.0, config 30.0"]
+    deeper = dataclasses.replace(base, model=dataclasses.replace(base.model, depth=3, logit_softcap=30.0))
+    assert training_changes(base.to_dict(), deeper) == []  # another shape: the weights' load names it
+
+
 def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
     run = stopped_run
     assert main(["train", "--resume", str(run), "--train.steps=3"]) == 2

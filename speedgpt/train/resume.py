@@ -83,6 +83,8 @@ def training_changes(saved: dict | None, cfg: Config) -> list[str]:
         return []
     changes = [c for c in config_changes(saved, cfg)
                if not c.startswith(SCHEDULE_KEYS + RESUMABLE_KEYS) and not c.startswith("preset:")]
+    if cfg.train.stages:  # the planner fits a table's run rows to the world size too, as schedule_changes' rows
+        changes = [c for c in changes if not c.startswith("data.seq_len:")]
     if any(c.startswith("model.") for c in changes) and not _same_weight_shapes(saved, cfg):
         changes = [c for c in changes if not c.startswith("model.")]
     return changes
