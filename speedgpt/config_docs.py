@@ -29,7 +29,8 @@ DESCRIPTIONS: dict[str, str] = {
     "model.attn_gate": "sparse per-head sigmoid gate on the attention output (speedrun record #28)",
     "model.attn_gate_dim": "input channels the attention gate reads (and the smear, skip and value-embedding gates)",
     "model.logit_softcap": "cap logits smoothly at +-this value (tanh); 0 disables",
-    "model.attn_backend": "auto | sdpa (dense masks) | flex (block-sparse FlexAttention)",
+    "model.attn_backend": "auto (flex on a CUDA GPU of capability >= 8, else sdpa) | sdpa (dense masks) | flex "
+                          "(block-sparse FlexAttention; trains on CUDA only)",
     "model.doc_masking": "attend only within a document (documents start at BOS)",
     "model.fp8_head": "lm_head in FP8 (CUDA capability >= 8.9); elsewhere it runs in the model's dtype",
     "model.fp8_head_w_bound": "FP8 head weight scale = bound / 448 (|W| up to it representable); record #28: 0.875",

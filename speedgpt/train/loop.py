@@ -8,7 +8,8 @@ reads device values (`.item()`) only on logging, evaluation and checkpoint steps
 The parts the loop drives live next to it: build.py (data, loader, strategy, model), compile.py,
 warmup.py (which steps the compile warmup trains, and the reset after it), validation.py,
 checkpointing.py, control.py (signal, clock and budget decisions shared by all ranks),
-nonfinite.py (rollback or abort) and progress.py (training time and the logged records).
+nonfinite.py (rollback or abort), progress.py (training time and the logged records) and start_checks.py
+(what the config asks of this machine, refused before anything is built).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from .nonfinite import Rollbacks
 from .preempt import StoppedMidStep, StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .resume import check_resume
+from .start_checks import check_on_this_machine
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, check_sample_prompt, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
@@ -77,6 +79,7 @@ class Trainer:
         # the plan is printed below and saved beside it (plan.json).
         cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
         self.dist = init_distributed(cfg.train.device)
+        check_on_this_machine(cfg, self.dist.device)  # before anything is read, built or written
         self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
         self.cfg = cfg = self.plan.cfg
         check_sample_prompt(cfg, self.tokenizer)
