@@ -61,6 +61,18 @@ def test_flex_attention_off_cuda_is_refused_at_start(text_shards, tmp_path, caps
     assert not run.exists()
 
 
+@pytest.mark.parametrize("where", ["the-file", "the-file/sub"])
+def test_a_compile_cache_that_is_a_file_is_refused_at_start(where, text_shards, tmp_path, capsys):
+    # Was "[Errno 20] Not a directory: '.../torch-2.13.0+cpu_...'" at the first compile, the run dir half written.
+    (tmp_path / "the-file").write_text("not a folder")
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, "--train.compile=true",
+                                            f"--train.compile_cache={tmp_path / where}"), capsys)
+    assert f"--train.compile_cache {tmp_path / where}" in line and "is a file" in line, line
+    assert "pass a directory" in line and "off" in line
+    assert not run.exists()
+
+
 def test_a_sample_that_fails_after_training_leaves_the_report_written(text_shards, tmp_path, capsys, monkeypatch):
     from speedgpt.infer import generate
 

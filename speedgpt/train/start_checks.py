@@ -4,6 +4,8 @@ here is refused in one line naming the fix (ConfigError), not at its first step 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ..config import Config, ConfigError
@@ -11,6 +13,7 @@ from ..config import Config, ConfigError
 
 def check_on_this_machine(cfg: Config, device: torch.device) -> None:
     check_attention_backend(cfg.model.attn_backend, device)
+    check_compile_cache(cfg.train.compile_cache)
 
 
 def check_attention_backend(requested: str, device: torch.device) -> None:
@@ -21,3 +24,15 @@ def check_attention_backend(requested: str, device: torch.device) -> None:
         raise ConfigError(f"model.attn_backend=flex trains on a CUDA GPU only (FlexAttention has no backward on "
                           f"{device.type}); use --model.attn_backend=auto (sdpa here) or sdpa")
 
+
+def check_compile_cache(setting: str) -> None:
+    """train.compile_cache names a folder ("" the default one, "off" none): a file there, or on its path, failed the
+    first compile with "[Errno 20] Not a directory" (a new-user audit)."""
+    if setting in ("", "off"):
+        return
+    from ..outdir import OutDirError, check_out_dir
+
+    try:
+        check_out_dir(Path(setting).expanduser(), flag="--train.compile_cache")
+    except OutDirError as e:
+        raise ConfigError(f"{e}, '' for the default folder, or off") from None
