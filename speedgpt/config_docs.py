@@ -164,7 +164,8 @@ DESCRIPTIONS: dict[str, str] = {
     "train.max_rollbacks": "on_nonfinite=rollback: roll back at most this many times, then abort",
     "train.save_final_checkpoint": "write a checkpoint at the end (false: A/B runs that only need their curves)",
     "train.checkpoint_format": "full (rank 0 writes whole tensors) | dcp (every rank writes its shards, torch.distributed.checkpoint) | dcp_async (dcp in the background)",
-    "train.keep_checkpoints": "checkpoints kept on disk (older ones are deleted)",
+    "train.keep_checkpoints": "checkpoints kept on disk: the newest this many (older ones are deleted, but for "
+                              "keep_checkpoint_every's); 0: keep all",
     "train.seed": "seed of the model init and the data order",
     "train.device": "auto | cpu | cuda | cuda:N | mps",
     "train.dtype": "auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32",
