@@ -190,6 +190,22 @@ def test_help_and_config_commands(capsys):
     assert "train.device = " in out and "(no description)" not in out
 
 
+@pytest.mark.parametrize("given, says", [
+    ("RUN", "RUN is a run directory, not an override: give --config RUN/config.toml"),
+    ("RUN/config.toml", "RUN/config.toml is a file, not an override: give a config file as --config RUN/config.toml"),
+    ("tiny-cpu", "tiny-cpu is a preset, not an override: give --preset tiny-cpu"),
+])
+def test_config_given_a_run_dir_file_or_preset_without_its_flag_names_the_flag(given, says, tmp_path, capsys):
+    # A new-user audit: `speedgpt config runs/x` said "override 'runs/x' must look like --section.key=value".
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('preset = "tiny-cpu"\n')
+    line = expect_one_line_error(["config", given.replace("RUN", str(run))], capsys)
+    assert says.replace("RUN", str(run)) in line, line
+    line = expect_one_line_error(["config", "nonsense"], capsys)  # anything else: the override's shape
+    assert "override 'nonsense' must look like --section.key=value" in line
+
+
 def test_every_option_has_help():
     import argparse
 
