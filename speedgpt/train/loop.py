@@ -31,7 +31,7 @@ from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import barrier, grad_comm_dtype, init_distributed, mean_over_ranks, teardown
 from ..plan import RunPlan
 from ..planner import plan_run
-from ..rundir import RunDir, default_run_dir
+from ..rundir import RunDir, default_run_dir, with_run_dir
 from ..rundir.checkpoint import CheckpointError
 from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
@@ -78,6 +78,8 @@ class Trainer:
         # the stage table concrete values; the resolved config is the one saved in the run dir, and
         # the plan is printed below and saved beside it (plan.json).
         cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
+        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
+        cfg = with_run_dir(cfg, self.run_dir)  # what config.toml and the checkpoints record
         self.dist = init_distributed(cfg.train.device)
         check_on_this_machine(cfg, self.dist.device)  # before anything is read, built or written
         self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
@@ -86,7 +88,6 @@ class Trainer:
         self.quiet = quiet or not self.dist.is_main
         for line in tokenizer_lines + list(self.plan.budget_lines):
             self.log(line)
-        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
         self.resume = should_resume(resume, self.run_dir)
         if self.resume:  # a finished run, or a schedule changed without `extend`: stop before anything is built
