@@ -29,7 +29,8 @@ DESCRIPTIONS: dict[str, str] = {
     "model.attn_gate": "sparse per-head sigmoid gate on the attention output (speedrun record #28)",
     "model.attn_gate_dim": "input channels the attention gate reads (and the smear, skip and value-embedding gates)",
     "model.logit_softcap": "cap logits smoothly at +-this value (tanh); 0 disables",
-    "model.attn_backend": "auto | sdpa (dense masks) | flex (block-sparse FlexAttention)",
+    "model.attn_backend": "auto (flex on a CUDA GPU of capability >= 8, else sdpa) | sdpa (dense masks) | flex "
+                          "(block-sparse FlexAttention; trains on CUDA only)",
     "model.doc_masking": "attend only within a document (documents start at BOS)",
     "model.fp8_head": "lm_head in FP8 (CUDA capability >= 8.9); elsewhere it runs in the model's dtype",
     "model.fp8_head_w_bound": "FP8 head weight scale = bound / 448 (|W| up to it representable); record #28: 0.875",
@@ -163,7 +164,8 @@ DESCRIPTIONS: dict[str, str] = {
     "train.max_rollbacks": "on_nonfinite=rollback: roll back at most this many times, then abort",
     "train.save_final_checkpoint": "write a checkpoint at the end (false: A/B runs that only need their curves)",
     "train.checkpoint_format": "full (rank 0 writes whole tensors) | dcp (every rank writes its shards, torch.distributed.checkpoint) | dcp_async (dcp in the background)",
-    "train.keep_checkpoints": "checkpoints kept on disk (older ones are deleted)",
+    "train.keep_checkpoints": "checkpoints kept on disk: the newest this many (older ones are deleted, but for "
+                              "keep_checkpoint_every's); 0: keep all",
     "train.seed": "seed of the model init and the data order",
     "train.device": "auto | cpu | cuda | cuda:N | mps",
     "train.dtype": "auto (bf16 on CUDA, fp32 on CPU) | bfloat16 | float32",

@@ -290,9 +290,11 @@ class FinishingProcess:
 def test_on_two_gpus_a_and_b_of_a_seed_run_at_once_one_gpu_each(tmp_path, monkeypatch, capsys):
     """Issue 15: "on a machine with several GPUs, A and B of one seed run at once, one GPU each" (no GPU
     needed: the subprocesses are stand-ins; what is checked is when each starts and which GPU it sees)."""
+    import speedgpt.ab.plan as ab_plan
     import speedgpt.ab.run as ab
 
     monkeypatch.setattr(ab.subprocess, "Popen", FinishingProcess)
+    monkeypatch.setattr(ab_plan, "visible_gpus", lambda: 2)  # --devices 0,1 names GPUs that must be here
     FinishingProcess.events = []
     out = tmp_path / "ab"
     argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "0,1",
@@ -304,6 +306,34 @@ def test_on_two_gpus_a_and_b_of_a_seed_run_at_once_one_gpu_each(tmp_path, monkey
     summary = json.loads((out / "summary.json").read_text())
     assert summary["devices"] == ["0", "1"] and summary["times_are_speed_figures"] is True
     assert summary["paired"]["final_loss"]["diffs"] == pytest.approx([-0.1, -0.1])
+
+
+@pytest.mark.parametrize("gpus, says", [
+    (0, "--devices 0,1: no GPU 0, 1 here (this machine sees no GPU); use --devices auto or cpu"),
+    (1, "--devices 0,1: no GPU 1 here (this machine sees 1 GPU(s), 0..0); use --devices auto, cpu or indices below 1"),
+])
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_devices_that_are_not_here_are_refused(gpus, says, dry_run, tmp_path, monkeypatch, capsys):
+    """A new-user audit: --devices 0,1 on a CPU box went on and launched its runs. The dry run refuses too (it shows
+    what this machine would run, and checks --out alike); nothing is launched or written."""
+    import speedgpt.ab.plan as ab_plan
+    import speedgpt.ab.run as ab
+
+    def launched(*args, **kwargs):
+        raise AssertionError("a run was launched")
+
+    monkeypatch.setattr(ab.subprocess, "Popen", launched)
+    monkeypatch.setattr(ab_plan, "visible_gpus", lambda: gpus)
+    out = tmp_path / "ab"
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "0,1",
+            "--out", str(out), *(["--dry-run"] if dry_run else [])]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.strip() == f"speedgpt ab: error: {says}" and not captured.out
+    assert not out.exists()
+    monkeypatch.setattr(ab_plan, "visible_gpus", lambda: 2)
+    assert main(argv if dry_run else [*argv, "--dry-run"]) == 0  # with the GPUs here: planned
+    assert "CUDA_VISIBLE_DEVICES=1 " in capsys.readouterr().out
 
 
 def test_a_target_never_reached_is_stated_not_an_error(tmp_path, monkeypatch, capsys):

@@ -96,6 +96,12 @@ def test_sft_lowers_heldout_loss_and_warm_starts(sft_run, base_run):
     first, last = sft_run.history[0]["heldout_loss"], sft_run.history[-1]["heldout_loss"]
     assert last < first
     assert json.loads((sft_run.run_dir / "sft.json").read_text())["base_run"] == str(base_run)
+    # Each config.toml names its own run's directory: the SFT run's config came from the base run's, which names
+    # the base run (rundir.with_run_dir)
+    from speedgpt.rundir import RunDir
+
+    assert RunDir(sft_run.run_dir).read_config().run.dir == str(sft_run.run_dir)
+    assert RunDir(base_run).read_config().run.dir == str(base_run)
 
 
 def test_chat_and_eval_commands_on_the_sft_run(sft_run, base_run, capsys, tmp_path):

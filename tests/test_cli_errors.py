@@ -177,6 +177,27 @@ def test_fp8_switches_on_cpu_name_the_dtype_that_runs(tmp_path, capsys, text_sha
         assert "float32" in line, line
 
 
+def test_the_saved_config_names_the_directory_the_run_uses(tmp_path, capsys, text_shards):
+    """A new-user audit: --run-dir A saved run.dir = '' and --run-dir A --run.dir=B ran in A and saved B. The saved
+    run.dir is the run's directory now; --run-dir beats a config file's run.dir, and --run-dir or --resume beside a
+    --run.dir= naming another directory is refused (which one was meant?)."""
+    from speedgpt.config import load_toml
+
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    assert main(train_argv(text_shards, a)) == 0
+    assert load_toml(a / "config.toml").run.dir == str(a)
+    line = expect_one_line_error(train_argv(text_shards, b, f"--run.dir={c}"), capsys)
+    assert line == f"speedgpt train: --run-dir {b} and --run.dir={c} name two directories; give one of them"
+    assert not b.exists() and not c.exists()
+    line = expect_one_line_error(["train", "--resume", str(a), f"--run.dir={c}"], capsys)
+    assert line == f"speedgpt train: --resume {a} continues {a} in place: drop --run.dir={c}"
+    # Reproducing a run: its config names its directory, which holds it; a new --run-dir beats that
+    line = expect_one_line_error(["train", "--config", str(a / "config.toml")], capsys)
+    assert f"{a} already holds a run" in line and "fresh --run-dir" in line
+    assert main(["train", "--config", str(a / "config.toml"), "--run-dir", str(b), f"--run.dir={b}/"]) == 0
+    assert load_toml(b / "config.toml").run.dir == str(b)
+
+
 def test_help_and_config_commands(capsys):
     assert main(["help"]) == 0
     assert "config" in capsys.readouterr().out
@@ -188,6 +209,22 @@ def test_help_and_config_commands(capsys):
     out = capsys.readouterr().out
     assert "model.depth = 3 (default 12)" in out and "transformer blocks" in out
     assert "train.device = " in out and "(no description)" not in out
+
+
+@pytest.mark.parametrize("given, says", [
+    ("RUN", "RUN is a run directory, not an override: give --config RUN/config.toml"),
+    ("RUN/config.toml", "RUN/config.toml is a file, not an override: give a config file as --config RUN/config.toml"),
+    ("tiny-cpu", "tiny-cpu is a preset, not an override: give --preset tiny-cpu"),
+])
+def test_config_given_a_run_dir_file_or_preset_without_its_flag_names_the_flag(given, says, tmp_path, capsys):
+    # A new-user audit: `speedgpt config runs/x` said "override 'runs/x' must look like --section.key=value".
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_text('preset = "tiny-cpu"\n')
+    line = expect_one_line_error(["config", given.replace("RUN", str(run))], capsys)
+    assert says.replace("RUN", str(run)) in line, line
+    line = expect_one_line_error(["config", "nonsense"], capsys)  # anything else: the override's shape
+    assert "override 'nonsense' must look like --section.key=value" in line
 
 
 def test_every_option_has_help():

@@ -18,3 +18,13 @@ def test_describe_config_shows_every_key_of_every_preset():
         text = describe_config(cfg)
         for key, _ in config_keys(cfg):
             assert f"\n{key} = " in f"\n{text}"
+
+
+def test_keep_checkpoints_says_that_0_keeps_all():
+    # A new-user audit: the help said "checkpoints kept on disk (older ones are deleted)", so 0 read as "keep none"
+    # (rundir/checkpoint.py checkpoints_to_delete: 0 deletes nothing; docs/reliability.md says so too).
+    from speedgpt.config import Config
+
+    text = describe_config(Config())
+    assert "\ntrain.keep_checkpoints = 2\n    checkpoints kept on disk: the newest this many" in f"\n{text}"
+    assert DESCRIPTIONS["train.keep_checkpoints"].endswith("0: keep all")

@@ -78,6 +78,38 @@ def test_small_inputs_get_a_val_split_in_input_order(tmp_path):
     assert m2["val"]["documents"] == 1
 
 
+def test_local_python_small_build_gets_a_val_document_or_names_max_tokens(tmp_path, capsys, monkeypatch):
+    """A new-user audit: `data local-python --max-tokens 2000` wrote 3 train documents and an empty val split (no
+    file's hash falls below 1 %). Now the smallest hash is val, as `data tokenize` does; train holds none of it."""
+    from speedgpt.data import corpus
+    from speedgpt.data.shards import load_shard
+    from speedgpt.data.tokenizer import BOS_ID
+
+    root = tmp_path / "lib"
+    root.mkdir()
+    for i in range(6):
+        (root / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}  # module number {i}\n" * (10 + i))
+    monkeypatch.setattr(corpus, "python_source_roots", lambda: [("stdlib", root)])
+    out = tmp_path / "out"
+    assert main(["data", "local-python", "--max-tokens", "400", "--out", str(out), "--workers", "1"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["stopped_early"] and m["train"]["documents"] >= 1 and m["val"]["documents"] == 1
+    assert "; val 1 doc /" in capsys.readouterr().out
+
+    def documents(split):
+        tokens = load_shard(out / f"{split}_000000.bin").numpy().tolist()
+        starts = [i for i, t in enumerate(tokens) if t == BOS_ID]
+        return {tuple(tokens[a:b]) for a, b in zip(starts, [*starts[1:], len(tokens)])}
+
+    assert documents("val") and not documents("val") & documents("train")
+    # One document before max_tokens stops the build: no val split can be made, and the fix is named.
+    rc = main(["data", "local-python", "--max-tokens", "10", "--out", str(tmp_path / "one"), "--workers", "1"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("speedgpt data")]
+    assert rc == 2 and len(err) == 1 and "only 1 distinct document read before max_tokens=10" in err[0], err
+    assert err[0].endswith("raise --max-tokens (for train's default corpus: data.local_max_tokens)")
+    assert not list((tmp_path / "one").glob("*.bin")) and not (tmp_path / "one" / "manifest.json").exists()
+
+
 def test_readme_example_then_train(tmp_path, capsys, monkeypatch):
     # The README's own example, then training on what it wrote.
     monkeypatch.chdir(REPO)

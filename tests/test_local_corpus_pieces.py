@@ -91,6 +91,23 @@ def test_piece_corpus_keeps_each_file_in_one_split(tmp_path, monkeypatch):
     assert runs > 0.8 * len(train)  # shuffled: consecutive documents come from different files
 
 
+def test_a_small_piece_corpus_validates_on_one_whole_file(tmp_path, monkeypatch):
+    """No file's hash below val_fraction (a small build): the file of the smallest hash is val, every piece of it
+    (they share the split key and wait together), and train keeps every piece of the others."""
+    root = small_stdlib_root(tmp_path, monkeypatch, 6)
+    m = ensure_local_python_corpus(tmp_path / "out", None, piece_chars=800, val_fraction=1e-12, workers=1,
+                                   progress=False)
+    owner = single_owner(root, 800)
+
+    def files_in(split: str) -> list[str]:
+        return [owner[d] for d in shard_documents(tmp_path / "out", split) if d in owner]
+
+    train, val = files_in("train"), files_in("val")
+    assert len(set(val)) == 1 and len(val) > 1 and not set(train) & set(val), (set(val), len(val))
+    assert len(val) == sum(p in owner for p in python_pieces((root / val[0]).read_text(), 800))  # all its pieces
+    assert m["val"]["documents"] == len(shard_documents(tmp_path / "out", "val")) and m["params"]["ensure_val"]
+
+
 def test_pieces_and_whole_files_split_the_files_alike(tmp_path, monkeypatch):
     # A corpus of pieces is set against the whole-file corpus of the same machine on the latter's val files
     # (`--data.val_files`): no file may be val in one build and train in the other.

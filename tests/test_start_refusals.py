@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from speedgpt.cli import main
 from speedgpt.data.shards import load_shard, write_shard
@@ -42,6 +43,34 @@ def test_a_sample_that_cannot_be_printed_is_refused_at_start(extra, says, text_s
     line = expect_one_line_error(train_argv(text_shards, run, *extra), capsys)
     assert says in line, line
     assert not (run / "config.toml").exists() and not (run / "metrics.jsonl").exists()  # no step, no run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_flex_attention_off_cuda_is_refused_at_start(text_shards, tmp_path, capsys, monkeypatch):
+    """Was "FlexAttention does not support backward on CPU" at the first step, after the data was built and the
+    first validation ran (a new-user audit). "auto" is sdpa there and trains."""
+    from speedgpt.train import loop
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("the data was read before the refusal")
+
+    monkeypatch.setattr(loop, "resolve_data_files", no_build)
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, "--model.attn_backend=flex"), capsys)
+    assert "model.attn_backend=flex trains on a CUDA GPU only" in line and "--model.attn_backend=auto" in line, line
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("where", ["the-file", "the-file/sub"])
+def test_a_compile_cache_that_is_a_file_is_refused_at_start(where, text_shards, tmp_path, capsys):
+    # Was "[Errno 20] Not a directory: '.../torch-2.13.0+cpu_...'" at the first compile, the run dir half written.
+    (tmp_path / "the-file").write_text("not a folder")
+    run = tmp_path / "run"
+    line = expect_one_line_error(train_argv(text_shards, run, "--train.compile=true",
+                                            f"--train.compile_cache={tmp_path / where}"), capsys)
+    assert f"--train.compile_cache {tmp_path / where}" in line and "is a file" in line, line
+    assert "pass a directory" in line and "off" in line
+    assert not run.exists()
 
 
 def test_a_sample_that_fails_after_training_leaves_the_report_written(text_shards, tmp_path, capsys, monkeypatch):

@@ -5,6 +5,7 @@ import shutil
 import pytest
 
 from speedgpt.config import apply_overrides, load_toml
+from speedgpt.rundir import with_run_dir
 from speedgpt.rundir.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
 from speedgpt.train.loop import train
 
@@ -17,7 +18,8 @@ def test_short_run_learns_and_saves_its_config(tiny_cfg, tmp_path):
     assert sum(losses[-3:]) / 3 < losses[0] - 2.0
     assert result.val_loss < math.log(50304) - 2.0
     saved = load_toml(tmp_path / "run" / "config.toml")
-    assert saved == tiny_cfg  # the run dir's config reproduces the run
+    # the run dir's config reproduces the run; its run.dir names the directory (rundir.with_run_dir)
+    assert saved == with_run_dir(tiny_cfg, tmp_path / "run") and saved.run.dir == str(tmp_path / "run")
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert {x["step"] for x in lines if "val_loss" in x} == {0, 6, 12}
     assert result.val_history[0][1] == pytest.approx(math.log(50304), abs=0.05)

@@ -149,19 +149,32 @@ def waves(runs: list[Run], devices: list[str], concurrent: int = 1) -> list[list
     return out
 
 
-def detect_devices(spec: str) -> list[str]:
-    """"auto": every CUDA device (or one CPU slot); "cpu"; or a list such as "0,1"."""
-    if spec == "auto":
-        try:
-            import torch
+def visible_gpus() -> int:
+    """The CUDA devices this process sees (0 without CUDA): what --devices may name (tests stand in GPUs here)."""
+    try:
+        import torch
 
-            n = torch.cuda.device_count()
-        except Exception:
-            n = 0
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+def detect_devices(spec: str) -> list[str]:
+    """"auto": every CUDA device (or one CPU slot); "cpu"; or a list such as "0,1", of GPUs that are here: one that
+    is not was launched anyway, and each of its runs failed (or ran on the CPU) instead of the command refusing.
+    The dry run checks them too, as it checks --out: it shows the commands this machine would run."""
+    if spec == "auto":
+        n = visible_gpus()
         return [str(i) for i in range(n)] if n else ["cpu"]
     if spec == "cpu":
         return ["cpu"]
     devs = [d.strip() for d in spec.split(",") if d.strip()]
     if not devs or not all(d.isdigit() for d in devs):
         raise AbError(f"--devices {spec!r}: use auto, cpu, or GPU indices like 0,1")
+    n = visible_gpus()
+    missing = [d for d in devs if int(d) >= n]
+    if missing:
+        seen = f"{n} GPU(s), 0..{n - 1}" if n else "no GPU"
+        fix = f"auto, cpu or indices below {n}" if n else "auto or cpu"
+        raise AbError(f"--devices {spec}: no GPU {', '.join(missing)} here (this machine sees {seen}); use --devices {fix}")
     return devs

@@ -125,9 +125,12 @@ class SFTTrainer:
     def __init__(self, cfg, tokenizer, spec: SFTSpec, run_dir: Path, resume: bool = False, quiet: bool = False,
                  restart: bool = False):
         from ..device import resolve_device
+        from ..rundir import with_run_dir
         from .template import ChatTemplate
 
-        self.cfg, self.spec, self.run_dir, self.resume, self.quiet = cfg, spec, Path(run_dir), resume, quiet
+        # run.dir: this SFT run's directory, not the base run's its config came from
+        self.cfg, self.spec, self.run_dir, self.resume, self.quiet = (with_run_dir(cfg, run_dir), spec, Path(run_dir),
+                                                                      resume, quiet)
         self.restart = restart  # the run in run_dir stopped before its first checkpoint: its files are replaced
         self.template = ChatTemplate(tokenizer)
         self.device = resolve_device(cfg.train.device)

@@ -15,13 +15,15 @@ overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.m
 examples:
   speedgpt train                                   # default: tiny-cpu on CPU, speedrun-latest on a GPU
   speedgpt train --preset speedrun-124m --train.steps=300
-  speedgpt train --config runs/x/config.toml       # reproduce a run
+  speedgpt train --config runs/x/config.toml --run-dir runs/y   # reproduce a run in a new directory
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
   speedgpt train --resume runs/x --train.steps=300 --extend   # train a finished run further
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
   (SIGTERM or Ctrl-C: the step finishes and a checkpoint is written; a second one exits at once)
 A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
 one that another `speedgpt train` is using right now (its lock file RUN_DIR/.speedgpt-run.lock).
+The saved config.toml's run.dir names the directory the run used: --run-dir beats a config file's run.dir,
+and --run-dir (or --resume) with a --run.dir= naming another directory is refused.
 """
 
 
@@ -56,6 +58,11 @@ def cmd_train(argv: list[str]) -> int:
     if args.resume and kept:  # each was silently ignored: the run went on in --resume's directory
         p.error(f"--resume continues {args.resume} in place: drop {' and '.join(kept)} (a new run in another "
                 f"directory is `speedgpt train --run-dir DIR`)")
+    overrides = _folded(p, overrides)
+    clash = _run_dir_clash(args, overrides)
+    if clash:
+        print(f"speedgpt train: {clash}", file=sys.stderr)
+        return 2
     with contextlib.ExitStack() as held:  # the run directory's lock, released whatever happens
         # Locked before anything looks at the directory (rundir/lock.py): a second command on it is
         # refused before it reads the run's config or checks whether the directory holds a run.
@@ -107,13 +114,8 @@ def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:
     return True
 
 
-def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
-    """The run's config from --preset / --config / --resume and the overrides, on a device that
-    exists here; None (after a one-line error) when it cannot be had."""
-    from ..config import ConfigError, default_preset, load_toml, resolve
-    from ..device import DeviceError, resolve_device
-
-    # "--key value" is accepted too: fold it into "--key=value" before checking the shape.
+def _folded(p: argparse.ArgumentParser, overrides: list[str]) -> list[str]:
+    """The overrides as --section.key=value: "--key value" is accepted too, folded here before the shape is checked."""
     folded: list[str] = []
     for item in overrides:
         if folded and "=" not in folded[-1] and not item.startswith("--"):
@@ -123,6 +125,27 @@ def _train_config(p: argparse.ArgumentParser, args, overrides: list[str]):
     bad = [o for o in folded if not o.startswith("--") or "." not in o.split("=", 1)[0] or "=" not in o]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --model.depth=8)")
+    return folded
+
+
+def _run_dir_clash(args, overrides: list[str]) -> str | None:
+    """--run.dir=B beside --run-dir A or --resume A naming another directory: which one did the user mean? The run
+    went to A and its config.toml said B (a new-user audit). The two naming one directory are fine."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "--run.dir"]
+    named = args.resume or args.run_dir
+    if not given or not named or not given[-1] or Path(given[-1]).resolve() == Path(named).resolve():
+        return None
+    if args.resume:
+        return f"--resume {named} continues {named} in place: drop --run.dir={given[-1]}"
+    return f"--run-dir {named} and --run.dir={given[-1]} name two directories; give one of them"
+
+
+def _train_config(p: argparse.ArgumentParser, args, folded: list[str]):
+    """The run's config from --preset / --config / --resume and the (folded) overrides, on a device that
+    exists here; None (after a one-line error) when it cannot be had."""
+    from ..config import ConfigError, default_preset, load_toml, resolve
+    from ..device import DeviceError, resolve_device
+
     config_file = args.config
     if args.resume:
         from ..rundir import RunDir

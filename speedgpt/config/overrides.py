@@ -3,10 +3,11 @@ What the command line says about the horizon (steps or a budget) beats what the 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .files import load_preset, load_toml, tomllib
+from .files import load_preset, load_toml, preset_names, tomllib
 from .parse import config_from_dict
 from .sections import Config
 
@@ -25,11 +26,27 @@ def apply_overrides(cfg: Config, overrides: list[str]) -> Config:
     for item in overrides:
         text = item.lstrip("-")
         if "=" not in text or "." not in text.split("=", 1)[0]:
-            raise ConfigError(f"override '{item}' must look like --section.key=value, e.g. --model.depth=8")
+            raise ConfigError(flag_hint(item) or f"override '{item}' must look like --section.key=value, e.g. "
+                                                  f"--model.depth=8")
         key, raw = text.split("=", 1)
         section, name = key.split(".", 1)
         nested.setdefault(section, {})[name] = _parse_value(raw)
     return _horizon_of_overrides(config_from_dict(nested, base=cfg), nested.get("train", {}))
+
+
+def flag_hint(item: str) -> str | None:
+    """What an argument without its flag is and the flag it needs, e.g. `speedgpt config runs/x` (a run directory
+    given positionally, which read as a malformed override); None for anything else."""
+    if item.startswith("-"):
+        return None
+    path = Path(item)
+    if path.is_dir() and (path / "config.toml").is_file():
+        return f"{item} is a run directory, not an override: give --config {path / 'config.toml'}"
+    if path.is_file():
+        return f"{item} is a file, not an override: give a config file as --config {item}"
+    if item in preset_names():
+        return f"{item} is a preset, not an override: give --preset {item}"
+    return None
 
 
 BUDGET_KEYS = ("tokens_per_param", "flops_budget")

@@ -50,8 +50,10 @@ class Splitter:
     By hash: a document whose text hash falls below ``val_fraction`` of the hash range is val. Or,
     with ``val_docs=N``, the N smallest-hash documents are val: a max-heap (negated hashes) keeps
     the N smallest seen so far, and a document pushed out goes to train right then. ``ensure_val``:
-    while val is still empty, the smallest-hash document so far waits instead of going to train;
-    it goes to train once val gets a document, or to val at the end if none did."""
+    while val is still empty, the documents of the smallest hash so far wait instead of going to train;
+    they go to train once val gets a document, or to val at the end if none did. Several wait at once
+    where documents share a split key (the pieces of one file, corpus.PythonSourceFiles): a file is val
+    or train as a whole, fallback included."""
 
     def __init__(self, out_dir: Path, shard_tokens: int, n_sources: int, val_fraction: float,
                  val_docs: int | None, ensure_val: bool, stamp: TokenizerStamp | None = None):
@@ -63,7 +65,7 @@ class Splitter:
         self.val_docs = val_docs
         self.ensure_val = ensure_val
         self.val_heap: list[tuple[int, int, int, np.ndarray]] = []
-        self.held: tuple[int, int, np.ndarray] | None = None
+        self.held: tuple[int, list[tuple[int, np.ndarray]]] | None = None  # (hash, [(source, document)])
 
     def add(self, s: int, doc: np.ndarray, doc_hash: int, index: int) -> None:
         """Document number `index` (in input order) of source `s`."""
@@ -81,15 +83,21 @@ class Splitter:
                 _add(self.train, stats, "train", doc)
         elif doc_hash < self.threshold:
             _add(self.val, stats, "val", doc)
-            if self.held is not None:  # val has a document now: the held one is train's
-                _add(self.train, self.per_source[self.held[1]], "train", self.held[2])
-                self.held = None
+            self._release_held("train")  # val has a document now: the held ones are train's
+        elif self.ensure_val and not self.val.documents and self.held is not None and doc_hash == self.held[0]:
+            self.held[1].append((s, doc))  # another piece of the held file
         elif self.ensure_val and not self.val.documents and (self.held is None or doc_hash < self.held[0]):
-            if self.held is not None:
-                _add(self.train, self.per_source[self.held[1]], "train", self.held[2])
-            self.held = (doc_hash, s, doc)
+            self._release_held("train")
+            self.held = (doc_hash, [(s, doc)])
         else:
             _add(self.train, stats, "train", doc)
+
+    def _release_held(self, split: str) -> None:
+        """The waiting documents go to `split`, in the order they came."""
+        if self.held is not None:
+            for s, doc in self.held[1]:
+                _add(self.train if split == "train" else self.val, self.per_source[s], split, doc)
+            self.held = None
 
     def duplicate(self, s: int, tokens: int) -> None:
         """Count a document of source `s` dropped as a copy of one already placed (it goes nowhere)."""
@@ -99,8 +107,7 @@ class Splitter:
     def finish(self) -> bool:
         """Place the waiting documents and flush the shards; False when train got no document
         (everything fell in val under ensure_val)."""
-        if self.held is not None:  # no document fell below val_fraction: the smallest hash is val
-            _add(self.val, self.per_source[self.held[1]], "val", self.held[2])
+        self._release_held("val")  # no document fell below val_fraction: the smallest hash is val
         if self.ensure_val and not self.train.documents:
             return False
         for _, _, s, doc in sorted(self.val_heap, key=lambda item: item[1]):  # val in input order

@@ -134,6 +134,7 @@ def tokenize_corpus(
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens} must be >= 1")
     workers = max(1, os.cpu_count() or 1) if workers is None else max(1, int(workers))
+    ensure_val = ensure_val and val_docs is None and val_fraction > 0  # (what the build does, as its manifest says)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     from ..tokenizer.folder import RUN_SUBDIR, copy_folder
@@ -158,9 +159,9 @@ def tokenize_corpus(
             "tokenizer": "gpt2" if tokenizer is None else {"name": tokenizer.name, "sha256": tokenizer.sha256},
             "format_version": 1 if stamp.vocab_size <= 2**16 else 2,
             "dedupe": "exact" if dedupe else "none",
+            "ensure_val": ensure_val,
         }
-        split = Splitter(build_dir, shard_tokens, len(sources), val_fraction, val_docs,
-                          ensure_val and val_docs is None and val_fraction > 0, stamp)
+        split = Splitter(build_dir, shard_tokens, len(sources), val_fraction, val_docs, ensure_val, stamp)
         total_tokens = 0
         n_docs = 0
         seen = SeenHashes() if dedupe else None
@@ -192,12 +193,14 @@ def tokenize_corpus(
             finally:
                 bar.close()
             duplicates = {k: sum(p[f"duplicate_{k}"] for p in split.per_source) for k in ("documents", "tokens")}
-            problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"])
+            problem = _nothing_usable(sources, n_docs, split.ensure_val, duplicates["documents"],
+                                      max_tokens if stopped_early else None)
             if problem:
                 raise TokenizeError(problem)
-            if not split.finish():
+            if not split.finish():  # (pieces of one file all wait for val: corpus.PythonSourceFiles)
+                fix = RAISE_MAX_TOKENS if stopped_early else "use a smaller --val-fraction or add inputs"
                 raise TokenizeError(f"all {n_docs:,} documents fell in the val split (val_fraction={val_fraction}); "
-                                    "use a smaller --val-fraction or add inputs")
+                                    f"{fix}")
         except BaseException:  # a failed or interrupted build (WorkerDied too): its shards go, the earlier ones stay
             shutil.rmtree(build_dir, ignore_errors=True)
             raise
@@ -256,8 +259,13 @@ def building_into(out_dir: Path):
         lock.release()
 
 
-def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplicates: int = 0) -> str | None:
-    """Why a build with ``n_docs`` documents (after dropping ``duplicates``) is useless, or None when it is fine."""
+RAISE_MAX_TOKENS = "raise --max-tokens (for train's default corpus: data.local_max_tokens)"
+
+
+def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplicates: int = 0,
+                    stopped_at: int | None = None) -> str | None:
+    """Why a build with ``n_docs`` documents (after dropping ``duplicates``) is useless, or None when it is fine;
+    ``stopped_at``: the max_tokens that ended the build early (None: every input was read)."""
     if n_docs >= 2 or (n_docs == 1 and not ensure_val):
         return None
     skipped = _skip_summary(sources)
@@ -266,6 +274,9 @@ def _nothing_usable(sources: list[Source], n_docs: int, ensure_val: bool, duplic
                 if any(r.startswith(MISSING_FIELD) for s in sources for r in s.skipped.counts) else "")
         return "no documents read from the inputs" + (f": every item was skipped ({skipped})" if skipped else "") + hint
     copies = f" (and {duplicates:,} exact copies of it, dropped)" if duplicates else ""
+    if stopped_at is not None:  # more input was there: reading on gives the second document
+        return (f"only 1 distinct document read{copies} before max_tokens={stopped_at:,} stopped the build: a val "
+                f"split needs at least 2; {RAISE_MAX_TOKENS}")
     return (f"only 1 distinct document read{copies}: a val split needs at least 2; add inputs or pass --val-fraction 0 "
             f"(then {OWN_VAL_SHARDS})")
 
@@ -434,15 +445,17 @@ def ensure_local_python_corpus(
             "tokenizer": "gpt2",
             "format_version": 1,
             "dedupe": "exact",  # builds from before duplicates were dropped are rebuilt
+            "ensure_val": True,  # and those from before a small build had a val file (its train order differs)
         }
         manifest = read_manifest(out_dir)
         if manifest is not None and manifest["params"] == wanted and _outputs_present(out_dir, manifest):
             return manifest
         if progress:
             print(f"speedgpt: building the local Python-source corpus in {out_dir} ({f'max {max_tokens:,} tokens' if max_tokens else 'all files'})", file=sys.stderr)
+        # ensure_val: a small build (`--max-tokens 2000`: 3 files, none below 1 %) still validates on a file
         return tokenize_corpus(
             [source], out_dir, val_fraction=val_fraction, shard_tokens=shard_tokens,
-            workers=workers, max_tokens=max_tokens, progress=progress,
+            workers=workers, max_tokens=max_tokens, progress=progress, ensure_val=True,
         )
 
 

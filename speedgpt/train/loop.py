@@ -8,7 +8,8 @@ reads device values (`.item()`) only on logging, evaluation and checkpoint steps
 The parts the loop drives live next to it: build.py (data, loader, strategy, model), compile.py,
 warmup.py (which steps the compile warmup trains, and the reset after it), validation.py,
 checkpointing.py, control.py (signal, clock and budget decisions shared by all ranks),
-nonfinite.py (rollback or abort) and progress.py (training time and the logged records).
+nonfinite.py (rollback or abort), progress.py (training time and the logged records) and start_checks.py
+(what the config asks of this machine, refused before anything is built).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..parallel.ddp import clip_grad_norm_
 from ..parallel.dist import barrier, grad_comm_dtype, init_distributed, mean_over_ranks, teardown
 from ..plan import RunPlan
 from ..planner import plan_run
-from ..rundir import RunDir, default_run_dir
+from ..rundir import RunDir, default_run_dir, with_run_dir
 from ..rundir.checkpoint import CheckpointError
 from ..rundir.env import environment_snapshot, record_resume
 from ..rundir.metrics import TIME_BUDGET_EVENT
@@ -47,6 +48,7 @@ from .nonfinite import Rollbacks
 from .preempt import StoppedMidStep, StopRequest, TrainingStopped
 from .progress import ProgressLog, TrainClock
 from .resume import check_resume
+from .start_checks import check_on_this_machine
 from .step_schedule import StepInputs, apply_hyperparameters
 from .tokenizer import adopt_shards_tokenizer, check_sample_prompt, check_same_tokenizer, keep_in_run, log_compression
 from .validation import Validator
@@ -76,14 +78,16 @@ class Trainer:
         # the stage table concrete values; the resolved config is the one saved in the run dir, and
         # the plan is printed below and saved beside it (plan.json).
         cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
+        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
+        cfg = with_run_dir(cfg, self.run_dir)  # what config.toml and the checkpoints record
         self.dist = init_distributed(cfg.train.device)
+        check_on_this_machine(cfg, self.dist.device)  # before anything is read, built or written
         self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
         self.cfg = cfg = self.plan.cfg
         check_sample_prompt(cfg, self.tokenizer)
         self.quiet = quiet or not self.dist.is_main
         for line in tokenizer_lines + list(self.plan.budget_lines):
             self.log(line)
-        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
         self.rundir = RunDir(self.run_dir)
         self.resume = should_resume(resume, self.run_dir)
         self.resume_changes: list[str] = []  # what --extend accepted, for env.json's entry of this resume
