@@ -177,7 +177,7 @@ def test_fp8_switches_on_cpu_name_the_dtype_that_runs(tmp_path, capsys, text_sha
         assert "float32" in line, line
 
 
-def test_the_saved_config_names_the_directory_the_run_uses(tmp_path, capsys, text_shards):
+def test_the_saved_config_names_the_directory_the_run_uses(tmp_path, capsys, text_shards, monkeypatch):
     """A new-user audit: --run-dir A saved run.dir = '' and --run-dir A --run.dir=B ran in A and saved B. The saved
     run.dir is the run's directory now; --run-dir beats a config file's run.dir, and --run-dir or --resume beside a
     --run.dir= naming another directory is refused (which one was meant?)."""
@@ -191,9 +191,17 @@ def test_the_saved_config_names_the_directory_the_run_uses(tmp_path, capsys, tex
     assert not b.exists() and not c.exists()
     line = expect_one_line_error(["train", "--resume", str(a), f"--run.dir={c}"], capsys)
     assert line == f"speedgpt train: --resume {a} continues {a} in place: drop --run.dir={c}"
-    # Reproducing a run: its config names its directory, which holds it; a new --run-dir beats that
-    line = expect_one_line_error(["train", "--config", str(a / "config.toml")], capsys)
-    assert f"{a} already holds a run" in line and "fresh --run-dir" in line
+    # Reproducing a run: its config names its directory, which holds it; the file is the run's record, so the new
+    # run goes to a new directory, or to a --run-dir
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    before = (a / "config.toml").read_bytes()
+    assert main(["train", "--config", str(a / "config.toml"), "--run.sample_tokens=0", "--run.report=false"]) == 0
+    assert f"records the run in {a}; this run starts in a new directory" in capsys.readouterr().err
+    [new_run] = (here / "runs").iterdir()
+    assert load_toml(new_run / "config.toml").run.dir == f"runs/{new_run.name}"
+    assert (a / "config.toml").read_bytes() == before
     assert main(["train", "--config", str(a / "config.toml"), "--run-dir", str(b), f"--run.dir={b}/"]) == 0
     assert load_toml(b / "config.toml").run.dir == str(b)
 

@@ -15,7 +15,7 @@ overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.m
 examples:
   speedgpt train                                   # default: tiny-cpu on CPU, speedrun-latest on a GPU
   speedgpt train --preset speedrun-124m --train.steps=300
-  speedgpt train --config runs/x/config.toml --run-dir runs/y   # reproduce a run in a new directory
+  speedgpt train --config runs/x/config.toml       # reproduce a run (in a new directory; --run-dir names one)
   speedgpt train --resume runs/x                   # continue a run from its latest checkpoint
   speedgpt train --resume runs/x --train.steps=300 --extend   # train a finished run further
   speedgpt train --run-dir runs/x --auto-resume    # resume runs/x if it has a checkpoint, else start it
@@ -23,7 +23,8 @@ examples:
 A --run-dir that holds a run is refused (use --resume, a fresh directory, or --overwrite), and so is
 one that another `speedgpt train` is using right now (its lock file RUN_DIR/.speedgpt-run.lock).
 The saved config.toml's run.dir names the directory the run used: --run-dir beats a config file's run.dir,
-and --run-dir (or --resume) with a --run.dir= naming another directory is refused.
+a run's own config.toml given to --config starts a new directory, and --run-dir (or --resume) with a --run.dir=
+naming another directory is refused.
 """
 
 
@@ -73,7 +74,13 @@ def cmd_train(argv: list[str]) -> int:
         if cfg is None:
             return 2
         from ..config import ConfigError
-        from ..rundir import default_run_dir
+        from ..rundir import default_run_dir, with_run_dir
+
+        if not named and _a_runs_record(args, overrides):
+            # `--config runs/x/config.toml` reproduces run x: its run.dir records where x is, not where to write
+            print(f"speedgpt train: notice: {args.config} records the run in {cfg.run.dir or 'its folder'}; this run "
+                  f"starts in a new directory (--run-dir DIR names one)", file=sys.stderr)
+            cfg = with_run_dir(cfg, "")
 
         try:
             run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
@@ -138,6 +145,17 @@ def _run_dir_clash(args, overrides: list[str]) -> str | None:
     if args.resume:
         return f"--resume {named} continues {named} in place: drop --run.dir={given[-1]}"
     return f"--run-dir {named} and --run.dir={given[-1]} name two directories; give one of them"
+
+
+def _a_runs_record(args, overrides: list[str]) -> bool:
+    """Whether --config is the config.toml of a run directory (beside its env.json) and no --run.dir= overrides its
+    run.dir: the file is that run's record, and its run.dir names that run (rundir.with_run_dir)."""
+    from ..rundir import RunDir
+
+    if args.resume or not args.config or any(o.split("=", 1)[0] == "--run.dir" for o in overrides):
+        return False
+    run = RunDir(Path(args.config).resolve().parent)
+    return run.config_path == Path(args.config).resolve() and run.env_path.is_file()
 
 
 def _train_config(p: argparse.ArgumentParser, args, folded: list[str]):

@@ -2,7 +2,7 @@
 
     RUN_DIR/
       config.toml        the resolved config, run.dir naming this directory (`speedgpt train --config` of it
-                         with a new --run-dir reproduces the run)
+                         reproduces the run in a new directory)
       plan.json          what the run does, derived from the config (speedgpt/plan.py): steps, batch,
                          stages with their micro-batching, window changes; a record, never read as config
       env.json           code version, packages, hardware, command (rundir/env.py); each resume appended
@@ -146,8 +146,8 @@ class RunDir:
 def with_run_dir(cfg: Config, run_dir: str | Path) -> Config:
     """`cfg` as the run in `run_dir` saves it: run.dir names the directory the run uses, whichever of --run-dir,
     --resume, run.dir or the default chose it (the saved config said run.dir = '' under --run-dir, and another
-    directory under --run-dir A --run.dir=B). Every config.toml is a record of where its run is; reproducing one
-    in another directory is `--config RUN/config.toml --run-dir NEW` (--run-dir beats a file's run.dir)."""
+    directory under --run-dir A --run.dir=B). Every config.toml is a record of where its run is; `--config
+    RUN/config.toml` reproduces the run in a new directory (commands/train.py; --run-dir beats a file's run.dir)."""
     import dataclasses
 
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
