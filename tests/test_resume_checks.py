@@ -101,10 +101,17 @@ def test_resume_with_another_training_value_needs_extend_and_env_names_it(stoppe
     held from step 0 (a new-user audit: accepted without a word; a seed only failed in the loader's state)."""
     run = stopped_run
     before = {name: (run / name).read_bytes() for name in ("config.toml", "metrics.jsonl", "env.json")}
-    assert main(["train", "--resume", str(run), "--model.logit_softcap=30", "--train.seed=7"]) == 2
+    assert main(["train", "--resume", str(run), "--model.logit_softcap=30", "--data.seq_len=32"]) == 2
     line = one_line(capsys)
-    assert f"resuming {run} at step 2 with model.logit_softcap: checkpoint 0.0, config 30.0; train.seed: " \
-        "checkpoint 1337, config 7 would train differently" in line and "add --extend" in line
+    assert f"resuming {run} at step 2 with model.logit_softcap: checkpoint 0.0, config 30.0; data.seq_len: " \
+        "checkpoint 64, config 32 would train differently" in line and "add --extend" in line
+    # the seed and the loader's switches: its saved position holds for the run's own, so --extend cannot take them
+    # (it passed them to the loader, which refused after the model was built)
+    for extend in ([], ["--extend"]):
+        assert main(["train", "--resume", str(run), "--train.seed=7", "--data.long_docs=crop", *extend]) == 2
+        line = one_line(capsys)
+        assert f"resuming {run} at step 2 with data.long_docs: checkpoint 'split', config 'crop'; train.seed: " \
+            "checkpoint 1337, config 7: the run's data order" in line and "resume with the run's own values" in line
     assert {name: (run / name).read_bytes() for name in before} == before  # the run is as it was
     # a cadence is not the training's: accepted as it was
     assert main(["train", "--resume", str(run), "--train.val_every=3", "--model.logit_softcap=30", "--extend"]) == 0

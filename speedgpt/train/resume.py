@@ -6,9 +6,10 @@ the run it names, nor silently redoes a finished one:
 - a config whose schedule differs from the checkpoint's (another train.steps stretches every lr,
   momentum and window schedule over the new length from the checkpoint on; another optimizer value
   changes it too) is refused unless the command says --extend;
-- any other value that shapes the training from the checkpoint on (the data and how it is cut, the batch, the
-  seed, the model's values that leave its weights' shapes alone) is refused too unless the command says
-  --extend: config.toml would otherwise say it held from step 0. Only RESUMABLE_KEYS (paths, cadences,
+- a value the loader's saved position holds for (the seed, how rows are packed and mixed: LOADER_KEYS) is
+  refused, --extend or not;
+- any other value that shapes the training from the checkpoint on (how the data is cut, the batch, the
+  model's values that leave its weights' shapes alone) is refused too unless the command says --extend: config.toml would otherwise say it held from step 0. Only RESUMABLE_KEYS (paths, cadences,
   checkpointing, compile and kernel settings, the hardware) change freely; an accepted change is named in
   env.json's entry for the resume;
 - the weights must fit the model the config describes (else one line naming the config keys that
@@ -36,6 +37,10 @@ SCHEDULE_KEYS = ("train.steps", "train.stages", "schedule.", "optim.")
 # checkpoints, how it compiles and which kernels compute the same math, and the hardware it runs on. The training
 # data itself is checked by the loader's state (the same shard names and token count). Everything else changes the
 # training from the resumed step on (a new-user audit: a resume took another batch, seed or softcap without a word).
+# What the loader's saved position is only valid for (data/loader.py load_state_dict refuses another value): refused
+# before anything is built, --extend or not (with --extend the loader refused it after the model was built).
+LOADER_KEYS = ("train.seed", "data.packing", "data.long_docs", "data.continued_bos", "data.shuffle_first_epoch",
+               "data.mix_docs")
 RESUMABLE_KEYS = (
     "run.", "parallel.", "data.train_files", "data.val_files", "data.cache_dir", "data.tokenizer",
     "data.on_bad_shard", "train.val_every", "train.log_every", "train.checkpoint_", "train.save_final_checkpoint",
@@ -82,7 +87,7 @@ def training_changes(saved: dict | None, cfg: Config) -> list[str]:
     if not saved:
         return []
     changes = [c for c in config_changes(saved, cfg)
-               if not c.startswith(SCHEDULE_KEYS + RESUMABLE_KEYS) and not c.startswith("preset:")]
+               if not c.startswith(SCHEDULE_KEYS + RESUMABLE_KEYS + LOADER_KEYS) and not c.startswith("preset:")]
     if cfg.train.stages:  # the planner fits a table's run rows to the world size too, as schedule_changes' rows
         changes = [c for c in changes if not c.startswith("data.seq_len:")]
     if any(c.startswith("model.") for c in changes) and not _same_weight_shapes(saved, cfg):
@@ -111,6 +116,11 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
         return []
     state = read_state(found[-1])
     step, saved = int(state.get("step", 0)), _saved_config(run_dir, state)
+    fixed = [c for c in config_changes(saved, cfg) if c.startswith(LOADER_KEYS)]
+    if fixed:
+        raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(fixed)}: the run's data order from that "
+                          f"step is saved for its own value, --extend or not; resume with the run's own values, or "
+                          f"start a new run in another --run-dir")
     changes = schedule_changes(saved, cfg)
     if changes and not extend:
         raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(changes)} would change its "
