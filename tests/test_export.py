@@ -215,3 +215,26 @@ def test_an_interrupted_export_is_refused_by_readers_and_redone(tmp_path, monkey
     assert main(["export", str(run), "--out", str(out), "--dtype", "fp32"]) == 0
     load_model(out)
     assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]
+
+
+@pytest.mark.parametrize("fmt", ["speedgpt", "hf"])
+@pytest.mark.parametrize("damage", ["text", "truncated"])
+def test_a_damaged_safetensors_file_is_one_line_naming_it(tmp_path, capsys, fmt, damage):
+    """safetensors' own "SafetensorError: Error while deserializing header" was exit 1, naming neither the file
+    nor the fix; every reader (sample, eval, chat, export from an export) loads through rundir/weights.py."""
+    run = make_run(tmp_path)
+    exp = tmp_path / "exp"
+    assert main(["export", str(run), "--out", str(exp), "--format", fmt, "--dtype", "fp32"]) == 0
+    weights = exp / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"hello\n" if damage == "text" else data[:len(data) // 2])
+    capsys.readouterr()
+    for argv in (["sample", str(exp), "--prompt", "hi", "--max-tokens", "2"],
+                 ["export", str(exp), "--out", str(tmp_path / "again")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, err
+        hf = " --format hf" if fmt == "hf" else ""
+        assert f"{weights} is unreadable" in err and f"re-run `speedgpt export RUN_DIR{hf} --out {exp}`" in err
+    with pytest.raises(LoadError, match="is unreadable"):
+        load_model(exp)
