@@ -45,11 +45,14 @@ def cmd_data(argv: list[str]) -> int:
     if getattr(args, "workers", None) is not None and args.workers < 1:
         p.error(f"--workers {args.workers}: must be >= 1 (leave it out for one per CPU)")
     if args.what == "fineweb":
-        from ..data.fineweb import FINEWEB_TRAIN_SHARDS
+        from ..data.fineweb import FINEWEB_TRAIN_SHARDS, endpoint_problem
 
         if not 1 <= args.shards <= FINEWEB_TRAIN_SHARDS:  # 0 fetched the val shard alone: nothing to train on
             p.error(f"--shards {args.shards}: must be 1..{FINEWEB_TRAIN_SHARDS} (train shards of 100M tokens; the "
                     f"val shard comes with them)")
+        problem = endpoint_problem(args.endpoint)
+        if problem:  # before --out is made
+            p.error(problem)
     if args.what == "tokenize" and args.max_tokens is not None and args.max_tokens < 1:
         p.error(f"--max-tokens {args.max_tokens}: must be >= 1 (leave it out for all input)")
     if args.what == "local-python" and args.max_tokens < 0:
