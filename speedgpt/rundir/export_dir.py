@@ -106,6 +106,12 @@ def _check_same_source(out: Path, manifest: dict | None, source: str | os.PathLi
                           f"or remove {out} first to replace it (nothing was changed)")
 
 
+def is_export_dir(out: str | os.PathLike) -> bool:
+    """Whether `out` holds a speedgpt export (either format; one made before manifests, too)."""
+    out = Path(out)
+    return (out / MANIFEST).is_file() or _legacy_export_files(out) is not None
+
+
 def check_export_dir(out: str | os.PathLike, source: str | os.PathLike | None = None) -> list[str]:
     """The files a previous export wrote in `out` (relative paths; [] for a missing or empty directory).
     ExportError naming --out when `out` is a file, lies under one, is a non-empty directory no speedgpt
