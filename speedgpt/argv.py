@@ -15,3 +15,43 @@ def bind_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
             bound.append(argv[i])
             i += 1
     return bound
+
+
+_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9, "T": 10**12}
+
+
+def count(text: str) -> int:
+    """An argparse type for counts (tokens, characters): a whole number written as the help texts write
+    defaults, "100000000", "1e8", "100M", "2.5B" or "100_000_000" (K, M, B or G, T: powers of 1000).
+    Plain `int` refused the forms the help showed ("default 1e9")."""
+    import argparse
+    from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow, Underflow
+
+    s = text.strip().replace("_", "")
+    scale = _SUFFIXES.get(s[-1:].upper(), 1)
+    if scale != 1:
+        s = s[:-1]
+    too_large = argparse.ArgumentTypeError(f"{text!r} is too large (at most 2**63 - 1)")
+    not_whole = argparse.ArgumentTypeError(f"{text!r} is not a whole number (e.g. 100000000, 1e8, 100M, 2.5B)")
+    # Exact decimal arithmetic ("2.5B", "1e9" are whole numbers; a float would round them), where any rounding
+    # raises and exponents stay small: "1e999999999" must not build a billion-digit int.
+    exact = Context(prec=40, Emax=40, Emin=-40, traps=[InvalidOperation, Overflow, Underflow, Inexact])
+    try:
+        value = exact.multiply(Decimal(s), scale)
+    except Overflow:
+        raise too_large from None
+    except ArithmeticError:  # not a number, or one rounded away ("1e-99")
+        raise not_whole from None
+    if not value.is_finite() or value != value.to_integral_value(context=exact):
+        raise not_whole
+    if abs(value) >= 2**63:
+        raise too_large
+    return int(value)
+
+
+def require_subcommand(p, args, sub, dest: str = "what") -> None:
+    """argparse's own error for a missing subcommand names the internal dest ("the following arguments are
+    required: what"); this one names the subcommands. `sub`: the parser's add_subparsers() action, added
+    with required=False so that this check is the one that speaks."""
+    if getattr(args, dest) is None:
+        p.error(f"choose one of: {', '.join(sub.choices)} (`{p.prog} NAME --help` for its options)")

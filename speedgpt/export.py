@@ -70,7 +70,8 @@ def export_source(source: str | Path, out: str | Path | None, *, dtype: str, che
     """What every export format starts from: (src, cfg, out, tokenizer) of `source`'s latest (or named)
     checkpoint. `out` defaults to the run directory's `default_out` attribute (RunDir). Refused with
     ExportError before anything heavy is read: an unknown dtype, `out` being the source itself, an
-    `out` that holds files no export wrote, a run whose tokenizer is missing or does not fit."""
+    `out` that holds files no export wrote or another source's export, a run whose tokenizer is missing
+    or does not fit."""
     from .rundir.weights import load_config, locate
     from .tokenizer.folder import TokenizerError, run_tokenizer
 
@@ -82,7 +83,7 @@ def export_source(source: str | Path, out: str | Path | None, *, dtype: str, che
     out = Path(out) if out is not None else default
     if out.resolve() == src.root.resolve():
         raise ExportError(f"--out {out} is the source directory itself; choose another, e.g. {default}")
-    check_export_dir(out)  # a foreign folder is refused at once
+    check_export_dir(out, src.root)  # a foreign folder, or another run's export, is refused at once
     try:
         tok = run_tokenizer(src.root, cfg)
     except TokenizerError as e:
@@ -117,7 +118,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
                        "dtype": dtype, "speedgpt_version": __version__,
                        "aliases": aliases}}
 
-    with export_files(out, FORMAT) as tmp:  # an export is meant to be shared: files get the umask's mode
+    with export_files(out, FORMAT, src.root) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
         copy_folder(tok, tmp / RUN_SUBDIR)  # a trained tokenizer travels with the weights (GPT-2's: nothing)

@@ -496,3 +496,34 @@ def test_resume_refuses_flags_it_ignored(extra, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and f"--resume continues {tmp_path / 'run'} in place: drop {extra[0]}" in err[-1], err
     assert not other.exists()
+
+
+@pytest.mark.parametrize("command, names", [("data", "tokenize, local-python, fineweb"), ("tokenizer", "train, eval")])
+def test_a_missing_subcommand_names_the_subcommands(command, names, capsys):
+    """It said "the following arguments are required: what", an internal name."""
+    with pytest.raises(SystemExit) as e:
+        main([command])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"speedgpt {command}: error: choose one of: {names} (`speedgpt {command} NAME --help` for its options)"
+
+
+@pytest.mark.parametrize("text, value", [("100000000", 10**8), ("1e8", 10**8), ("100M", 10**8), ("2.5B", 25 * 10**8),
+                                         ("100_000", 10**5), ("10k", 10**4), ("0", 0), ("-3", -3)])
+def test_count_reads_the_forms_help_texts_write(text, value):
+    from speedgpt.argv import count
+
+    assert count(text) == value
+
+
+@pytest.mark.parametrize("text, says", [("1.5", "not a whole number"), ("abc", "not a whole number"),
+                                        ("nan", "not a whole number"), ("inf", "not a whole number"),
+                                        ("1e-9999", "not a whole number"), ("1e19", "too large"),
+                                        ("1e999999999", "too large")])
+def test_count_refuses_what_is_no_whole_number(text, says):
+    import argparse
+
+    from speedgpt.argv import count
+
+    with pytest.raises(argparse.ArgumentTypeError, match=says):
+        count(text)

@@ -208,3 +208,48 @@ def test_an_endpoint_that_does_not_answer_is_one_line_naming_it(tmp_path, monkey
     assert err.startswith(f"speedgpt data fineweb: error: cannot reach the Hugging Face Hub at {url} (")
     assert "set HF_ENDPOINT=URL (or pass --endpoint URL)" in err
     assert not [r for r in logged if r.levelno < logging.ERROR]  # no retry chatter
+    # Nothing left behind: fw/.cache/huggingface/... made `ls fw` look empty and later commands say "not empty".
+    assert not (tmp_path / "fw").exists()
+    mine = tmp_path / "mine"  # a folder the user had: kept, with its files, and without the hub's .cache
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    assert main(["data", "fineweb", "--out", str(mine), "--shards", "1"]) == 2
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    capsys.readouterr()
+
+
+def test_a_partial_download_is_kept_for_the_next_call_to_resume(tmp_path, hub_files):
+    """The cleanup of a failed call removes only the hub's bookkeeping, never a partial file worth resuming."""
+    out = tmp_path / "fw"
+    partial = out / ".cache" / "huggingface" / "download" / "fineweb_val_000000.bin.incomplete"
+    with FakeHub({}) as hub:  # every file missing: the download fails
+        with pytest.raises(Exception):
+            download_fineweb(out, 0, endpoint=hub.url, progress=False)
+    assert not (out / ".cache").exists()
+    partial.parent.mkdir(parents=True)  # as a connection broken mid-file leaves it (the cache is older now)
+    partial.write_bytes(b"x" * 100)
+    with FakeHub({}) as hub:
+        with pytest.raises(Exception):
+            download_fineweb(out, 0, endpoint=hub.url, progress=False)
+    assert partial.read_bytes() == b"x" * 100
+
+
+@pytest.mark.parametrize("argv, env, says", [
+    (["--endpoint", "notaurl"], None, "--endpoint 'notaurl' is not a URL; give one starting with http:// or https://"),
+    (["--endpoint", "ftp://mirror"], None, "--endpoint 'ftp://mirror' is not a URL"),
+    (["--endpoint", "http://"], None, "--endpoint 'http://' is not a URL"),
+    ([], "mirror.example", "HF_ENDPOINT 'mirror.example' is not a URL"),
+])
+def test_an_endpoint_that_is_no_url_is_refused_before_anything_is_made(tmp_path, monkeypatch, capsys, argv, env,
+                                                                       says):
+    """Was httpx's UnsupportedProtocol error, exit 1."""
+    from speedgpt.cli import main
+
+    if env:
+        monkeypatch.setenv("HF_ENDPOINT", env)
+    with pytest.raises(SystemExit) as e:
+        main(["data", "fineweb", "--out", str(tmp_path / "fw"), "--shards", "1", *argv])
+    assert e.value.code == 2 and says in capsys.readouterr().err
+    assert not (tmp_path / "fw").exists()
+    with pytest.raises(ValueError, match="is not a URL"):
+        download_fineweb(tmp_path / "fw", 1, endpoint="notaurl")

@@ -213,3 +213,47 @@ def test_an_out_that_holds_a_training_run_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--out {run} holds a training run" in err, err
     assert sorted(p.name for p in run.iterdir()) == ["config.toml"]
+
+
+@pytest.mark.parametrize("holds, says", [
+    ("export", "holds a model export (`speedgpt export`)"),
+    ("old-export", "holds a model export (`speedgpt export`)"),
+    ("tokenizer", "holds a tokenizer (`speedgpt tokenizer train`)"),
+])
+def test_an_out_that_holds_an_export_or_a_tokenizer_is_refused(tmp_path, capsys, holds, says):
+    """Only a run folder was refused: an export or a tokenizer folder took the shards and manifest.json among its
+    files (and a later export there removed them, or `tokenizer train --overwrite` mixed with them)."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("one document\n\ntwo documents\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    if holds == "export":
+        (out / ".speedgpt-export.json").write_text(json.dumps({"format": "speedgpt", "files": ["config.json"],
+                                                                "complete": True}))
+        (out / "config.json").write_text("{}")
+    elif holds == "old-export":  # made before exports kept a manifest
+        (out / "config.json").write_text(json.dumps({"format_version": 1, "export": {"source": "runs/x"}}))
+    else:
+        (out / "speedgpt_tokenizer.json").write_text("{}")
+    before = sorted(p.name for p in out.iterdir())
+    assert main(["data", "tokenize", str(tmp_path / "in"), "--out", str(out), "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"speedgpt data: --out {out} {says}; pass another directory for the shards"
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_counts_take_the_forms_the_help_shows(tmp_path, capsys):
+    """--shard-tokens 100M and --max-tokens 1e4 were refused ("invalid int value") though the help says
+    "default 100M"."""
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.txt").write_text("one document\n")
+    (tmp_path / "in" / "b.txt").write_text("two documents\n")
+    out = tmp_path / "out"
+    assert main(["data", "tokenize", str(tmp_path / "in"), "--out", str(out), "--workers", "1",
+                 "--shard-tokens", "100M", "--max-tokens", "1e4"]) == 0
+    assert json.loads((out / "manifest.json").read_text())["documents"] == 2
+    with pytest.raises(SystemExit) as e:
+        main(["data", "tokenize", str(tmp_path / "in"), "--out", str(tmp_path / "o2"), "--shard-tokens", "1.5K7"])
+    assert e.value.code == 2
+    assert "argument --shard-tokens: '1.5K7' is not a whole number (e.g. 100000000, 1e8, 100M, 2.5B)" in \
+        capsys.readouterr().err

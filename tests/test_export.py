@@ -156,7 +156,8 @@ def test_reexport_replaces_only_the_files_it_wrote(tmp_path, capsys):
     assert (out / "README.md").read_text() == "my notes"
     assert json.loads((out / "config.json").read_text())["export"]["dtype"] == "fp32"
     manifest = json.loads((out / ".speedgpt-export.json").read_text())
-    assert manifest == {"format": "speedgpt", "files": ["config.json", "model.safetensors"], "complete": True}
+    assert manifest == {"format": "speedgpt", "files": ["config.json", "model.safetensors"], "complete": True,
+                        "source": str(run.resolve())}
     size = (out / "model.safetensors").stat().st_size + (out / "config.json").stat().st_size
     assert f"({size / 2**20:.1f} MiB, fp32, speedgpt format)" in capsys.readouterr().out  # the export's files, not the README
     load_model(out)
@@ -215,3 +216,60 @@ def test_an_interrupted_export_is_refused_by_readers_and_redone(tmp_path, monkey
     assert main(["export", str(run), "--out", str(out), "--dtype", "fp32"]) == 0
     load_model(out)
     assert not [p for p in tmp_path.rglob(".*") if p.is_dir()]
+
+
+@pytest.mark.parametrize("fmt", ["speedgpt", "hf"])
+@pytest.mark.parametrize("damage", ["text", "truncated"])
+def test_a_damaged_safetensors_file_is_one_line_naming_it(tmp_path, capsys, fmt, damage):
+    """safetensors' own "SafetensorError: Error while deserializing header" was exit 1, naming neither the file
+    nor the fix; every reader (sample, eval, chat, export from an export) loads through rundir/weights.py."""
+    run = make_run(tmp_path)
+    exp = tmp_path / "exp"
+    assert main(["export", str(run), "--out", str(exp), "--format", fmt, "--dtype", "fp32"]) == 0
+    weights = exp / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"hello\n" if damage == "text" else data[:len(data) // 2])
+    capsys.readouterr()
+    for argv in (["sample", str(exp), "--prompt", "hi", "--max-tokens", "2"],
+                 ["export", str(exp), "--out", str(tmp_path / "again")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, err
+        hf = " --format hf" if fmt == "hf" else ""
+        assert f"{weights} is unreadable" in err and f"re-run `speedgpt export RUN_DIR{hf} --out {exp}`" in err
+    with pytest.raises(LoadError, match="is unreadable"):
+        load_model(exp)
+
+
+@pytest.mark.parametrize("fmt", ["speedgpt", "hf"])
+def test_export_refuses_to_replace_the_export_of_another_run(tmp_path, capsys, fmt, monkeypatch):
+    """It replaced it with exit 0 and no word. The same run's export (named another way) is replaced as before."""
+    first, second = make_run(tmp_path / "a"), make_run(tmp_path / "b")
+    out = tmp_path / "exp"
+    assert main(["export", str(first), "--out", str(out), "--format", fmt]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["export", str(second), "--out", str(out), "--format", fmt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"--out {out} holds the export of {first.resolve()}, not of {second}; choose another --out" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    monkeypatch.chdir(first.parent)  # the same run by a relative path: a re-export
+    assert main(["export", first.name, "--out", str(out), "--format", fmt, "--dtype", "fp32"]) == 0
+    # An export from before the manifest recorded its source: its config.json's `source` is compared.
+    manifest = json.loads((out / ".speedgpt-export.json").read_text())
+    del manifest["source"]
+    (out / ".speedgpt-export.json").write_text(json.dumps(manifest))
+    assert main(["export", str(second), "--out", str(out), "--format", fmt]) == 2
+    assert f"holds the export of {first.name}, not of {second}" in capsys.readouterr().err  # as recorded
+
+
+def test_export_under_a_file_names_the_file(tmp_path, capsys):
+    """It was "[Errno 17] File exists" with exit 1."""
+    run = make_run(tmp_path)
+    (tmp_path / "text.txt").write_text("mine")
+    assert main(["export", str(run), "--out", str(tmp_path / "text.txt" / "sub")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"speedgpt export: --out {tmp_path / 'text.txt' / 'sub'} cannot be made: {tmp_path / 'text.txt'} "
+                   f"is a file, not a directory; pass a directory (new or existing)")
+    assert (tmp_path / "text.txt").read_text() == "mine"

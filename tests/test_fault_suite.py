@@ -21,9 +21,11 @@ def suite(tmp_path_factory):
 
 
 def _clean(t: Tally, *, compared: bool = True) -> None:
-    assert t.trials > 0 and t.survived == t.trials and t.data_lost == 0, t.notes
+    # A trial whose run finished before its kill landed tests nothing: it counts as not killed (and only when
+    # it stayed bit-equal), never as survived.
+    assert t.trials > 0 and t.survived + t.not_killed == t.trials and t.data_lost == 0, t.notes
     if compared:
-        assert t.bit_equal == t.trials, t.notes
+        assert t.bit_equal + t.not_killed == t.trials, t.notes
 
 
 def test_kill9_at_random_moments_resumes_bit_equal(suite):
@@ -40,7 +42,8 @@ def test_injected_nan_abort_skip_rollback(suite):
 
 def test_truncated_shard_stop_and_skip(suite):
     t = suite.shard(2, Tally())
-    assert t.survived == 2 and t.bit_equal == 1 and t.data_lost == 0, t.notes  # only the skip trial compares
+    # only the skip trial compares (unless it finished before its kill: then it is not killed, not survived)
+    assert t.survived + t.not_killed == 2 and t.bit_equal + t.not_killed == 1 and t.data_lost == 0, t.notes
 
 
 def test_failing_checkpoint_write(suite):
@@ -59,6 +62,65 @@ def test_killed_worker_of_two_process_gloo_run_restarts_and_resumes(tmp_path, ca
     assert "bit-equal to the uninterrupted run" in summary and "final train loss" in summary
     assert "before the fault its losses were bit-equal to the uninterrupted run's" in summary
     assert "bit-equal to the run's own losses before the fault" in summary or "no step replayed" in summary
+
+
+def _finishes_before_the_kill(suite):
+    """run_until as on a machine where the run ends before its kill or signal lands."""
+    def run_until(args, when, sig, ready="model:"):
+        rc, out = suite.run(args)
+        return rc, out, False, 0.0
+    return run_until
+
+
+def test_a_trial_that_finished_before_its_kill_is_not_killed_not_survived(suite, monkeypatch):
+    """Such a trial counted as survived and bit-equal: a suite where no kill landed printed a clean result."""
+    monkeypatch.setattr(suite, "run_until", _finishes_before_the_kill(suite))
+    for fault in (suite.kill9, suite.sigterm):
+        t = fault(1, Tally())
+        assert (t.trials, t.survived, t.bit_equal, t.not_killed) == (1, 0, 0, 1), t.notes
+        assert t.failed()  # nothing was tested
+        assert t.line("kill9", True).endswith("| not killed   1")
+    t.trials += 1
+    t.survived += 1
+    assert not t.failed()  # one trial tested and survived, one not killed
+
+
+def test_cli_shows_not_killed_trials_and_fails_when_nothing_was_tested(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(Suite, "run_until", lambda self, args, when, sig, ready="model:": (*self.run(args), False, 0.0))
+    assert main(["--faults", "kill9", "--trials", "1", "--workdir", str(tmp_path / "w")]) == 1
+    out, err = capsys.readouterr()
+    assert "kill9    trials   1 | survived   0 | bit-equal   0 | data lost   0 | not killed   1" in out
+    assert "every trial finished before its kill or signal landed; nothing was tested" in err
+    assert json.loads((tmp_path / "w" / "results.json").read_text())["kill9"]["not_killed"] == 1
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--faults", ","], "no fault chosen: --faults takes a comma list of kill9, sigterm, nan, shard, save, worker"),
+    (["--faults", "kill9", "--trials", "-3"], "--trials must be >= 1 (got -3)"),
+    (["--faults", "nan", "--each", "0"], "--each must be >= 1 (got 0)"),
+    (["--faults", "kill9,oops"], "unknown fault(s) oops; choose from kill9"),
+    (["--faults", "kill9", "--nproc", "4"], "apply to the worker fault only"),
+])
+def test_arguments_that_would_test_nothing_are_one_line_and_exit_2(tmp_path, capsys, args, says):
+    """`--faults ,` printed (0s), wrote {} and exited 0; `--trials -3` printed "trials 0" and exited 0."""
+    assert main([*args, "--workdir", str(tmp_path / "w")]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("fault_suite: error: ") and says in err, err
+    assert not (tmp_path / "w").exists()  # refused before anything was made
+
+
+def test_a_workdir_holding_an_earlier_suite_is_refused(tmp_path, capsys):
+    """A rerun there only auto-resumed the finished runs (no kill landed), printed the earlier counts, exit 0,
+    and overwrote results.json."""
+    (tmp_path / "results.json").write_text('{"kill9": "earlier"}')
+    assert main(["--faults", "kill9", "--trials", "2", "--workdir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"fault_suite: error: --workdir {tmp_path} is not empty; give a new directory (the suite writes " \
+                  f"its runs there)\n"
+    assert (tmp_path / "results.json").read_text() == '{"kill9": "earlier"}'
+    (tmp_path / "file").write_text("x")
+    assert main(["--faults", "kill9", "--workdir", str(tmp_path / "file" / "w")]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
 
 
 def _metrics(path, records):

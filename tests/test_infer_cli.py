@@ -92,6 +92,7 @@ def test_sample_errors(run, capsys):
     assert main(["sample", str(run), "--prompt", "x " * 100]) == 2
     out, err = capsys.readouterr()
     assert out == "" and "does not fit the model's context of 64" in err
+    assert len(err.strip().splitlines()) == 1, err  # no note about "0 new tokens" before the error
     assert main(["sample", str(run.parent / "nope"), "--prompt", "x"]) == 2
     assert "does not exist" in capsys.readouterr().err
 
@@ -105,3 +106,20 @@ def test_sample_says_when_the_context_is_shorter_than_max_tokens(run, capsys):
     assert f"the model's context is {context} tokens, so a continuation stops after {context - 2} new tokens" in err
     assert main(["sample", str(run), "--prompt", "x", "--max-tokens", "4", "--seed", "4"]) == 0
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["sample", "chat"])
+@pytest.mark.parametrize("flag, value, says", [
+    ("--seed", "99999999999999999999999", "--seed 99999999999999999999999: must be 0 <= seed < 2**63"),
+    ("--seed", str(2**63), "must be 0 <= seed < 2**63"),
+    ("--seed", "-1", "must be 0 <= seed < 2**63"),
+    ("--temperature", "inf", "--temperature inf: must be a finite number >= 0"),
+    ("--temperature", "nan", "--temperature nan: must be a finite number >= 0"),
+])
+def test_sampling_options_out_of_range_are_one_line_before_loading(run, capsys, command, flag, value, says):
+    """A seed torch cannot take was "Overflow when unpacking long long"; inf was accepted (nan logits)."""
+    with pytest.raises(SystemExit) as e:
+        main([command, str(run), "--prompt", "hi", flag, value])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and says in err and "note:" not in err and "Overflow" not in err

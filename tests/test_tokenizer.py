@@ -167,3 +167,13 @@ def test_gpt2_identity_constant_is_its_ranks_hash():
     enc = gpt2_tokenizer().encoding
     assert identity_sha256(enc._mergeable_ranks, enc._pat_str, enc._special_tokens) == GPT2_SHA256
     assert gpt2_tokenizer().bos_id == 50256 and gpt2_tokenizer().vocab_size == 50257
+
+
+def test_max_chars_takes_the_form_the_help_shows(tmp_path, capsys):
+    """The help says "default 1e9"; `--max-chars 1e6` was refused as an invalid int."""
+    data = write_jsonl(tmp_path / "d.jsonl", corpus_docs(2))
+    assert main(["tokenizer", "train", str(data), "--vocab-size", "300", "--max-chars", "1e6",
+                 "--out", str(tmp_path / "t")]) == 0
+    assert read_meta(tmp_path / "t")["training"]["max_chars"] == 1_000_000
+    capsys.readouterr()
+    assert main(["tokenizer", "eval", str(tmp_path / "t"), str(data), "--max-chars", "10K"]) == 0

@@ -186,9 +186,11 @@ def cmd_sample(argv: list[str]) -> int:
                     seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
         context = model.rotary.max_seq_len
         longest = max(len(encode_prompt(prompt, opts["tokenizer"])) for prompt in args.prompt)
-        if longest + args.max_tokens > context:  # said before, so that a shorter continuation is not a surprise
+        # Said before, so that a shorter continuation is not a surprise; a prompt that does not fit at all
+        # gets only its error (sample_texts), not first a note about 0 new tokens.
+        if longest < context < longest + args.max_tokens:
             print(f"speedgpt sample: note: the model's context is {context} tokens, so a continuation stops after "
-                  f"{max(context - longest, 0)} new tokens, not --max-tokens {args.max_tokens}", file=sys.stderr)
+                  f"{context - longest} new tokens, not --max-tokens {args.max_tokens}", file=sys.stderr)
         if len(args.prompt) == 1:
             # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
             pending = [args.prompt[0]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 
 def add_sampling_options(p: argparse.ArgumentParser, *, temperature: float, max_tokens: int, what: str) -> None:
@@ -20,5 +21,7 @@ def check_sampling_options(p: argparse.ArgumentParser, args: argparse.Namespace)
         p.error(f"--max-tokens {args.max_tokens}: must be >= 1")
     if args.top_k < 0:
         p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
-    if not args.temperature >= 0:  # also rejects nan
-        p.error(f"--temperature {args.temperature}: must be >= 0 (0: greedy)")
+    if not 0 <= args.temperature < math.inf:  # also rejects nan; inf divides the logits into nan
+        p.error(f"--temperature {args.temperature}: must be a finite number >= 0 (0: greedy)")
+    if args.seed is not None and not 0 <= args.seed < 2**63:  # torch's generator takes a signed 64-bit seed
+        p.error(f"--seed {args.seed}: must be 0 <= seed < 2**63")

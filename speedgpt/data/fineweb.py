@@ -73,6 +73,31 @@ def _unreachable(error: Exception, endpoint: str) -> HubUnreachable | None:
                           f"use a mirror you can reach: set HF_ENDPOINT=URL (or pass --endpoint URL)")
 
 
+def endpoint_problem(endpoint: str | None) -> str | None:
+    """Why the Hub endpoint the download would use (`endpoint`, else $HF_ENDPOINT) is not a URL it can reach,
+    or None. Checked before anything is made: httpx's own "UnsupportedProtocol" came as exit 1, naming no flag."""
+    from urllib.parse import urlsplit
+
+    name, value = ("--endpoint", endpoint) if endpoint is not None else ("HF_ENDPOINT", os.environ.get("HF_ENDPOINT"))
+    if value is None or (name == "HF_ENDPOINT" and value == ""):  # unset: huggingface.co
+        return None
+    url = urlsplit(value)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        return f"{name} {value!r} is not a URL; give one starting with http:// or https:// (e.g. https://huggingface.co)"
+    return None
+
+
+def _drop_new_cache(cache: Path) -> None:
+    """Remove huggingface_hub's bookkeeping folder (OUT/.cache/huggingface) that a failed download made: left
+    behind, it made `ls OUT` look empty while later commands refused OUT as "not empty". Kept when it holds a
+    partly downloaded file (*.incomplete), which the next call resumes from instead of starting over."""
+    import shutil
+
+    if any(f.stat().st_size > 0 for f in cache.rglob("*.incomplete") if f.is_file()):
+        return
+    shutil.rmtree(cache, ignore_errors=True)
+
+
 def _discard(out_dir: Path, name: str) -> None:
     """Remove a bad file and huggingface_hub's record of it, so the next call downloads it again."""
     (out_dir / name).unlink(missing_ok=True)
@@ -93,11 +118,11 @@ def download_fineweb(
     Each file is checked with ``read_header`` (magic, version, size) after download; a
     corrupt file is deleted and raises ShardError naming it. ``endpoint`` overrides the
     Hub URL (a mirror; tests use a local server; default $HF_ENDPOINT, else huggingface.co); one that
-    does not answer raises HubUnreachable naming it. Returns the local paths, val first.
+    does not answer raises HubUnreachable naming it, one that is no http(s) URL ValueError. A failed call
+    removes the `.cache` folder it made (huggingface_hub's records) unless a partial file there can be
+    resumed. Returns the local paths, val first.
     Train shards for a run: ``find_shards(out_dir, "train")``; val: ``find_shards(out_dir, "val")``.
     """
-    from huggingface_hub import constants, hf_hub_download  # imported on use: nothing happens at import
-
     if num_train_shards < 0:
         raise ValueError(f"num_train_shards={num_train_shards} must be >= 0")
     if repo_id == FINEWEB_REPO_ID and num_train_shards > FINEWEB_TRAIN_SHARDS:
@@ -105,8 +130,26 @@ def download_fineweb(
             f"num_train_shards={num_train_shards}, but {repo_id} has {FINEWEB_TRAIN_SHARDS} train shards "
             f"(~100M tokens each); use at most {FINEWEB_TRAIN_SHARDS}"
         )
+    problem = endpoint_problem(endpoint)
+    if problem:
+        raise ValueError(problem)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    cache = out_dir / ".cache"  # where huggingface_hub keeps its records of a local_dir download
+    had_cache = cache.exists() or cache.is_symlink()
+    try:
+        return _download(out_dir, num_train_shards, repo_id, endpoint, revision, progress)
+    except BaseException:
+        if not had_cache:  # only a folder this call made: never one that was there before
+            _drop_new_cache(cache)
+        raise
+
+
+def _download(out_dir: Path, num_train_shards: int, repo_id: str, endpoint: str | None, revision: str,
+              progress: bool) -> list[Path]:
+    """download_fineweb's files, one by one (see there)."""
+    from huggingface_hub import constants, hf_hub_download  # imported on use: nothing happens at import
+
     names = fineweb_filenames(num_train_shards)
     tqdm_class = None if progress else _quiet_tqdm()
     # Named here (not left to the library) so an error can say which endpoint did not answer.

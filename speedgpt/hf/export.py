@@ -193,7 +193,7 @@ def export_hf(source: str | Path, out: str | Path | None = None, *, dtype: str =
                   "step": src.step, "tokens": src.tokens, "train_time_s": src.train_time_s, "dtype": dtype,
                   "speedgpt_version": __version__,
                   "embed_tied": model.embed_tied if model.tying is not None else None, "dropped": list(notes)}
-    with export_files(out, FORMAT) as tmp:  # an export is meant to be shared: files get the umask's mode
+    with export_files(out, FORMAT, src.root) as tmp:  # an export is meant to be shared: files get the umask's mode
         try:
             write_folder(tmp, model, cfg, tok, provenance, DTYPES[dtype], notes)
         except TokenizerError as e:

@@ -10,7 +10,7 @@ Files (`speedgpt export RUN --format hf --out DIR`):
                              ids suppressed
     tokenizer.json and friends (hf/tokenizer_files.py): the run's tokenizer
     README.md                how to load it
-    .speedgpt-export.json    the files the export wrote (rundir/export_dir.py)
+    .speedgpt-export.json    the files the export wrote and its source (rundir/export_dir.py)
 
 Names: modeling_speedgpt.py mirrors speedgpt's module tree under `model.` (the transformers
 convention: the trunk is `model`, the head `lm_head`), so a speedgpt name maps to `model.<name>`,

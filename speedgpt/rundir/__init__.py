@@ -13,7 +13,7 @@
       tokenizer/         the run's own tokenizer, when its shards were made with one (speedgpt/tokenizer/folder.py;
                          none: GPT-2)
       export/            model.safetensors + config.json + .speedgpt-export.json, the list of the files the
-                         export wrote (`speedgpt export`; rundir/export_dir.py)
+                         export wrote and its source (`speedgpt export`; rundir/export_dir.py)
       report.png, report.html
       compare/           `speedgpt report A B ...`'s files, in the baseline A's directory
 

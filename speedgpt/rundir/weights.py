@@ -182,18 +182,28 @@ def load_config(source: WeightsSource):
         raise LoadError(f"{source.root / EXPORT_CONFIG}: {e}") from None
 
 
+def _read_safetensors(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
+    """An export's tensors; a truncated or garbled file is a LoadError naming it and the re-export, not
+    safetensors' "SafetensorError: Error while deserializing header" (which names neither)."""
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(source.weights), device=str(device))
+    except Exception as e:  # safetensors raises its own SafetensorError, OSError or others for a damaged file
+        fmt = " --format hf" if source.kind == "hf" else ""
+        detail = (str(e).splitlines() or [""])[0][:120]
+        raise LoadError(f"{source.weights} is unreadable ({type(e).__name__}: {detail}); re-run "
+                        f"`speedgpt export RUN_DIR{fmt} --out {source.root}`") from None
+
+
 def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
     if source.kind == "hf":
-        from safetensors.torch import load_file
-
         from ..hf.folder import read_hf_config, speedgpt_state
 
         provenance = read_hf_config(source.root)["speedgpt"].get("export", {})
-        return speedgpt_state(load_file(str(source.weights), device=str(device)), provenance)
+        return speedgpt_state(_read_safetensors(source, device), provenance)
     if source.kind == "export":
-        from safetensors.torch import load_file
-
-        state = load_file(str(source.weights), device=str(device))
+        state = _read_safetensors(source, device)
         # Tensors that shared storage were written once; the others are listed as aliases.
         aliases = _read_export_json(source.root).get("export", {}).get("aliases") or {}
         for alias, canonical in aliases.items():

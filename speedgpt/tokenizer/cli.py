@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from ..argv import count, require_subcommand
 from .patterns import DEFAULT_PATTERN, PATTERNS
 
 EPILOG = """\
@@ -18,20 +19,21 @@ then `speedgpt train --data.train_files=data/zh` takes the vocabulary and BOS id
 """
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser() -> tuple[argparse.ArgumentParser, argparse.Action]:
+    """The parser and its subcommands' action (for require_subcommand)."""
     p = argparse.ArgumentParser(prog="speedgpt tokenizer", epilog=EPILOG,
                                 description="Train a byte-level BPE tokenizer on your text, or measure one.",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what", required=True)
+    sub = p.add_subparsers(dest="what")  # required: require_subcommand in main, which names the choices
     t = sub.add_parser("train", help="learn a vocabulary from text files, directories, globs, JSONL or Parquet")
     t.add_argument("inputs", nargs="+", metavar="DATA", help="files, directories or globs (.txt/.py/..., .jsonl[.gz], .parquet)")
-    t.add_argument("--vocab-size", type=int, required=True,
+    t.add_argument("--vocab-size", type=count, required=True,
                    help="tokens in all: 256 bytes + merges + the <|endoftext|> separator (e.g. 32768)")
     t.add_argument("--out", required=True, help="the tokenizer's folder (new or empty)")
     t.add_argument("--pattern", choices=list(PATTERNS), default=DEFAULT_PATTERN,
                    help="split pattern: nanochat (GPT-4's, numbers in 1-2 digits; default) or cjk (the same, with "
                         "runs of Chinese/Japanese characters cut at 32)")
-    t.add_argument("--max-chars", type=int, default=1_000_000_000,
+    t.add_argument("--max-chars", type=count, default=1_000_000_000,
                    help="characters of text to read at most (default 1e9); the rest is not read")
     t.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
     t.add_argument("--name", default=None, help="the tokenizer's name in tables and reports (default: the folder's)")
@@ -39,13 +41,15 @@ def _parser() -> argparse.ArgumentParser:
     e = sub.add_parser("eval", help="bytes per token and tokens per document against GPT-2's, per input")
     e.add_argument("tokenizer", metavar="DIR", help="a folder from `speedgpt tokenizer train` (or gpt2)")
     e.add_argument("inputs", nargs="+", metavar="DATA", help="files, directories or globs; one table row each")
-    e.add_argument("--max-chars", type=int, default=10_000_000, help="characters read per input at most (default 1e7)")
+    e.add_argument("--max-chars", type=count, default=10_000_000, help="characters read per input at most (default 1e7)")
     e.add_argument("--text-field", default="text", help="JSONL field / Parquet column holding the text")
-    return p
+    return p, sub
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    p, sub = _parser()
+    args = p.parse_args(argv)
+    require_subcommand(p, args, sub)
     try:
         return _train(args) if args.what == "train" else _eval(args)
     except (FileNotFoundError, ValueError) as e:  # bad inputs or folders: TokenizerError is a ValueError

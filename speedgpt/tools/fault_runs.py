@@ -23,6 +23,7 @@ CONFIG = [
     f"--train.checkpoint_every={CHECKPOINT_EVERY}", "--train.keep_checkpoints=2", "--train.checkpoint_every_min=0",
 ]
 FAULTS = ("kill9", "sigterm", "nan", "shard", "save", "worker")
+SIGNALLED = ("kill9", "sigterm", "shard")  # faults whose trials may finish before their kill or signal lands
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,22 @@ class Tally:
     survived: int = 0
     bit_equal: int = 0
     data_lost: int = 0
+    # Trials whose run finished before the kill or signal landed (a busy machine runs slower or faster than
+    # the reference run timed): their resume found the run complete, so nothing was tested. They count in
+    # `trials` but never in `survived` or `bit_equal`, and the summary line shows them.
+    not_killed: int = 0
     notes: list[str] = field(default_factory=list)
+
+    def failed(self) -> bool:
+        """Data lost, a tested trial that did not survive, or nothing tested at all."""
+        tested = self.trials - self.not_killed
+        return bool(self.data_lost) or self.survived < tested or tested == 0
+
+    def line(self, name: str, signalled: bool) -> str:
+        """The summary line of fault `name`; `signalled`: its trials kill or signal a run (not killed shows)."""
+        line = (f"{name:8s} trials {self.trials:3d} | survived {self.survived:3d} | bit-equal {self.bit_equal:3d} | "
+                f"data lost {self.data_lost:3d}")
+        return line + (f" | not killed {self.not_killed:3d}" if signalled else "")
 
 
 

@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from .fault_runs import (BATCH_TOKENS, CHECKPOINT_EVERY, FAULTS, STEPS, ReferenceRunFailed, Runs, Tally,
-                         flatten_state, check_runs, final_losses, make_data, replay_and_drift)
+from .fault_runs import (BATCH_TOKENS, CHECKPOINT_EVERY, FAULTS, SIGNALLED, STEPS, ReferenceRunFailed, Runs,
+                         Tally, flatten_state, check_runs, final_losses, make_data, replay_and_drift)
 from .processes import last_line, run_env, speedgpt_command
 
 
@@ -177,7 +177,7 @@ class Suite:
         want, train_s, _ = self.reference(ref, data, extra=extra)
         for _ in range(trials):
             d = self._dir("kill9")
-            rc, _, sent, _ = self.run_until(self._args(d, data, extra), self.rng.uniform(0, train_s), signal.SIGKILL)
+            rc, _, _, _ = self.run_until(self._args(d, data, extra), self.rng.uniform(0, train_s), signal.SIGKILL)
             newest = list_checkpoints(d / "checkpoints")
             newest_step = int(newest[-1].name[5:]) if newest else 0
             half = any(p.name.startswith(TMP_PREFIX) for p in (d / "checkpoints").glob("*"))
@@ -188,15 +188,17 @@ class Suite:
             # than the reference run timed): the resume finds it complete, and nothing is lost.
             complete = re.search(r" is complete \(step \d+ of \d+\)", out) is not None
             tally.trials += 1
-            tally.survived += rc2 == 0
             ok = self.equal(self.final_state(d), want)
-            tally.bit_equal += ok
             lost = resumed < newest_step and not complete
             tally.data_lost += lost
-            if not sent:
+            if rc == 0:  # finished before the kill landed: nothing was tested, so it is no survival
+                tally.not_killed += rc2 == 0 and ok  # else a failure: a finished run that did not stay equal
                 tally.notes.append("finished before the kill")
-            elif half:
-                tally.notes.append("killed mid-save (temporary directory left, ignored)")
+            else:
+                tally.survived += rc2 == 0
+                tally.bit_equal += ok
+                if half:
+                    tally.notes.append("killed mid-save (temporary directory left, ignored)")
             if rc2 != 0 or not ok or lost:
                 tally.notes.append(f"{d.name}: rc {rc2}, bit-equal {ok}, resumed at {resumed}, newest {newest_step}: "
                                    f"{last_line(out)}")
@@ -209,9 +211,12 @@ class Suite:
             rc, out, sent, exit_s = self.run_until(self._args(d), self.rng.uniform(0, train_s), signal.SIGTERM)
             m = re.search(r"stopped by SIGTERM at step (\d+) \((\d+) step\(s\) after the signal\)", out)
             tally.trials += 1
-            if rc == 0:
-                tally.notes.append("finished before the signal")
-            elif not (m and rc == 128 + signal.SIGTERM and "resume with: speedgpt train --resume" in out):
+            if rc == 0:  # finished before the signal landed: nothing was tested, so it is no survival
+                ok = self.equal(self.final_state(d), want)
+                tally.not_killed += ok  # else a failure: the run, never signalled, differs from the reference
+                tally.notes.append("finished before the signal" + ("" if ok else f" ({d.name}: not bit-equal)"))
+                continue
+            if not (m and rc == 128 + signal.SIGTERM and "resume with: speedgpt train --resume" in out):
                 tally.notes.append(f"{d.name}: rc {rc}, no stop line: {out.strip().splitlines()[-1:]}")
             else:
                 tally.notes.append(f"checkpoint {int(m.group(2))} step(s) after the signal, exit {exit_s:.2f}s "
@@ -279,7 +284,9 @@ class Suite:
                 tally.survived += sub.survived
                 tally.bit_equal += sub.bit_equal
                 tally.data_lost += sub.data_lost
-                tally.notes.append(f"skip + kill -9 + resume: bit-equal {bool(sub.bit_equal)}")
+                tally.not_killed += sub.not_killed
+                tally.notes.append("skip + kill -9 + resume: " + ("finished before the kill" if sub.not_killed
+                                                                  else f"bit-equal {bool(sub.bit_equal)}"))
         return tally
 
     def save(self, trials: int, tally: Tally) -> Tally:
@@ -365,20 +372,19 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"steps between checkpoints (default {CHECKPOINT_EVERY})")
     args, overrides = p.parse_known_args(argv)
     chosen = [f for f in args.faults.split(",") if f]
-    unknown = sorted(set(chosen) - set(FAULTS))
-    if unknown:
-        p.error(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}")
     runs = Runs(nproc=args.nproc, device="cuda" if args.backend == "nccl" else "cpu", preset=args.preset,
                 steps=args.steps, checkpoint_every=args.checkpoint_every, overrides=tuple(overrides))
-    error = check_runs(runs, chosen)
-    if error:
-        p.error(error)
     from ..outdir import OutDirError, make_out_dir
 
     try:
-        make_out_dir(args.workdir, "--workdir")
+        error = check_args(args, chosen) or check_runs(runs, chosen)
+        if not error:
+            make_out_dir(args.workdir, "--workdir")
     except OutDirError as e:
-        p.error(str(e))
+        error = str(e)
+    if error:  # one line and status 2, before any run
+        print(f"fault_suite: error: {error}", file=sys.stderr)
+        return 2
     suite = Suite(Path(args.workdir), seed=args.seed, runs=runs)
     results = {}
     t0 = time.monotonic()
@@ -390,13 +396,39 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fault_suite: {e}", file=sys.stderr)
             return 1
         results[name] = tally
-        print(f"{name:8s} trials {tally.trials:3d} | survived {tally.survived:3d} | bit-equal {tally.bit_equal:3d} | "
-              f"data lost {tally.data_lost:3d}", flush=True)
+        print(tally.line(name, name in SIGNALLED), flush=True)
+        if tally.trials and tally.not_killed == tally.trials:
+            print(f"fault_suite: {name}: every trial finished before its kill or signal landed; nothing was tested "
+                  f"(run it again in a new --workdir)", file=sys.stderr)
     print(f"({time.monotonic() - t0:.0f}s)")
     (Path(args.workdir) / "results.json").write_text(json.dumps(
         {k: v.__dict__ for k, v in results.items()}, indent=1))
     if "worker" in results:  # the summary: bit-equal, or how far from the uninterrupted run
         print("\n".join(results["worker"].notes))
-    failed = any(t.data_lost or t.survived < t.trials for t in results.values())
-    return 1 if failed else 0
+    return 1 if any(t.failed() for t in results.values()) else 0
+
+
+def check_args(args, chosen: list[str]) -> str | None:
+    """Why the suite's own arguments cannot run (one line naming the fix), or None. A run that tests nothing
+    must not print a clean summary and exit 0: no fault, no trials, or a --workdir holding an earlier
+    suite's runs (its runs would only auto-resume to the end, no kill landing, and its results.json be
+    overwritten)."""
+    if not chosen:
+        return f"no fault chosen: --faults takes a comma list of {', '.join(FAULTS)}"
+    unknown = sorted(set(chosen) - set(FAULTS))
+    if unknown:
+        return f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(FAULTS)}"
+    if args.trials < 1:
+        return f"--trials must be >= 1 (got {args.trials})"
+    if args.each < 1:
+        return f"--each must be >= 1 (got {args.each})"
+    from ..outdir import OutDirError, check_out_dir
+
+    try:
+        work = check_out_dir(args.workdir, "--workdir")
+    except OutDirError as e:
+        return str(e)
+    if work.is_dir() and any(work.iterdir()):
+        return f"--workdir {work} is not empty; give a new directory (the suite writes its runs there)"
+    return None
 
