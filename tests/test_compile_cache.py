@@ -101,6 +101,13 @@ def test_cache_folder_and_config_digest(tmp_path, monkeypatch):
 # data keys whose value reaches what torch.compile builds: the rows' and validation batches' shapes, and the
 # tokenizer (its folder is where a run takes its vocabulary from)
 COMPILED_DATA_KEYS = {"seq_len", "val_seq_len", "val_tokens", "tokenizer"}
+# train keys that may: the batch's and stages' shapes, the device and dtype, how it compiles, whether validation's graph
+# is traced at all (val_every 0), the warmup that compiles, and the non-finite policy (kept: it decides what the step
+# reads back)
+COMPILED_TRAIN_KEYS = {"batch_tokens", "micro_batch_size", "stages", "device", "dtype", "compile", "compile_scope",
+                       "compile_backend", "compile_mode", "compile_precompile", "coordinate_descent_tuning",
+                       "autotune_pointwise", "persistent_reductions_upto", "val_every", "warmup_steps",
+                       "on_nonfinite"}
 
 
 def test_every_data_key_is_either_compiled_or_the_loaders_alone():
@@ -115,6 +122,36 @@ def test_every_data_key_is_either_compiled_or_the_loaders_alone():
     dropped = set(NOT_COMPILED["data"])
     assert not dropped & COMPILED_DATA_KEYS
     assert keys == dropped | COMPILED_DATA_KEYS, keys ^ (dropped | COMPILED_DATA_KEYS)
+
+
+def test_every_train_key_is_either_compiled_or_not():
+    """As the data keys: a new train key must be put on one side (a key left in the digest that changes no graph costs
+    a cold compile, as train.steps did on every --extend resume)."""
+    from dataclasses import fields
+
+    from speedgpt.config.sections import TrainConfig
+    from speedgpt.train.compile_cache import NOT_COMPILED
+
+    keys = {f.name for f in fields(TrainConfig)}
+    dropped = set(NOT_COMPILED["train"])
+    assert not dropped & COMPILED_TRAIN_KEYS
+    assert keys == dropped | COMPILED_TRAIN_KEYS, keys ^ (dropped | COMPILED_TRAIN_KEYS)
+
+
+def test_a_longer_run_of_a_preset_shares_its_digest():
+    """`--resume RUN --train.steps=N --extend`, a sweep of lengths or an A/B arm of another length: the resolved plan
+    of a stage-table preset differs only in train.steps (every schedule is a tensor to the graphs), so the
+    artifacts are the same config's."""
+    from speedgpt.planner import plan_run
+
+    def digest(*overrides):
+        cfg = apply_overrides(load_preset("speedrun-latest"), ["--train.device=cpu", *overrides])
+        return config_digest(plan_run(cfg).cfg.to_dict(), 1)
+
+    assert digest("--train.steps=30") == digest("--train.steps=40", "--train.log_every=1",
+                                                  "--train.checkpoint_every=5", "--train.keep_checkpoints=0")
+    assert digest("--train.steps=30") != digest("--train.steps=30", "--train.batch_tokens=131072")
+    assert digest("--train.steps=30") != digest("--train.steps=30", "--train.val_every=0")
 
 
 def test_each_rank_keeps_a_file_of_its_own(tmp_path):

@@ -53,11 +53,19 @@ FORMAT = "speedgpt.compile_cache/1"
 # alone (which tokens fill a row, not the rows' shape): an A/B of a loader switch starts its second arm warm
 # (wave 22: arm B of data.mix_docs=8192 compiled 74 s cold beside arm A's artifacts). data.seq_len,
 # val_seq_len and val_tokens (the validation batches' shapes) and tokenizer stay in the digest.
+# The train keys: the run's length (train.steps and the budgets that set it; every schedule reaches the graphs as
+# tensors, so one run's stages share its two graphs) and its cadences of logging and checkpoints. With train.steps in
+# the digest a `--resume RUN --train.steps=N --extend` compiled cold again: 55.9 s of compiling where the run it
+# extended had just saved its artifacts (2026-12-06, one H100, speedrun-latest with precompile). val_every stays:
+# 0 traces no validation graph, and a precompile package without one would retrace beside its installed code.
 NOT_COMPILED = {"run": None,
                 "data": ("train_files", "val_files", "cache_dir", "local_max_tokens", "local_piece_chars", "packing",
                          "long_docs", "mix_docs", "max_doc_len", "continued_bos", "shuffle_first_epoch",
                          "on_bad_shard"),
-                "train": ("seed", "compile_cache", "compile_validation_ahead")}
+                "train": ("seed", "compile_cache", "compile_validation_ahead", "steps", "tokens_per_param",
+                          "flops_budget", "horizon", "time_budget_s", "log_every", "checkpoint_every",
+                          "checkpoint_every_min", "save_final_checkpoint", "checkpoint_format", "keep_checkpoints",
+                          "keep_checkpoint_every", "rollback_lr_factor", "max_rollbacks", "peak_flops")}
 # The modules of speedgpt that define custom torch.autograd.Functions: the cache's folder is keyed on their source
 # (tests/test_compile_cache.py fails when a Function subclass appears in a module missing here).
 AUTOGRAD_FUNCTION_MODULES = ("speedgpt.model.fp8_linear", "speedgpt.model.fp8_head")
