@@ -48,6 +48,16 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     return path
 
 
+def check_new_or_empty_dir(path: str | Path, flag: str, writes: str) -> Path:
+    """check_out_dir, and OutDirError when `path` already holds something: for tools whose results would mix with an
+    earlier run's there (a rerun of the fault suite resumed its old, finished runs and reported them again).
+    `writes`: what the tool puts there, for the message."""
+    path = check_out_dir(path, flag)
+    if path.is_dir() and any(path.iterdir()):
+        raise OutDirError(f"{flag} {path} is not empty; give a new directory ({writes})")
+    return path
+
+
 def make_out_dir(path: str | Path, flag: str = "--out") -> Path:
     """Create `path` (and its parents) if needed; OutDirError with the fix when it cannot be."""
     path = check_out_dir(path, flag)

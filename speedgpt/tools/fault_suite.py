@@ -422,13 +422,11 @@ def check_args(args, chosen: list[str]) -> str | None:
         return f"--trials must be >= 1 (got {args.trials})"
     if args.each < 1:
         return f"--each must be >= 1 (got {args.each})"
-    from ..outdir import OutDirError, check_out_dir
+    from ..outdir import OutDirError, check_new_or_empty_dir
 
     try:
-        work = check_out_dir(args.workdir, "--workdir")
+        check_new_or_empty_dir(args.workdir, "--workdir", "the suite writes its runs there")
     except OutDirError as e:
         return str(e)
-    if work.is_dir() and any(work.iterdir()):
-        return f"--workdir {work} is not empty; give a new directory (the suite writes its runs there)"
     return None
 

@@ -195,14 +195,12 @@ def check_args(args) -> str | None:
         return f"--nproc {args.nproc}: the checkpoint must be written on at least 2 ranks to be resharded"
     if args.steps < 1 or args.more < 1:
         return f"--steps {args.steps} --more {args.more}: both must be >= 1"
-    from ..outdir import OutDirError, check_out_dir
+    from ..outdir import OutDirError, check_new_or_empty_dir
 
     try:
-        work = check_out_dir(args.workdir, "--workdir")
+        check_new_or_empty_dir(args.workdir, "--workdir", "the check writes its runs there")
     except OutDirError as e:
         return str(e)
-    if work.is_dir() and any(work.iterdir()):
-        return f"--workdir {work} is not empty; give a new directory (the check writes its runs there)"
     if args.backend == "nccl":
         import torch
 
