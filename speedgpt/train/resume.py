@@ -33,14 +33,14 @@ from ..rundir.checkpoint import CheckpointError, read_state
 # values they scale: a resume with another lr or momentum changes the run from that step on, and its config.toml
 # would then say the new value for the steps before too (a new-user audit: accepted without a word).
 SCHEDULE_KEYS = ("train.steps", "train.stages", "schedule.", "optim.")
-# What a resume may change without --extend: where things are (paths), how often the run logs, validates and
-# checkpoints, how it compiles and which kernels compute the same math, and the hardware it runs on. The training
-# data itself is checked by the loader's state (the same shard names and token count). Everything else changes the
-# training from the resumed step on (a new-user audit: a resume took another batch, seed or softcap without a word).
 # What the loader's saved position is only valid for (data/loader.py load_state_dict refuses another value): refused
 # before anything is built, --extend or not (with --extend the loader refused it after the model was built).
 LOADER_KEYS = ("train.seed", "data.packing", "data.long_docs", "data.continued_bos", "data.shuffle_first_epoch",
                "data.mix_docs")
+# What a resume may change without --extend: where things are (paths), how often the run logs, validates and
+# checkpoints, how it compiles and which kernels compute the same math, and the hardware it runs on. The training
+# data itself is checked by the loader's state (the same shard names and token count). Everything else changes the
+# training from the resumed step on (a new-user audit: a resume took another batch, seed or softcap without a word).
 RESUMABLE_KEYS = (
     "run.", "parallel.", "data.train_files", "data.val_files", "data.cache_dir", "data.tokenizer",
     "data.on_bad_shard", "train.val_every", "train.log_every", "train.checkpoint_", "train.save_final_checkpoint",
