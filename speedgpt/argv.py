@@ -2,6 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with its errors as one line: the stock one printed its whole usage block (up to nine lines
+    for `train`) above the error, where every other refusal of speedgpt's is one line naming the fix. The
+    subcommands' parsers (add_subparsers) are of this class too."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (`{self.prog} --help` lists the options)", file=sys.stderr)
+        sys.exit(2)
+
 
 def bind_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
     """`--opt VALUE` as `--opt=VALUE` for the given options, so a value that starts with "--" (a
@@ -54,4 +67,4 @@ def require_subcommand(p, args, sub, dest: str = "what") -> None:
     required: what"); this one names the subcommands. `sub`: the parser's add_subparsers() action, added
     with required=False so that this check is the one that speaks."""
     if getattr(args, dest) is None:
-        p.error(f"choose one of: {', '.join(sub.choices)} (`{p.prog} NAME --help` for its options)")
+        p.error(f"choose one of: {', '.join(sub.choices)}")  # (Parser.error adds where --help is)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from .argv import Parser
 from .config import Config, apply_overrides, default_preset, resolve
 from .host_syncs import count_host_syncs
 from .kernel_timeline import covered, kernel_category
@@ -480,8 +481,8 @@ def cuda_present() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt bench", description=__doc__,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=None,
                    help="preset to measure (default: tiny-cpu without a GPU, speedrun-latest with one)")
     p.add_argument("--config", default=None, help="a config.toml to measure instead, e.g. a run's")

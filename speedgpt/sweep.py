@@ -23,7 +23,6 @@ train.log); runs use every GPU the machine gives one process.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .argv import Parser
 from .atomic import atomic_file, atomic_write
 from .provenance import short_commit, source_version
 
@@ -322,8 +322,8 @@ def _numbers(text: str, flag: str, cast) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt sweep", description=__doc__.split("\n\n")[0],
-                                epilog="other arguments are config overrides for every run, e.g. --data.seq_len=512")
+    p = Parser(prog="speedgpt sweep", description=__doc__.split("\n\n")[0],
+               epilog="other arguments are config overrides for every run, e.g. --data.seq_len=512")
     p.add_argument("--out", required=True, help="the sweep directory (runs, table and plots go there)")
     p.add_argument("--depths", help="comma-separated depths, e.g. 4,6,8")
     budget = p.add_mutually_exclusive_group()

@@ -504,8 +504,8 @@ def test_a_missing_subcommand_names_the_subcommands(command, names, capsys):
     with pytest.raises(SystemExit) as e:
         main([command])
     assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == f"speedgpt {command}: error: choose one of: {names} (`speedgpt {command} NAME --help` for its options)"
+    err = capsys.readouterr().err.strip()
+    assert err == f"speedgpt {command}: error: choose one of: {names} (`speedgpt {command} --help` lists the options)"
 
 
 @pytest.mark.parametrize("text, value", [("100000000", 10**8), ("1e8", 10**8), ("100M", 10**8), ("2.5B", 25 * 10**8),
@@ -527,3 +527,18 @@ def test_count_refuses_what_is_no_whole_number(text, says):
 
     with pytest.raises(argparse.ArgumentTypeError, match=says):
         count(text)
+
+
+@pytest.mark.parametrize("argv", [["train", "--bogus"], ["eval"], ["sample"], ["export"], ["data"],
+                                  ["data", "tokenize"], ["tokenizer", "train"], ["ab", "--seeds", "x"],
+                                  ["sweep", "--bogus"], ["bench", "--steps", "x"], ["sft"], ["chat", "--bogus"],
+                                  ["config", "--preset"]])
+def test_argument_errors_are_one_line_naming_help(argv, capsys):
+    """argparse printed its whole usage block above the error (nine lines for `train`); every subcommand's parser
+    (argv.Parser) now says it in one line that names the command's --help, exit 2."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "usage:" not in err, err
+    assert err.startswith(f"speedgpt {argv[0]}") and "--help` lists the options" in err, err

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..argv import bind_values
+from ..argv import Parser, bind_values
 from ..atomic import atomic_write
 from ..outdir import OutDirError, check_out_dir, make_out_dir, os_error_line
 from ..provenance import short_commit
@@ -46,8 +46,8 @@ def parse_step_ms(text: str | None) -> dict[str, float] | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="speedgpt ab", description="Paired A/B of two configs over seeds.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt ab", description="Paired A/B of two configs over seeds.",
+               epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="", help="preset of both arms (an arm's own --preset wins)")
     p.add_argument("--a", default=None, help='overrides of arm A, e.g. "--optim.normuon=false"')
     p.add_argument("--b", default=None, help='overrides of arm B, e.g. "--preset speedrun-124m"')

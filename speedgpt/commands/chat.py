@@ -7,6 +7,7 @@ import argparse
 import errno
 import sys
 
+from ..argv import Parser
 from .sampling_options import add_sampling_options, check_sampling_options
 
 CHAT_EPILOG = """\
@@ -19,9 +20,9 @@ Ctrl-C stops an answer; at the prompt it ends the chat. The model must come from
 
 
 def cmd_chat(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt chat", epilog=CHAT_EPILOG, description="Chat with a model that "
-                                "`speedgpt sft` fine-tuned (KV cache kept across turns; answers streamed).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt chat", epilog=CHAT_EPILOG, description="Chat with a model that "
+               "`speedgpt sft` fine-tuned (KV cache kept across turns; answers streamed).",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN", help="an SFT run directory")
     p.add_argument("--prompt", metavar="TEXT", help="print one answer to TEXT and exit")
     p.add_argument("--serve", action="store_true", help="serve a chat web page instead of the terminal chat")

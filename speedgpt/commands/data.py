@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
-from ..argv import count, require_subcommand
+from ..argv import Parser, count, require_subcommand
 
 
 def cmd_data(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt data", description="Prepare token shards.")
+    p = Parser(prog="speedgpt data", description="Prepare token shards.")
     sub = p.add_subparsers(dest="what")  # required: require_subcommand below, which names the choices
     t = sub.add_parser("tokenize", help="text files, directories, globs, JSONL or Parquet -> train/val shards")
     t.add_argument("inputs", nargs="+", help="files, directories or globs (.txt/.py/..., .jsonl[.gz], .parquet)")

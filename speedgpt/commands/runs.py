@@ -7,11 +7,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..argv import Parser
 from .sampling_options import add_sampling_options, check_sampling_options
 
 
 def cmd_report(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="speedgpt report", description="Plot and summarize one or more runs. With several, the first is the "
         "baseline A of an A/B table: val loss at equal training time and at equal tokens, and the config keys "
         "that differ from A's.")
@@ -60,10 +61,10 @@ lm-evaluation-harness scores a Hugging Face export (pip install -e ".[hf]"; loca
 
 
 def cmd_eval(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt eval", epilog=EVAL_EPILOG,
-                                description="Validation loss, bits per byte and optionally HellaSwag accuracy and CORE of a "
-                                            "trained model; appended to the run's metrics.jsonl as an eval record.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt eval", epilog=EVAL_EPILOG,
+               description="Validation loss, bits per byte and optionally HellaSwag accuracy and CORE of a "
+                           "trained model; appended to the run's metrics.jsonl as an eval record.",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
     p.add_argument("--data", metavar="GLOB_OR_DIR", help="shards to score (default: the run's own data)")
     p.add_argument("--split", choices=["val", "train"], help="which shards of a directory (default val)")
@@ -162,9 +163,9 @@ prompts' remaining tokens are fed one per step, so each row equals sampling its 
 
 
 def cmd_sample(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt sample", epilog=SAMPLE_EPILOG,
-                                description="Continue prompts with a trained model (KV cache; stops at end-of-text).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt sample", epilog=SAMPLE_EPILOG,
+               description="Continue prompts with a trained model (KV cache; stops at end-of-text).",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
     p.add_argument("--prompt", action="append", required=True, metavar="TEXT",
                    help="prompt text; repeat for several prompts, generated together in one batch")
@@ -210,11 +211,11 @@ def cmd_sample(argv: list[str]) -> int:
 
 
 def cmd_export(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt export",
-                                description="Write a run's weights as model.safetensors + config.json, loadable by "
-                                            "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model; "
-                                            "with --format hf, a folder Hugging Face transformers loads "
-                                            "(AutoModelForCausalLM, trust_remote_code=True) and speedgpt reads back.")
+    p = Parser(prog="speedgpt export",
+               description="Write a run's weights as model.safetensors + config.json, loadable by "
+                           "`speedgpt sample/eval EXPORT_DIR` and speedgpt.infer.load.load_model; "
+                           "with --format hf, a folder Hugging Face transformers loads "
+                           "(AutoModelForCausalLM, trust_remote_code=True) and speedgpt reads back.")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train)")
     p.add_argument("--out", metavar="DIR", help="export directory (default RUN_DIR/export, RUN_DIR/export-hf with "
                                                 "--format hf): new, empty, or holding an earlier export, whose files "
@@ -249,9 +250,9 @@ def cmd_export(argv: list[str]) -> int:
 
 
 def cmd_config(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt config",
-                                description="Print every config key with its resolved value and what it does. "
-                                            "Set any key on `speedgpt train` as --section.key=value.")
+    p = Parser(prog="speedgpt config",
+               description="Print every config key with its resolved value and what it does. "
+                           "Set any key on `speedgpt train` as --section.key=value.")
     p.add_argument("--preset", help="start from this preset (default: the built-in defaults)")
     p.add_argument("--config", help="start from this config.toml (e.g. a run's)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit (as train's)")

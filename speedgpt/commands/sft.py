@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..argv import Parser
+
 SFT_EPILOG = """\
 data: JSONL or Parquet with {"messages": [{"role": "user"|"assistant"|"system", "content": ...}, ...]} per
 line/row; several files mixed by weight as FILE:WEIGHT (2: read twice per epoch, 0.5: its first half).
@@ -25,9 +27,9 @@ then: speedgpt chat RUN, speedgpt eval RUN --chat
 
 
 def cmd_sft(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt sft", epilog=SFT_EPILOG, description="Supervised fine-tuning of a "
-                                "base run on conversations: loss on the assistant's tokens only.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt sft", epilog=SFT_EPILOG, description="Supervised fine-tuning of a "
+               "base run on conversations: loss on the assistant's tokens only.",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("base_run", nargs="?", metavar="BASE_RUN", help="the run directory of `speedgpt train`")
     p.add_argument("--data", action="append", default=[], metavar="FILE[:WEIGHT]",
                    help="conversations (.jsonl/.parquet); repeat to mix files (default: the built-in tasks)")

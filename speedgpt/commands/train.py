@@ -9,6 +9,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..argv import Parser
+
 TRAIN_EPILOG = """\
 overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.muon_lr=0.03
            --train.steps=500 --data.train_files=data/mycorpus  (`speedgpt config` lists every key)
@@ -29,8 +31,8 @@ naming another directory is refused.
 
 
 def cmd_train(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="speedgpt train", description="Train a GPT model.", epilog=TRAIN_EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt train", description="Train a GPT model.", epilog=TRAIN_EPILOG,
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", help="preset name (default: tiny-cpu without a GPU, speedrun-latest with one)")
     p.add_argument("--config", help="a config.toml, e.g. one saved in a run directory")
     p.add_argument("--resume", metavar="RUN_DIR", help="resume RUN_DIR from its latest checkpoint")

@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from ..argv import count, require_subcommand
+from ..argv import Parser, count, require_subcommand
 from .patterns import DEFAULT_PATTERN, PATTERNS
 
 EPILOG = """\
@@ -21,9 +21,9 @@ then `speedgpt train --data.train_files=data/zh` takes the vocabulary and BOS id
 
 def _parser() -> tuple[argparse.ArgumentParser, argparse.Action]:
     """The parser and its subcommands' action (for require_subcommand)."""
-    p = argparse.ArgumentParser(prog="speedgpt tokenizer", epilog=EPILOG,
-                                description="Train a byte-level BPE tokenizer on your text, or measure one.",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog="speedgpt tokenizer", epilog=EPILOG,
+               description="Train a byte-level BPE tokenizer on your text, or measure one.",
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="what")  # required: require_subcommand in main, which names the choices
     t = sub.add_parser("train", help="learn a vocabulary from text files, directories, globs, JSONL or Parquet")
     t.add_argument("inputs", nargs="+", metavar="DATA", help="files, directories or globs (.txt/.py/..., .jsonl[.gz], .parquet)")

@@ -23,7 +23,6 @@ not, by how much they differ (GPU kernels need not be deterministic).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -34,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..argv import Parser
 from .fault_runs import (BATCH_TOKENS, CHECKPOINT_EVERY, FAULTS, SIGNALLED, STEPS, ReferenceRunFailed, Runs,
                          Tally, flatten_state, check_runs, final_losses, make_data, replay_and_drift)
 from .processes import last_line, run_env, speedgpt_command
@@ -351,10 +351,10 @@ def compare_runs(got: dict | None, want: dict | None, losses: dict, want_losses:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description="Fault-injection suite: faulted `speedgpt train` runs, resumed, "
-                                            "compared bit for bit with an uninterrupted run (CPU; the worker fault "
-                                            "also on GPUs with a real preset). Arguments like --train.x=1 are config "
-                                            "overrides of the worker fault's runs.")
+    p = Parser(description="Fault-injection suite: faulted `speedgpt train` runs, resumed, "
+                           "compared bit for bit with an uninterrupted run (CPU; the worker fault "
+                           "also on GPUs with a real preset). Arguments like --train.x=1 are config "
+                           "overrides of the worker fault's runs.")
     p.add_argument("--trials", type=int, default=10, help="kill -9 trials (default 10)")
     p.add_argument("--each", type=int, default=2, help="trials of every other fault (default 2)")
     p.add_argument("--faults", default=",".join(FAULTS), help=f"comma list of {', '.join(FAULTS)}")

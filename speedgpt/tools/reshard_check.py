@@ -16,7 +16,6 @@ CPU (tests/test_reshard_check.py), within bf16 noise on GPUs.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..argv import Parser
 from .processes import last_line, run_env, speedgpt_command
 
 
@@ -168,8 +168,8 @@ def check(args, log=print) -> dict[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                epilog="Arguments like --train.x=1 are config overrides of the first run.")
+    p = Parser(description=__doc__.split("\n\n")[0],
+               epilog="Arguments like --train.x=1 are config overrides of the first run.")
     p.add_argument("--nproc", type=int, default=2, help="ranks of the first run, W (default 2; >= 2)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="gloo: CPU processes (default); nccl: one GPU per rank")
