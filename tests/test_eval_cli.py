@@ -55,7 +55,7 @@ def test_eval_on_other_data_token_count_and_checkpoint(tmp_path, capsys):
     assert rec["eval_data"] == str(other)
     assert (run / "metrics.jsonl").read_text().startswith(before)  # appended, nothing rewritten
     # More than the shards hold: scores what there is, and says so.
-    assert main(["eval", str(run), "--data", str(other), "--tokens", "100000", "--no-log"]) == 0
+    assert main(["eval", str(run), "--data", str(other), "--tokens", "100k", "--no-log"]) == 0
     assert "the val shards hold 1,500" in capsys.readouterr().out
     assert last_record(run)["eval_tokens"] == 640  # --no-log appended nothing
     # A different checkpoint of random weights gives a different loss: the named one was really loaded.

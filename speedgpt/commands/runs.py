@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..argv import Parser
+from ..argv import Parser, count
 from .sampling_options import add_sampling_options, check_sampling_options
 
 
@@ -68,7 +68,7 @@ def cmd_eval(argv: list[str]) -> int:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (from speedgpt train) or an export directory")
     p.add_argument("--data", metavar="GLOB_OR_DIR", help="shards to score (default: the run's own data)")
     p.add_argument("--split", choices=["val", "train"], help="which shards of a directory (default val)")
-    p.add_argument("--tokens", type=int, help="tokens to score (default: the run's data.val_tokens)")
+    p.add_argument("--tokens", type=count, help="tokens to score, e.g. 1M (default: the run's data.val_tokens)")
     p.add_argument("--hellaswag", metavar="PATH_OR_download", help="also score HellaSwag: a jsonl file or 'download'")
     p.add_argument("--limit", type=int, help="score only the first N HellaSwag examples (with --chat: the first N "
                                              "of each --chat-choice / --chat-exact file)")
