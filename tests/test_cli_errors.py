@@ -202,6 +202,13 @@ def test_the_saved_config_names_the_directory_the_run_uses(tmp_path, capsys, tex
     [new_run] = (here / "runs").iterdir()
     assert load_toml(new_run / "config.toml").run.dir == f"runs/{new_run.name}"
     assert (a / "config.toml").read_bytes() == before
+    # A copy of it names run a too: --overwrite from a file that only names a run replaced that run (a review)
+    copy = tmp_path / "mine.toml"
+    copy.write_bytes(before)
+    line = expect_one_line_error(["train", "--config", str(copy), "--overwrite"], capsys)
+    assert line == f"speedgpt train: --overwrite with --config {copy} would replace the run in {a}, which the " \
+        f"file's run.dir names; give --run-dir {a} to replace it, or drop --overwrite to start a new directory"
+    assert (a / "config.toml").read_bytes() == before and len(list((here / "runs").iterdir())) == 1
     assert main(["train", "--config", str(a / "config.toml"), "--run-dir", str(b), f"--run.dir={b}/"]) == 0
     assert load_toml(b / "config.toml").run.dir == str(b)
 

@@ -78,10 +78,17 @@ def cmd_train(argv: list[str]) -> int:
         from ..config import ConfigError
         from ..rundir import default_run_dir, with_run_dir
 
-        if not named and _a_runs_record(args, overrides):
-            # `--config runs/x/config.toml` reproduces run x: its run.dir records where x is, not where to write
-            print(f"speedgpt train: notice: {args.config} records the run in {cfg.run.dir or 'its folder'}; this run "
-                  f"starts in a new directory (--run-dir DIR names one)", file=sys.stderr)
+        if not named and _a_runs_record(args, overrides, cfg.run.dir):
+            # `--config runs/x/config.toml` (or a copy of it) reproduces run x: its run.dir records where x is, not
+            # where to write. --overwrite would have replaced run x from a file that only names it (a review found
+            # a copied config do so): replacing a run takes its name on the command line.
+            if args.overwrite:
+                print(f"speedgpt train: --overwrite with --config {args.config} would replace the run in "
+                      f"{cfg.run.dir}, which the file's run.dir names; give --run-dir {cfg.run.dir} to replace it, or "
+                      f"drop --overwrite to start a new directory", file=sys.stderr)
+                return 2
+            print(f"speedgpt train: notice: {args.config} records the run in {cfg.run.dir}; this run starts in a new "
+                  f"directory (--run-dir DIR names one)", file=sys.stderr)
             cfg = with_run_dir(cfg, "")
 
         try:
@@ -149,15 +156,15 @@ def _run_dir_clash(args, overrides: list[str]) -> str | None:
     return f"--run-dir {named} and --run.dir={given[-1]} name two directories; give one of them"
 
 
-def _a_runs_record(args, overrides: list[str]) -> bool:
-    """Whether --config is the config.toml of a run directory (beside its env.json) and no --run.dir= overrides its
-    run.dir: the file is that run's record, and its run.dir names that run (rundir.with_run_dir)."""
+def _a_runs_record(args, overrides: list[str], run_dir: str) -> bool:
+    """Whether the --config file's run.dir (`run_dir`, no --run.dir= overriding it) names a directory that holds a
+    run: the file is that run's config.toml or a copy of it, a record of where the run is (rundir.with_run_dir),
+    not a place to write."""
     from ..rundir import RunDir
 
     if args.resume or not args.config or any(o.split("=", 1)[0] == "--run.dir" for o in overrides):
         return False
-    run = RunDir(Path(args.config).resolve().parent)
-    return run.config_path == Path(args.config).resolve() and run.env_path.is_file()
+    return bool(run_dir) and RunDir(run_dir).is_run()
 
 
 def _train_config(p: argparse.ArgumentParser, args, folded: list[str]):
