@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -254,14 +255,22 @@ def test_export_refuses_to_replace_the_export_of_another_run(tmp_path, capsys, f
     assert len(err.splitlines()) == 1
     assert f"--out {out} holds the export of {first.resolve()}, not of {second}; choose another --out" in err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    monkeypatch.chdir(first.parent)  # the same run by a relative path: a re-export
-    assert main(["export", first.name, "--out", str(out), "--format", fmt, "--dtype", "fp32"]) == 0
+    monkeypatch.chdir(tmp_path)  # the same run by a relative path: a re-export
+    typed = str(first.relative_to(tmp_path))
+    assert main(["export", typed, "--out", str(out), "--format", fmt, "--dtype", "fp32"]) == 0
     # An export from before the manifest recorded its source: its config.json's `source` is compared.
     manifest = json.loads((out / ".speedgpt-export.json").read_text())
     del manifest["source"]
     (out / ".speedgpt-export.json").write_text(json.dumps(manifest))
     assert main(["export", str(second), "--out", str(out), "--format", fmt]) == 2
-    assert f"holds the export of {first.name}, not of {second}" in capsys.readouterr().err  # as recorded
+    assert f"holds the export of {typed}, not of {second}" in capsys.readouterr().err  # as recorded
+    # ... and names the same run from any directory (resolved against today's, it refused the re-export: a review)
+    monkeypatch.chdir(tmp_path.parent)
+    assert main(["export", str(first), "--out", str(out), "--format", fmt]) == 0
+    # A run copied elsewhere re-exports into a folder of its own even where the export it carries names the original
+    copied = tmp_path / "copied"
+    shutil.copytree(first, copied)
+    assert main(["export", str(copied), "--out", str(copied / "exp"), "--format", fmt]) == 0
 
 
 def test_export_under_a_file_names_the_file(tmp_path, capsys):

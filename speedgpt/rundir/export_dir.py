@@ -98,12 +98,25 @@ def _recorded_source(out: Path, manifest: dict | None) -> str | None:
 
 def _check_same_source(out: Path, manifest: dict | None, source: str | os.PathLike | None) -> None:
     """ExportError when `out` holds the export of another source than `source` (None: not checked)."""
-    if source is None:
-        return
+    if source is None or Path(out).resolve().is_relative_to(Path(source).resolve()):
+        return  # an export inside its own run (RUN/export): a copied or moved run re-exports into its own folder
     recorded = _recorded_source(out, manifest)
-    if recorded is not None and Path(recorded).resolve() != Path(source).resolve():
+    if recorded is not None and not _same_source(recorded, source):
         raise ExportError(f"--out {out} holds the export of {recorded}, not of {source}; choose another --out, "
                           f"or remove {out} first to replace it (nothing was changed)")
+
+
+def _same_source(recorded: str, source: str | os.PathLike) -> bool:
+    """Whether the recorded source names `source`. Exports before manifests recorded an absolute path wrote it as
+    typed, relative to a directory nobody noted: such a path names `source` when it ends `source`'s path ("runs/y"
+    and /tmp/w/runs/y; resolved against today's directory it refused the same run's re-export from elsewhere)."""
+    now, before = Path(source).resolve(), Path(recorded)
+    if before.is_absolute():
+        return before.resolve() == now
+    parts = [part for part in before.parts if part != "."]
+    if ".." in parts or not parts:
+        return True  # cannot tell which directory it went up from: not refused
+    return list(now.parts[-len(parts):]) == parts
 
 
 def is_export_dir(out: str | os.PathLike) -> bool:
