@@ -295,6 +295,7 @@ def test_on_two_gpus_a_and_b_of_a_seed_run_at_once_one_gpu_each(tmp_path, monkey
 
     monkeypatch.setattr(ab.subprocess, "Popen", FinishingProcess)
     monkeypatch.setattr(ab_plan, "visible_gpus", lambda: 2)  # --devices 0,1 names GPUs that must be here
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # (which, when it lists ids, are its ids)
     FinishingProcess.events = []
     out = tmp_path / "ab"
     argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "0,1",
@@ -324,6 +325,7 @@ def test_devices_that_are_not_here_are_refused(gpus, says, dry_run, tmp_path, mo
 
     monkeypatch.setattr(ab.subprocess, "Popen", launched)
     monkeypatch.setattr(ab_plan, "visible_gpus", lambda: gpus)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     out = tmp_path / "ab"
     argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "0,1",
             "--out", str(out), *(["--dry-run"] if dry_run else [])]
@@ -334,6 +336,13 @@ def test_devices_that_are_not_here_are_refused(gpus, says, dry_run, tmp_path, mo
     monkeypatch.setattr(ab_plan, "visible_gpus", lambda: 2)
     assert main(argv if dry_run else [*argv, "--dry-run"]) == 0  # with the GPUs here: planned
     assert "CUDA_VISIBLE_DEVICES=1 " in capsys.readouterr().out
+    # Under a scheduler's CUDA_VISIBLE_DEVICES=4,5 the ids are 4 and 5 (each run's own CUDA_VISIBLE_DEVICES)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert main([*argv, "--dry-run"]) == 2
+    assert capsys.readouterr().err.strip() == "speedgpt ab: error: --devices 0,1: GPU 0, 1 is not in " \
+        "CUDA_VISIBLE_DEVICES=4,5; use --devices auto, cpu or ids from that list"
+    at = [a if a != "0,1" else "4,5" for a in argv]
+    assert main([*at, "--dry-run"]) == 0 and "CUDA_VISIBLE_DEVICES=5 " in capsys.readouterr().out
 
 
 def test_a_target_never_reached_is_stated_not_an_error(tmp_path, monkeypatch, capsys):

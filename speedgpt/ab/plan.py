@@ -3,6 +3,7 @@ each run's command and resolved config, and the launch order over devices."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,6 +172,13 @@ def detect_devices(spec: str) -> list[str]:
     devs = [d.strip() for d in spec.split(",") if d.strip()]
     if not devs or not all(d.isdigit() for d in devs):
         raise AbError(f"--devices {spec!r}: use auto, cpu, or GPU indices like 0,1")
+    listed = _listed_gpus()
+    if listed is not None:  # a scheduler's allocation: each run's CUDA_VISIBLE_DEVICES is one of these ids
+        missing = [d for d in devs if d not in listed]
+        if missing:
+            raise AbError(f"--devices {spec}: GPU {', '.join(missing)} is not in CUDA_VISIBLE_DEVICES={','.join(listed)}"
+                          f"; use --devices auto, cpu or ids from that list")
+        return devs
     n = visible_gpus()
     missing = [d for d in devs if int(d) >= n]
     if missing:
@@ -178,3 +186,12 @@ def detect_devices(spec: str) -> list[str]:
         fix = f"auto, cpu or indices below {n}" if n else "auto or cpu"
         raise AbError(f"--devices {spec}: no GPU {', '.join(missing)} here (this machine sees {seen}); use --devices {fix}")
     return devs
+
+
+def _listed_gpus() -> list[str] | None:
+    """The GPU ids CUDA_VISIBLE_DEVICES lists where it lists numbers: each run gets its device as its own
+    CUDA_VISIBLE_DEVICES (ab/run.py), so under CUDA_VISIBLE_DEVICES=4,5 the ids --devices names are 4 and 5, not
+    torch's 0 and 1 (a review: 4,5 was refused and 0,1 ran outside the allocation). None when unset, or not
+    numbers (UUIDs, MIG names): then torch's count decides."""
+    listed = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return listed if listed and all(d.isdigit() for d in listed) else None
