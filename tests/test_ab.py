@@ -343,6 +343,9 @@ def test_devices_that_are_not_here_are_refused(gpus, says, dry_run, tmp_path, mo
         "CUDA_VISIBLE_DEVICES=4,5; use --devices auto, cpu or ids from that list"
     at = [a if a != "0,1" else "4,5" for a in argv]
     assert main([*at, "--dry-run"]) == 0 and "CUDA_VISIBLE_DEVICES=5 " in capsys.readouterr().out
+    from speedgpt.ab.plan import detect_devices
+
+    assert detect_devices("auto") == ["4", "5"]  # not 0 and 1, GPUs outside the allocation
 
 
 def test_a_target_never_reached_is_stated_not_an_error(tmp_path, monkeypatch, capsys):

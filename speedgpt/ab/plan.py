@@ -166,6 +166,9 @@ def detect_devices(spec: str) -> list[str]:
     The dry run checks them too, as it checks --out: it shows the commands this machine would run."""
     if spec == "auto":
         n = visible_gpus()
+        listed = _listed_gpus()
+        if n and listed is not None:  # the allocation's own ids (_listed_gpus): 0..n-1 would be other GPUs
+            return listed[:n]
         return [str(i) for i in range(n)] if n else ["cpu"]
     if spec == "cpu":
         return ["cpu"]
