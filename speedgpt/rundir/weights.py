@@ -185,11 +185,12 @@ def load_config(source: WeightsSource):
 def _read_safetensors(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
     """An export's tensors; a truncated or garbled file is a LoadError naming it and the re-export, not
     safetensors' "SafetensorError: Error while deserializing header" (which names neither)."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     try:
         return load_file(str(source.weights), device=str(device))
-    except Exception as e:  # safetensors raises its own SafetensorError, OSError or others for a damaged file
+    except (SafetensorError, OSError) as e:  # a damaged file; out of memory or a device error say what they are
         fmt = " --format hf" if source.kind == "hf" else ""
         detail = (str(e).splitlines() or [""])[0][:120]
         raise LoadError(f"{source.weights} is unreadable ({type(e).__name__}: {detail}); re-run "
