@@ -144,16 +144,22 @@ def _folded(p: argparse.ArgumentParser, overrides: list[str]) -> list[str]:
     return folded
 
 
+def _run_dir_override(overrides: list[str]) -> str | None:
+    """The value of the last --run.dir= among the (folded) overrides; None when none gives it."""
+    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "--run.dir"]
+    return given[-1] if given else None
+
+
 def _run_dir_clash(args, overrides: list[str]) -> str | None:
     """--run.dir=B beside --run-dir A or --resume A naming another directory: which one did the user mean? The run
     went to A and its config.toml said B (a new-user audit). The two naming one directory are fine."""
-    given = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "--run.dir"]
+    given = _run_dir_override(overrides)
     named = args.resume or args.run_dir
-    if not given or not named or not given[-1] or Path(given[-1]).resolve() == Path(named).resolve():
+    if not given or not named or Path(given).resolve() == Path(named).resolve():
         return None
     if args.resume:
-        return f"--resume {named} continues {named} in place: drop --run.dir={given[-1]}"
-    return f"--run-dir {named} and --run.dir={given[-1]} name two directories; give one of them"
+        return f"--resume {named} continues {named} in place: drop --run.dir={given}"
+    return f"--run-dir {named} and --run.dir={given} name two directories; give one of them"
 
 
 def _a_runs_record(args, overrides: list[str], run_dir: str) -> bool:
@@ -162,7 +168,7 @@ def _a_runs_record(args, overrides: list[str], run_dir: str) -> bool:
     not a place to write."""
     from ..rundir import RunDir
 
-    if args.resume or not args.config or any(o.split("=", 1)[0] == "--run.dir" for o in overrides):
+    if args.resume or not args.config or _run_dir_override(overrides) is not None:
         return False
     return bool(run_dir) and RunDir(run_dir).is_run()
 

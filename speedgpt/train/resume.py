@@ -97,13 +97,13 @@ def training_changes(saved: dict | None, cfg: Config) -> list[str]:
 
 def _same_weight_shapes(saved: dict, cfg: Config) -> bool:
     from ..budget import meta_model
+    from ..rundir.weights import shapes_of
 
     try:
         before = meta_model(config_from_dict(saved).model, 8).state_dict()
     except (ValueError, TypeError, RuntimeError):  # a saved config this version cannot build: the load says what
         return False
-    now = meta_model(cfg.model, 8).state_dict()
-    return {k: v.shape for k, v in before.items()} == {k: v.shape for k, v in now.items()}
+    return shapes_of(before) == shapes_of(meta_model(cfg.model, 8).state_dict())
 
 
 def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[str]:
