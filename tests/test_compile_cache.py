@@ -16,7 +16,8 @@ from torch.compiler._cache import CacheArtifactManager
 
 from speedgpt.config import Config, apply_overrides, load_preset
 from speedgpt.train import compile_cache
-from speedgpt.train.compile_cache import CompileCache, config_digest, default_root, folder_name, versions
+from speedgpt.train.compile_cache import (CompileCache, config_digest, default_root, folder_name,
+                                          validation_shapes, versions)
 from test_fp8_linear import needs_rowwise  # torch._scaled_mm on a CPU with row-wise scales (2.13 on)
 
 KEY = "speedgpt-test/kernel.best_config"  # an autotune entry: a JSON file under Inductor's cache dir
@@ -96,17 +97,30 @@ def test_cache_folder_and_config_digest(tmp_path, monkeypatch):
     assert config_digest(loader.to_dict(), 1) == config_digest(base.to_dict(), 1)
     for shape in ("--data.seq_len=512", "--data.val_seq_len=2048", "--data.val_tokens=65536"):
         assert config_digest(apply_overrides(base, [shape]).to_dict(), 1) != config_digest(base.to_dict(), 1), shape
+    # validation's cadence and its batch count share the artifacts (the default's validation batches are 512 rows of
+    # 1,024 tokens: twice the val tokens is twice the batches); a short last batch is a shape of its own
+    for same_shapes in ("--train.val_every=10", "--train.val_every=0", "--data.val_tokens=2097152"):
+        assert config_digest(apply_overrides(base, [same_shapes]).to_dict(), 1) == config_digest(base.to_dict(), 1)
+    short_last = apply_overrides(base, ["--data.val_tokens=1572864"])  # 1,536 rows: batches of 512, 512, 512
+    assert config_digest(short_last.to_dict(), 1) == config_digest(base.to_dict(), 1)
+    assert config_digest(apply_overrides(base, ["--data.val_tokens=1310720"]).to_dict(), 1) != \
+        config_digest(base.to_dict(), 1)  # 1,280 rows: 512, 512, 256
+    # a rank's share decides its batches: 1,024 rows on 3 ranks of 1,024-row micro-batches are one batch of 342 /
+    # 341 / 341 rows; on 4 ranks (micro-batches of 128 rows) two batches of 128 each
+    three = apply_overrides(base, ["--train.batch_tokens=3145728"])
+    assert validation_shapes(three.to_dict(), 3) == [[342], [341], [341]]
+    assert validation_shapes(base.to_dict(), 4) == [[128]] * 4
 
 
 # data keys whose value reaches what torch.compile builds: the rows' and validation batches' shapes, and the
-# tokenizer (its folder is where a run takes its vocabulary from)
-COMPILED_DATA_KEYS = {"seq_len", "val_seq_len", "val_tokens", "tokenizer"}
-# train keys that may: the batch's and stages' shapes, the device and dtype, how it compiles, whether validation's graph
-# is traced at all (val_every 0), the warmup that compiles, and the non-finite policy (kept: it decides what the step
-# reads back)
+# tokenizer (its folder is where a run takes its vocabulary from); data.val_tokens reaches the digest as the rows of
+# validation's batches (validation_shapes)
+COMPILED_DATA_KEYS = {"seq_len", "val_seq_len", "tokenizer"}
+# train keys that may: the batch's and stages' shapes, the device and dtype, how it compiles, the warmup that compiles,
+# and the non-finite policy (kept: it decides what the step reads back)
 COMPILED_TRAIN_KEYS = {"batch_tokens", "micro_batch_size", "stages", "device", "dtype", "compile", "compile_scope",
                        "compile_backend", "compile_mode", "compile_precompile", "coordinate_descent_tuning",
-                       "autotune_pointwise", "persistent_reductions_upto", "val_every", "warmup_steps",
+                       "autotune_pointwise", "persistent_reductions_upto", "warmup_steps",
                        "on_nonfinite"}
 
 
@@ -151,7 +165,13 @@ def test_a_longer_run_of_a_preset_shares_its_digest():
     assert digest("--train.steps=30") == digest("--train.steps=40", "--train.log_every=1",
                                                   "--train.checkpoint_every=5", "--train.keep_checkpoints=0")
     assert digest("--train.steps=30") != digest("--train.steps=30", "--train.batch_tokens=131072")
-    assert digest("--train.steps=30") != digest("--train.steps=30", "--train.val_every=0")
+    # validation's cadence and size (in whole batches of one 262,144-token row) compile nothing new: the warmup scores
+    # one batch of each shape whatever val_every is (an A/B validating every 25 steps on 1.5M tokens started cold beside
+    # a run's artifacts from every 10 steps on 262K: wave 26)
+    assert digest("--train.steps=30") == digest("--train.steps=300", "--train.val_every=25",
+                                                  "--data.val_tokens=1572864")
+    assert digest("--train.steps=30") == digest("--train.steps=30", "--train.val_every=0")
+    assert digest("--train.steps=30") != digest("--train.steps=30", "--data.val_seq_len=131072")
 
 
 def test_each_rank_keeps_a_file_of_its_own(tmp_path):

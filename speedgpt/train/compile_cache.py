@@ -56,13 +56,17 @@ FORMAT = "speedgpt.compile_cache/1"
 # The train keys: the run's length (train.steps and the budgets that set it; every schedule reaches the graphs as
 # tensors, so one run's stages share its two graphs) and its cadences of logging and checkpoints. With train.steps in
 # the digest a `--resume RUN --train.steps=N --extend` compiled cold again: 55.9 s of compiling where the run it
-# extended had just saved its artifacts (2026-12-06, one H100, speedrun-latest with precompile). val_every stays:
-# 0 traces no validation graph, and a precompile package without one would retrace beside its installed code.
+# extended had just saved its artifacts (2026-12-06, one H100, speedrun-latest with precompile).
+# Validation reaches the graphs by the rows of each batch it scores alone, not by how many batches or how often (the
+# warmup compiles its graphs whatever train.val_every is, and every run validates at its end): those rows stand in
+# the digest for data.val_tokens (validation_shapes). With val_tokens and val_every in the digest an A/B validating
+# every 25 steps on 1.5M tokens started 71.7 s cold beside the artifacts of a run that validated every 10 steps on
+# 262K (wave 26, one H100, speedrun-latest).
 NOT_COMPILED = {"run": None,
                 "data": ("train_files", "val_files", "cache_dir", "local_max_tokens", "local_piece_chars", "packing",
                          "long_docs", "mix_docs", "max_doc_len", "continued_bos", "shuffle_first_epoch",
-                         "on_bad_shard"),
-                "train": ("seed", "compile_cache", "compile_validation_ahead", "steps", "tokens_per_param",
+                         "on_bad_shard", "val_tokens"),
+                "train": ("seed", "compile_cache", "compile_validation_ahead", "steps", "tokens_per_param", "val_every",
                           "flops_budget", "horizon", "time_budget_s", "log_every", "checkpoint_every",
                           "checkpoint_every_min", "save_final_checkpoint", "checkpoint_format", "keep_checkpoints",
                           "keep_checkpoint_every", "rollback_lr_factor", "max_rollbacks", "peak_flops")}
@@ -135,9 +139,22 @@ def folder_name(v: dict[str, str]) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "-", raw)
 
 
+def validation_shapes(cfg_dict: dict, world_size: int) -> list[list[int]]:
+    """What validation brings to the graphs (NOT_COMPILED's note): each rank's row counts of the batches it scores,
+    as Validator deals them (data.val_tokens in rows of data.val_seq_len, at the run's micro-batch). The rows are the
+    config's; the val shards' size may cap them lower, as the val files themselves are not in the digest either."""
+    from ..data.val import batch_rows
+
+    d, t = cfg_dict["data"], cfg_dict["train"]
+    rows = d["val_tokens"] // (d["val_seq_len"] or d["seq_len"])
+    micro_batch = t["micro_batch_size"] or max(1, t["batch_tokens"] // d["seq_len"] // world_size)
+    return [sorted({max(n, 1) for n in batch_rows(rows, world_size, micro_batch, rank)}) for rank in range(world_size)]
+
+
 def config_digest(cfg_dict: dict, world_size: int) -> str:
     """16 hex digits naming a config's artifacts: the resolved config without the keys that change nothing
-    torch.compile builds (NOT_COMPILED), and the world size (each rank compiles its share's shapes)."""
+    torch.compile builds (NOT_COMPILED), validation's shapes, and the world size (each rank compiles its share's
+    shapes)."""
     kept = {}
     for section, values in cfg_dict.items():
         dropped = NOT_COMPILED.get(section, ())
@@ -145,7 +162,8 @@ def config_digest(cfg_dict: dict, world_size: int) -> str:
             continue
         kept[section] = ({k: v for k, v in values.items() if k not in dropped} if isinstance(values, dict)
                          else values)
-    blob = json.dumps({"config": kept, "world_size": world_size}, sort_keys=True, default=str)
+    blob = json.dumps({"config": kept, "validation": validation_shapes(cfg_dict, world_size),
+                       "world_size": world_size}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
