@@ -110,6 +110,45 @@ def test_local_python_small_build_gets_a_val_document_or_names_max_tokens(tmp_pa
     assert not list((tmp_path / "one").glob("*.bin")) and not (tmp_path / "one" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize("how", ["bad input", "build raises"])
+def test_a_failed_local_python_build_leaves_no_lock_and_a_rerun_builds(tmp_path, capsys, monkeypatch, how):
+    """A failed `data local-python` left its --out holding `.lock` (ensure_local_python_corpus's build lock): the
+    folder it made was not removed, and looked used or half-built. Failed: no lock file, and no folder it made."""
+    from speedgpt.data import corpus
+    from speedgpt.data import tokenize as tok
+
+    root = tmp_path / "lib"
+    root.mkdir()
+    for i in range(6):
+        (root / f"m{i}.py").write_text(f"def f{i}(x):\n    return x * {i}  # module number {i}\n" * (10 + i))
+    monkeypatch.setattr(corpus, "python_source_roots", lambda: [("stdlib", root)])
+    build = tok.tokenize_corpus
+
+    def fails(*args, **kwargs):  # a disk error mid-build, its own lock taken as the real build takes it
+        with tok.building_into(Path(args[1])):
+            raise OSError(5, "Input/output error")
+
+    def local_python(out, max_tokens):
+        return main(["data", "local-python", "--max-tokens", str(max_tokens), "--out", str(out), "--workers", "1"])
+
+    # bad input: one document before max_tokens stops the build, so no val split (a TokenizeError)
+    max_tokens = 10 if how == "bad input" else 400
+    if how == "build raises":
+        monkeypatch.setattr(tok, "tokenize_corpus", fails)
+    out = tmp_path / "new" / "shards"
+    assert local_python(out, max_tokens) == 2
+    assert not (tmp_path / "new").exists(), list((tmp_path / "new").rglob("*"))  # the folders it made are gone
+    mine = tmp_path / "mine"
+    mine.mkdir()  # a folder that was there before the command is kept, as empty as it was
+    assert local_python(mine, max_tokens) == 2
+    assert list(mine.iterdir()) == []
+    # The same --out again, with a build that works: built
+    monkeypatch.setattr(tok, "tokenize_corpus", build)
+    capsys.readouterr()
+    assert local_python(out, 400) == 0, capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["val"]["documents"] == 1
+
+
 def test_readme_example_then_train(tmp_path, capsys, monkeypatch):
     # The README's own example, then training on what it wrote.
     monkeypatch.chdir(REPO)

@@ -38,7 +38,12 @@ def make_shards(root, bos=BOS):
 
 
 def run_cfg(data_dir, bos=BOS):
-    return apply_overrides(load_preset("tiny-cpu"), [
+    return apply_overrides(load_preset("tiny-cpu"), run_overrides(data_dir, bos))
+
+
+def run_overrides(data_dir, bos=BOS):
+    """run_cfg's overrides of the tiny-cpu preset, as `speedgpt train` takes them."""
+    return [
         "--model.depth=2", "--model.model_dim=64", "--model.head_dim=16", "--model.value_embeds=1",
         f"--model.vocab_size={bos + 1}", f"--model.bos_id={bos}", "--data.seq_len=32",
         f"--data.train_files={data_dir}/train_*.bin", f"--data.val_files={data_dir}/val_*.bin",
@@ -48,7 +53,7 @@ def run_cfg(data_dir, bos=BOS):
         "--train.device=cpu", "--run.sample_tokens=0", "--run.report=false",
         "--schedule.window_start=32", "--schedule.window_end=32", "--schedule.window_block=16",
         "--optim.muon_momentum_warmup_steps=4",  # the momentum schedule changes inside the run
-    ])
+    ]
 
 
 def _train_worker(rank, world, cfg_dict, run_dir, resume, out):

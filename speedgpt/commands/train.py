@@ -91,7 +91,7 @@ def cmd_train(argv: list[str]) -> int:
                   f"directory (--run-dir DIR names one)", file=sys.stderr)
             cfg = with_run_dir(cfg, "")
 
-        try:
+        try:  # (a default's time is this rank's clock: train() gives every rank rank 0's directory)
             run_dir = named or cfg.run.dir or str(default_run_dir(cfg))
         except ConfigError as e:
             print(f"speedgpt train: config error: {e}", file=sys.stderr)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 MANIFEST = "manifest.json"
 BUILD_SUBDIR = ".tokenizing"  # where a build writes its shards until it has succeeded
+DIR_LOCK = ".lock"  # ensure_local_python_corpus's lock (_dir_lock), held around a build's (building_into)
 MANIFEST_FORMAT = "speedgpt.tokenized/1"
 # The local corpus in pieces validates on whole files (corpus.PythonSourceFiles): 1% of a 5M-token
 # build is about 6 files, too few for a val loss that does not hang on which files they are.
@@ -254,9 +255,23 @@ def building_into(out_dir: Path):
     try:
         yield
     finally:
-        if [f.name for f in out_dir.iterdir()] == [path.name]:  # a failed first build: the command removes the folder
-            path.unlink()
-        lock.release()
+        try:
+            _drop_if_alone(path)
+        finally:
+            lock.release()
+
+
+def _drop_if_alone(path: Path) -> None:
+    """Delete lock file `path`, still held, when its folder holds nothing but build locks: a failed first build, whose
+    command then removes the folder it made (commands/data.py; a lock file left there kept it, looking half-built).
+    Held while deleted: a process waiting on it finds the file gone once it has the lock (filelock>=4) and locks a new
+    one. Beside shards the file stays."""
+    try:
+        alone = {f.name for f in path.parent.iterdir()} <= {DIR_LOCK, f"{BUILD_SUBDIR}.lock"}
+    except FileNotFoundError:  # the folder itself is gone
+        return
+    if alone:
+        path.unlink(missing_ok=True)
 
 
 RAISE_MAX_TOKENS = "raise --max-tokens (for train's default corpus: data.local_max_tokens)"
@@ -404,12 +419,18 @@ def tokenize_files(
     )
 
 
+@contextmanager
 def _dir_lock(out_dir: Path):
     """Serialize builds of one directory across processes (e.g. every rank of a torchrun job): the later ones wait,
-    then find the first one's build and reuse it."""
+    then find the first one's build and reuse it. A failed first build leaves no lock file (_drop_if_alone)."""
     from filelock import FileLock
 
-    return FileLock(out_dir / ".lock")
+    path = out_dir / DIR_LOCK
+    with FileLock(path):
+        try:
+            yield
+        finally:
+            _drop_if_alone(path)
 
 
 def ensure_local_python_corpus(

@@ -109,6 +109,16 @@ def get_world_size() -> int:
     return dist.get_world_size() if is_distributed() else 1
 
 
+def from_rank0(value):
+    """Rank 0's `value` on every rank; `value` itself without a group of several ranks. A collective: every rank
+    calls it. For choices a rank could make differently from rank 0 (a name from its own clock, a temp folder)."""
+    if not is_distributed():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def barrier() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

@@ -28,7 +28,7 @@ from ..model.build import model_from_config
 from ..model.gpt import GPT
 from ..optim.build import build_optimizers
 from ..parallel.ddp import clip_grad_norm_
-from ..parallel.dist import barrier, grad_comm_dtype, init_distributed, mean_over_ranks, teardown
+from ..parallel.dist import barrier, from_rank0, grad_comm_dtype, init_distributed, mean_over_ranks, teardown
 from ..plan import RunPlan
 from ..planner import plan_run
 from ..rundir import RunDir, default_run_dir, with_run_dir
@@ -78,9 +78,13 @@ class Trainer:
         # the stage table concrete values; the resolved config is the one saved in the run dir, and
         # the plan is printed below and saved beside it (plan.json).
         cfg, self.tokenizer, tokenizer_lines = adopt_shards_tokenizer(cfg)
-        self.run_dir = Path(run_dir or cfg.run.dir or default_run_dir(cfg))
-        cfg = with_run_dir(cfg, self.run_dir)  # what config.toml and the checkpoints record
+        run_dir = run_dir or cfg.run.dir or default_run_dir(cfg)  # (a bad run.name fails before the group exists)
         self.dist = init_distributed(cfg.train.device)
+        # Every rank writes where rank 0 does: each rank named the default runs/<name>-<time> by its own clock (two
+        # ranks a second apart wrote their shards, DCP files and records into two folders), and rank 0's is the one
+        # `speedgpt train` locked and checked (commands/train.py runs those checks on rank 0 only).
+        self.run_dir = Path(from_rank0(str(run_dir)))
+        cfg = with_run_dir(cfg, self.run_dir)  # what config.toml and the checkpoints record
         check_on_this_machine(cfg, self.dist.device)  # before anything is read, built or written
         self.plan: RunPlan = plan_run(cfg, self.dist.world_size)
         self.cfg = cfg = self.plan.cfg
