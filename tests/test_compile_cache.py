@@ -302,6 +302,53 @@ def test_precompile_a_fresh_machines_start_traces_nothing(tmp_path, monkeypatch,
         torch._dynamo.reset()
 
 
+class TinyKept(Tiny):
+    """Code of its own: a package another test installed for Tiny's forward outlives torch._dynamo.reset()."""
+
+    def forward(self, inputs):
+        return torch.sigmoid(self.proj(inputs)).mean()
+
+
+def test_a_warm_start_keeps_the_artifact_file_it_started_from(tmp_path, monkeypatch):
+    """A start warm from the artifact file compiles nothing, and torch then records less than it loaded (wave 26,
+    one H100: "loaded 78 artifact(s)", then "saved 74 artifact(s), 0.0 MiB" over the 234 MiB file, dynamo's package
+    gone). That machine's own Inductor folders stayed warm, but the file a fresh machine starts from no longer held
+    the package. On the CPU a warm save is smaller too (256 KB against the cold start's 606 KB here); the file stays as
+    it was, and a third machine traces nothing."""
+    from torch._dynamo.utils import counters
+
+    from speedgpt.train.compile import compiled_forward
+
+    x = torch.randn(4, 8)
+    cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
+                                     f"--train.compile_cache={tmp_path / 'cache'}"])
+
+    def machine(name: str):
+        """A fresh process on a fresh machine: empty dynamo, torch's recorder and Inductor folder; one step, then
+        the save."""
+        torch._dynamo.reset()
+        counters.clear()
+        torch._dynamo.config.caching_precompile = False  # as a new process has it (see the test above)
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / name))
+        with CacheArtifactManager.with_fresh_cache():
+            cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
+            cache.load()
+            compiled_forward(cfg, TinyKept(), "ddp", log=lambda line: None)(x).backward()
+            return counters["stats"]["unique_graphs"], cache.save(), cache.artifacts.read_bytes()
+
+    try:
+        with torch._dynamo.config.patch(caching_precompile=False):
+            traced, line, cold_file = machine("first")
+            assert traced == 1 and "saved" in line
+            traced, line, warm_file = machine("second")
+            assert traced == 0 and "kept" in line and "\n" not in line, line
+            assert warm_file == cold_file
+            traced, _, _ = machine("third")
+            assert traced == 0  # the package still travels in the file
+    finally:
+        torch._dynamo.reset()
+
+
 def test_precompile_where_it_would_do_nothing_is_off_with_one_line():
     """A preset may turn precompile on (speedrun-latest): a run where it cannot apply (compile off, no compile cache,
     a backend that writes no artifacts, blocks compiled one by one) is not refused but runs without it, and says so

@@ -176,6 +176,7 @@ class CompileCache:
     versions: dict[str, str]
     rank: int | None = None  # None: one process; else this rank's own file (see the module's docstring)
     precompile: bool = False  # train.compile_precompile: dynamo's package travels too (its own Inductor folder)
+    loaded_bytes: int | None = None  # the size of the artifact file load() read back; None when it read none
 
     @classmethod
     def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device,
@@ -262,11 +263,13 @@ class CompileCache:
             return (f"compile cache: ignoring {self.artifacts.name}: made with {_describe(made)}, "
                     f"this is {_describe(self.versions)}{changed} (cold compile; saved again after the warmup)")
         try:
-            info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
+            data = self.artifacts.read_bytes()
+            info = torch.compiler.load_cache_artifacts(data)
         except Exception as e:  # noqa: BLE001: a broken cache must not fail the run it was meant to speed up
             return f"compile cache: ignoring {self.artifacts.name}: it does not load ({type(e).__name__}: {e})"
         if info is None:
             return f"compile cache: ignoring {self.artifacts.name}: it does not read back (corrupt or truncated)"
+        self.loaded_bytes = len(data)
         return f"compile cache: loaded {_count(info)} artifact(s) from {self.artifacts}"
 
     def save(self) -> str | None:
@@ -280,6 +283,12 @@ class CompileCache:
         if saved is None:
             return None
         data, info = saved
+        if self.loaded_bytes is not None and len(data) < self.loaded_bytes:
+            # A start warm from the file records less than it loaded: on a GPU, "loaded 78 artifact(s)" and then 74 of
+            # 0.0 MiB written over the 234 MiB file, dynamo's package gone from what travels (wave 26, one H100). The
+            # machine's own Inductor folders stay warm either way; the file is what a fresh machine starts from.
+            return (f"compile cache: kept {self.artifacts.name} ({self.loaded_bytes / 2**20:.1f} MiB, as loaded): "
+                    f"this run recorded less ({_count(info)} artifact(s), {len(data) / 2**20:.1f} MiB)")
         # The bytes first, then the metadata that vouches for them: a crash between the two leaves
         # a file that load() ignores rather than one it trusts.
         atomic_write(self.artifacts, data)
