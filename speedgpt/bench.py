@@ -84,7 +84,20 @@ def print_kernel_categories(kernels, steps: int, step_ms: float | None = None) -
 def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: int = 0,
                  per_stage: bool = False, trace: Path | None = None) -> dict:
     """Time `steps` training steps of `cfg` after its compile/warmup (`per_stage`: `steps` in each
-    stage of its table); returns the figures. `trace`: where rank 0 writes the profiled steps' trace."""
+    stage of its table); returns the figures. `trace`: where rank 0 writes the profiled steps' trace.
+    The trainer's run directory is scratch, removed afterwards: bench's figures are what it prints and returns, and
+    every bench left a speedgpt-bench-* folder in the temp dir (with on_nonfinite=rollback, a step-0 checkpoint)."""
+    from .parallel.dist import barrier
+
+    with tempfile.TemporaryDirectory(prefix="speedgpt-bench-") as scratch:  # every rank's (the Trainer takes rank 0's)
+        out = _bench_in(Path(scratch), cfg, steps, at_step, profile, per_stage, trace)
+        barrier()  # no rank removes its folder while another may still write into rank 0's
+    return out
+
+
+def _bench_in(run_dir: Path, cfg: Config, steps: int, at_step: int | None, profile: int, per_stage: bool,
+              trace: Path | None) -> dict:
+    """bench_config's work, with `run_dir` for the trainer's files."""
     from .train.loop import Trainer
 
     # Each config compiles its own graph: dynamo would otherwise reuse the first config's compiled
@@ -92,7 +105,7 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     torch._dynamo.reset()
     # log_every=1 arms the gradient-sync timers (multi-rank) on every step.
     cfg = apply_overrides(cfg, ["--run.report=false", "--run.sample_tokens=0", "--train.log_every=1"])
-    trainer = Trainer(cfg, run_dir=Path(tempfile.mkdtemp(prefix="speedgpt-bench-")), quiet=True)
+    trainer = Trainer(cfg, run_dir=run_dir, quiet=True)
     cfg = trainer.cfg  # with a budget's derived steps and batch
     t0 = time.perf_counter()
     trainer.setup()

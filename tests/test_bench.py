@@ -104,13 +104,17 @@ def test_dynamo_compiles_counts_a_recompile():
     assert dynamo_compiles() > before  # a new shape: recompiled
 
 
-def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread, capsys):
+def test_per_stage_bench_times_every_stage_and_the_run_mean(tiny_cfg, one_thread, capsys, tmp_path, monkeypatch):
     """`bench --per-stage` on CPU with a 2-stage table: the structure of its figures, not their speed."""
+    import tempfile
+
     from speedgpt.bench import bench_config
 
     cfg = apply_overrides(tiny_cfg, ["--train.stages=[{share=0.5, batch_tokens=256, seq_len=32}, {share=0.5}]",
                                      "--train.val_every=0", "--train.peak_flops=1e12"])
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     out = bench_config(cfg, 1, per_stage=True)
+    assert list(tmp_path.iterdir()) == []  # the trainer's scratch run directory is gone
     rows = out["per_stage"]
     assert [(r["stage"], r["first_step"], r["last_step"], r["run_steps"]) for r in rows] == [(0, 0, 5, 6), (1, 6, 11, 6)]
     assert [(r["batch_tokens"], r["rows"], r["seq_len"], r["ranks_micro_rows"]) for r in rows] == [
@@ -164,16 +168,20 @@ def _bench_two_ranks(rank, world_size, cfg, out):
         out.write_text(row["comm_wait_ms_by_rank"])
 
 
-def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path):
+def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path, monkeypatch):
     """The rank that waits least on the collectives is the one the others wait for: bench's table
     names every rank's wait, not rank 0's alone (two gloo ranks)."""
     from distkit import spawn_local
 
     cfg = apply_overrides(tiny_cfg, ["--train.steps=4", "--train.val_every=0", "--train.compile=false"])
     out = tmp_path / "waits.txt"
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))  # the ranks' temp dir (each a new process)
     spawn_local(_bench_two_ranks, 2, cfg, out)
     waits = out.read_text().split("/")
     assert len(waits) == 2 and all(float(w) >= 0 for w in waits)
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("speedgpt-bench-")] == []  # every rank's removed
 
 
 @pytest.mark.parametrize("argv, says", [
