@@ -3,7 +3,7 @@
 # 234 MiB file: dynamo's package gone from what a fresh machine starts from; 06761e9 keeps the file), and an A/B
 # starting 71.7 s cold beside a run's artifacts that differed only in data.val_tokens and train.val_every (ca81eee
 # keys the digest on validation's batch rows instead). Expected:
-# 1. `cold`: speedrun-latest, 30 steps, cold in a new cache folder (the cold bar, <= 90 s, once more).
+# 1. `cold`: speedrun-latest, 12 steps, cold in a new cache folder (the cold bar, <= 90 s, once more).
 # 2. `warm-other-val`: the same config with another val_every and val_tokens (1,572,864: six rows, not one): the same
 #    digest, a warm start (~7 s), and its save says "kept" (the file as 1. wrote it).
 # 3. `fresh`: a new folder holding only the artifact file (another machine): nothing traced, the warm bar (<= 20 s).
@@ -11,15 +11,15 @@
 # then poll, and end with `scripts/lease.sh /tmp/w27 collect $OUT/w27.tgz`.
 # Sourced by scripts/lease.sh ($W $PY $DATA, phase, artifacts_only).
 # shellcheck shell=bash disable=SC2086,SC2154
-V="--preset speedrun-latest --train.steps=30 --data.train_files=$DATA --data.val_seq_len=262144"
+V="--preset speedrun-latest --train.steps=12 --data.train_files=$DATA --data.val_seq_len=262144"
 V="$V --train.save_final_checkpoint=false --run.sample_tokens=0 --run.report=false"
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
-phase cold 300 $PY -m speedgpt train $V --train.val_every=10 --data.val_tokens=262144 --train.compile_cache="$W/cc" \
+phase cold 300 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 --train.compile_cache="$W/cc" \
     --run-dir "$W/runs/cold"
-phase warm-other-val 200 $PY -m speedgpt train $V --train.val_every=15 --data.val_tokens=1572864 \
+phase warm-other-val 200 $PY -m speedgpt train $V --train.val_every=4 --data.val_tokens=1572864 \
     --train.compile_cache="$W/cc" --run-dir "$W/runs/warm"
 ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files.txt" 2>&1
 artifacts_only "$W/cc" "$W/cc-fresh"
-phase fresh 200 $PY -m speedgpt train $V --train.val_every=10 --data.val_tokens=262144 \
+phase fresh 200 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 \
     --train.compile_cache="$W/cc-fresh" --run-dir "$W/runs/fresh"
 true
