@@ -1,4 +1,4 @@
-# Wave 27 (issue 33), one GPU (~9 device-minutes with the start): the artifact file still travels after a warm run.
+# Wave 27 (issue 33), one GPU (~8 device-minutes with the start): the artifact file still travels after a warm run.
 # Wave 26 found a start warm from the artifact file saving less than it loaded (74 artifacts of 0.0 MiB over the
 # 234 MiB file: dynamo's package gone from what a fresh machine starts from; 06761e9 keeps the file), and an A/B
 # starting 71.7 s cold beside a run's artifacts that differed only in data.val_tokens and train.val_every (ca81eee
