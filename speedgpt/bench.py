@@ -89,7 +89,8 @@ def bench_config(cfg: Config, steps: int, at_step: int | None = None, profile: i
     every bench left a speedgpt-bench-* folder in the temp dir (with on_nonfinite=rollback, a step-0 checkpoint)."""
     from .parallel.dist import barrier
 
-    with tempfile.TemporaryDirectory(prefix="speedgpt-bench-") as scratch:  # every rank's (the Trainer takes rank 0's)
+    # every rank's (the Trainer takes rank 0's); a folder a rank cannot remove is left, not a failed bench
+    with tempfile.TemporaryDirectory(prefix="speedgpt-bench-", ignore_cleanup_errors=True) as scratch:
         out = _bench_in(Path(scratch), cfg, steps, at_step, profile, per_stage, trace)
         barrier()  # no rank removes its folder while another may still write into rank 0's
     return out
@@ -137,6 +138,7 @@ def _bench_in(run_dir: Path, cfg: Config, steps: int, at_step: int | None, profi
     if cuda:  # before the sync count's extra step: its peak is none of the timed steps'
         peak_alloc, peak_reserved = torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
         sync_figures = host_sync_figures(trainer, schedule_steps[-1])
+    trainer.checkpoints.finish()  # a step-0 checkpoint (on_nonfinite=rollback) still written in the background
     trainer.metrics.close()
     trainer.compile_watch.close()
     compiled = trainer.compile_watch.record() if trainer.compile_watch.enabled else None

@@ -309,12 +309,16 @@ class TinyKept(Tiny):
         return torch.sigmoid(self.proj(inputs)).mean()
 
 
+class TinyKeptOther(Tiny):
+    def forward(self, inputs):
+        return torch.tanh(self.proj(inputs)).mean()
+
+
 def test_a_warm_start_keeps_the_artifact_file_it_started_from(tmp_path, monkeypatch):
-    """A start warm from the artifact file compiles nothing, and torch then records less than it loaded (wave 26,
-    one H100: "loaded 78 artifact(s)", then "saved 74 artifact(s), 0.0 MiB" over the 234 MiB file, dynamo's package
-    gone). That machine's own Inductor folders stayed warm, but the file a fresh machine starts from no longer held
-    the package. On the CPU a warm save is smaller too (256 KB against the cold start's 606 KB here); the file stays as
-    it was, and a third machine traces nothing."""
+    """A start warm from the artifact file compiles nothing, and torch then records only some of what it loaded
+    (wave 26, one H100: "loaded 78 artifact(s)", then "saved 74 artifact(s), 0.0 MiB" over the 234 MiB file; on the
+    CPU here dynamo's package alone, without the compiled graphs' artifacts). The file a fresh machine starts from
+    stays as the cold start wrote it; a run that compiles something new writes its own."""
     from torch._dynamo.utils import counters
 
     from speedgpt.train.compile import compiled_forward
@@ -323,7 +327,7 @@ def test_a_warm_start_keeps_the_artifact_file_it_started_from(tmp_path, monkeypa
     cfg = apply_overrides(Config(), ["--train.compile=true", "--train.compile_precompile=true",
                                      f"--train.compile_cache={tmp_path / 'cache'}"])
 
-    def machine(name: str):
+    def machine(name: str, module: torch.nn.Module):
         """A fresh process on a fresh machine: empty dynamo, torch's recorder and Inductor folder; one step, then
         the save."""
         torch._dynamo.reset()
@@ -333,18 +337,20 @@ def test_a_warm_start_keeps_the_artifact_file_it_started_from(tmp_path, monkeypa
         with CacheArtifactManager.with_fresh_cache():
             cache = CompileCache.for_run(cfg.train.compile_cache, cfg.to_dict(), 1, torch.device("cpu"))
             cache.load()
-            compiled_forward(cfg, TinyKept(), "ddp", log=lambda line: None)(x).backward()
+            compiled_forward(cfg, module, "ddp", log=lambda line: None)(x).backward()
             return counters["stats"]["unique_graphs"], cache.save(), cache.artifacts.read_bytes()
 
     try:
         with torch._dynamo.config.patch(caching_precompile=False):
-            traced, line, cold_file = machine("first")
+            traced, line, cold_file = machine("first", TinyKept())
             assert traced == 1 and "saved" in line
-            traced, line, warm_file = machine("second")
+            traced, line, warm_file = machine("second", TinyKept())
             assert traced == 0 and "kept" in line and "\n" not in line, line
             assert warm_file == cold_file
-            traced, _, _ = machine("third")
-            assert traced == 0  # the package still travels in the file
+            # a graph the file lacks (another module's code): its artifacts are new keys, written as recorded
+            traced, line, new_file = machine("third", TinyKeptOther())
+            assert traced == 1 and "saved" in line, line
+            assert new_file != cold_file
     finally:
         torch._dynamo.reset()
 

@@ -1,8 +1,8 @@
 # Wave 27 (issue 33), one GPU (~8 device-minutes with the start): the artifact file still travels after a warm run.
 # Wave 26 found a start warm from the artifact file saving less than it loaded (74 artifacts of 0.0 MiB over the
-# 234 MiB file: dynamo's package gone from what a fresh machine starts from; 06761e9 keeps the file), and an A/B
-# starting 71.7 s cold beside a run's artifacts that differed only in data.val_tokens and train.val_every (ca81eee
-# keys the digest on validation's batch rows instead). Expected:
+# 234 MiB file: the compiled graphs' artifacts gone from what a fresh machine starts from; the fix keeps the file
+# when a run recorded nothing it lacks), and an A/B starting 71.7 s cold beside a run's artifacts that differed only
+# in data.val_tokens and train.val_every (ca81eee keys the digest on validation's batch rows instead). Expected:
 # 1. `cold`: speedrun-latest, 12 steps, cold in a new cache folder (the cold bar, <= 90 s, once more).
 # 2. `warm-other-val`: the same config with another val_every and val_tokens (1,572,864: six rows, not one): the same
 #    digest, a warm start (~7 s), and its save says "kept" (the file as 1. wrote it).

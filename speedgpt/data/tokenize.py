@@ -267,11 +267,10 @@ def _drop_if_alone(path: Path) -> None:
     Held while deleted: a process waiting on it finds the file gone once it has the lock (filelock>=4) and locks a new
     one. Beside shards the file stays."""
     try:
-        alone = {f.name for f in path.parent.iterdir()} <= {DIR_LOCK, f"{BUILD_SUBDIR}.lock"}
-    except FileNotFoundError:  # the folder itself is gone
-        return
-    if alone:
-        path.unlink(missing_ok=True)
+        if {f.name for f in path.parent.iterdir()} <= {DIR_LOCK, f"{BUILD_SUBDIR}.lock"}:
+            path.unlink(missing_ok=True)
+    except OSError:  # the folder gone, or unreadable: the lock stays, and the build's own error is the one raised
+        pass
 
 
 RAISE_MAX_TOKENS = "raise --max-tokens (for train's default corpus: data.local_max_tokens)"

@@ -51,8 +51,8 @@ FORMAT = "speedgpt.compile_cache/1"
 # Keys of a config that change nothing torch.compile builds: a run of the same config under another
 # name, seed, data or length reuses the first one's artifacts. The data keys past the files are the loader's
 # alone (which tokens fill a row, not the rows' shape): an A/B of a loader switch starts its second arm warm
-# (wave 22: arm B of data.mix_docs=8192 compiled 74 s cold beside arm A's artifacts). data.seq_len,
-# val_seq_len and val_tokens (the validation batches' shapes) and tokenizer stay in the digest.
+# (wave 22: arm B of data.mix_docs=8192 compiled 74 s cold beside arm A's artifacts). data.seq_len, val_seq_len and
+# tokenizer stay in the digest, and data.val_tokens as the rows of validation's batches (below).
 # The train keys: the run's length (train.steps and the budgets that set it; every schedule reaches the graphs as
 # tensors, so one run's stages share its two graphs) and its cadences of logging and checkpoints. With train.steps in
 # the digest a `--resume RUN --train.steps=N --extend` compiled cold again: 55.9 s of compiling where the run it
@@ -176,7 +176,7 @@ class CompileCache:
     versions: dict[str, str]
     rank: int | None = None  # None: one process; else this rank's own file (see the module's docstring)
     precompile: bool = False  # train.compile_precompile: dynamo's package travels too (its own Inductor folder)
-    loaded_bytes: int | None = None  # the size of the artifact file load() read back; None when it read none
+    loaded: frozenset | None = None  # the (kind, key) of each artifact load() read back; None when it read none
 
     @classmethod
     def for_run(cls, setting: str, cfg_dict: dict, world_size: int, device: torch.device,
@@ -263,13 +263,12 @@ class CompileCache:
             return (f"compile cache: ignoring {self.artifacts.name}: made with {_describe(made)}, "
                     f"this is {_describe(self.versions)}{changed} (cold compile; saved again after the warmup)")
         try:
-            data = self.artifacts.read_bytes()
-            info = torch.compiler.load_cache_artifacts(data)
+            info = torch.compiler.load_cache_artifacts(self.artifacts.read_bytes())
         except Exception as e:  # noqa: BLE001: a broken cache must not fail the run it was meant to speed up
             return f"compile cache: ignoring {self.artifacts.name}: it does not load ({type(e).__name__}: {e})"
         if info is None:
             return f"compile cache: ignoring {self.artifacts.name}: it does not read back (corrupt or truncated)"
-        self.loaded_bytes = len(data)
+        self.loaded = _keys(info)
         return f"compile cache: loaded {_count(info)} artifact(s) from {self.artifacts}"
 
     def save(self) -> str | None:
@@ -283,12 +282,14 @@ class CompileCache:
         if saved is None:
             return None
         data, info = saved
-        if self.loaded_bytes is not None and len(data) < self.loaded_bytes:
-            # A start warm from the file records less than it loaded: on a GPU, "loaded 78 artifact(s)" and then 74 of
-            # 0.0 MiB written over the 234 MiB file, dynamo's package gone from what travels (wave 26, one H100). The
-            # machine's own Inductor folders stay warm either way; the file is what a fresh machine starts from.
-            return (f"compile cache: kept {self.artifacts.name} ({self.loaded_bytes / 2**20:.1f} MiB, as loaded): "
-                    f"this run recorded less ({_count(info)} artifact(s), {len(data) / 2**20:.1f} MiB)")
+        if self.loaded is not None and _keys(info) <= self.loaded:
+            # A start warm from the file records only some of what it loaded: on a GPU, "loaded 78 artifact(s)" and
+            # then 74 of 0.0 MiB written over the 234 MiB file, the compiled graphs' artifacts gone from what travels
+            # (wave 26, one H100; on the CPU the warm save holds dynamo's package alone). The machine's own Inductor
+            # folders stay warm either way; the file is what a fresh machine starts from. A run that compiled
+            # something the file lacks (a new key) writes its own, as torch records it.
+            return (f"compile cache: kept {self.artifacts.name} as loaded: this run compiled nothing it lacks "
+                    f"({_count(info)} artifact(s) recorded, {len(data) / 2**20:.1f} MiB, all among the file's)")
         # The bytes first, then the metadata that vouches for them: a crash between the two leaves
         # a file that load() ignores rather than one it trusts.
         atomic_write(self.artifacts, data)
@@ -305,3 +306,8 @@ def _describe(v: dict) -> str:
 def _count(info) -> int:
     """Artifacts in a torch CacheInfo (a list of keys per kind)."""
     return sum(len(keys) for keys in info.artifacts.values())
+
+
+def _keys(info) -> frozenset:
+    """The (kind, key) of each artifact in a torch CacheInfo."""
+    return frozenset((kind, key) for kind, keys in info.artifacts.items() for key in keys)
