@@ -54,6 +54,21 @@ def test_artifacts_saved_then_loaded_into_a_fresh_machines_cache(tmp_path, monke
     assert json.loads((fresh / KEY).read_text())["XBLOCK"] == 64
 
 
+def test_a_run_that_compiled_no_graph_keeps_the_file_it_loaded(tmp_path, monkeypatch, fresh_artifacts):
+    """A warm run's save (0 graphs compiled, as CompileWatch counts them) keeps the file it loaded even where torch
+    recorded a key the file lacks; one that compiled a graph writes what it recorded."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "first"))
+    CacheArtifactManager.record_artifact("autotune", KEY, {"XBLOCK": 64})
+    assert "saved" in cache_in(tmp_path).save(graphs_compiled=3)
+    cold = cache_in(tmp_path).artifacts.read_bytes()
+    with CacheArtifactManager.with_fresh_cache():  # a second process
+        cache = cache_in(tmp_path)
+        assert "loaded 1 artifact(s)" in cache.load()
+        CacheArtifactManager.record_artifact("autotune", KEY + "2", {"XBLOCK": 32})
+        assert "kept" in cache.save(graphs_compiled=0) and cache.artifacts.read_bytes() == cold
+        assert "saved" in cache.save(graphs_compiled=1) and cache.artifacts.read_bytes() != cold
+
+
 def test_foreign_corrupt_or_missing_files_are_ignored_with_one_line(tmp_path, monkeypatch, fresh_artifacts):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "first"))
     cache = cache_in(tmp_path)

@@ -271,9 +271,10 @@ class CompileCache:
         self.loaded = _keys(info)
         return f"compile cache: loaded {_count(info)} artifact(s) from {self.artifacts}"
 
-    def save(self) -> str | None:
+    def save(self, graphs_compiled: int | None = None) -> str | None:
         """Save what this process compiled (and loaded) as this config's artifacts; returns a line for the
-        log, None when torch recorded nothing (a backend without caches, such as eager)."""
+        log, None when torch recorded nothing (a backend without caches, such as eager). `graphs_compiled`: the
+        graphs this process compiled, where counted (CompileWatch); 0 keeps a file it loaded, as below."""
         try:
             saved = torch.compiler.save_cache_artifacts()
         except Exception as e:  # noqa: BLE001: e.g. a compiled backend that does not serialize (precompile)
@@ -282,14 +283,14 @@ class CompileCache:
         if saved is None:
             return None
         data, info = saved
-        if self.loaded is not None and _keys(info) <= self.loaded:
+        if self.loaded is not None and (graphs_compiled == 0 or _keys(info) <= self.loaded):
             # A start warm from the file records only some of what it loaded: on a GPU, "loaded 78 artifact(s)" and
             # then 74 of 0.0 MiB written over the 234 MiB file, the compiled graphs' artifacts gone from what travels
-            # (wave 26, one H100; on the CPU the warm save holds dynamo's package alone). The machine's own Inductor
-            # folders stay warm either way; the file is what a fresh machine starts from. A run that compiled
-            # something the file lacks (a new key) writes its own, as torch records it.
+            # (wave 26, one H100, 0 graphs compiled; on the CPU the warm save holds dynamo's package alone). The
+            # machine's own Inductor folders stay warm either way; the file is what a fresh machine starts from. A
+            # run that compiled something the file lacks (a graph, a new key) writes its own, as torch records it.
             return (f"compile cache: kept {self.artifacts.name} as loaded: this run compiled nothing it lacks "
-                    f"({_count(info)} artifact(s) recorded, {len(data) / 2**20:.1f} MiB, all among the file's)")
+                    f"({_count(info)} artifact(s) recorded, {len(data) / 2**20:.1f} MiB)")
         # The bytes first, then the metadata that vouches for them: a crash between the two leaves
         # a file that load() ignores rather than one it trusts.
         atomic_write(self.artifacts, data)

@@ -306,11 +306,12 @@ class Trainer:
         warm_s = time.perf_counter() - t0 + self.compile_call_s
         for line in watch.lines():
             self.log(line)
-        if watch.enabled:
-            self.metrics.log({"event": "compile", "step": self.step, "tokens": self.tokens, "time_s": 0.0,
-                              **watch.record()})
+        compiled = watch.record() if watch.enabled else None
+        if compiled is not None:
+            self.metrics.log({"event": "compile", "step": self.step, "tokens": self.tokens, "time_s": 0.0, **compiled})
         if self.compile_cache is not None:  # what a later run loads: every rank its own (compile_cache.py)
-            self.log(self.compile_cache.save() or "compile cache: torch recorded nothing to save")
+            self.log(self.compile_cache.save(compiled["graphs"] if compiled is not None else None)
+                     or "compile cache: torch recorded nothing to save")
         return warm_s
 
     # ------------------------------------------------------------------------------------------
