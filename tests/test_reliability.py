@@ -71,6 +71,26 @@ def test_sigterm_saves_within_one_step_and_resumes_exactly(cfg, reference, tmp_p
     assert logged == sorted({r["step"] for r in _records(reference.run_dir) if "train_loss" in r})
 
 
+def test_a_run_stopped_in_its_last_step_is_resumed_to_its_final_validation(cfg, reference, tmp_path, inject):
+    """A signal in the last step saves that step's checkpoint before the final validation. The resume said
+    "complete; nothing to train" and exited 0, so the run never got its final validation (ab and sweep then
+    could not use it, whatever they did). The resume now validates it, and only that."""
+    run = tmp_path / "run"
+    inject("sigterm@7")  # arrives while step 8 of 8 is computed
+    with pytest.raises(TrainingStopped) as e:
+        train(cfg, run_dir=run, quiet=True)
+    assert e.value.step == 8 and not [r for r in _records(run) if "val_loss" in r]
+    inject("")
+    resumed = train(cfg, run_dir=run, resume=True, quiet=True)
+    assert resumed.steps == 8 and resumed.train_losses == []  # nothing trained again
+    assert resumed.val_loss == reference.val_loss  # the model of step 8, scored as the whole run scored it
+    assert [r["step"] for r in _records(run) if "val_loss" in r] == [8]
+    from speedgpt.train.resume import RunComplete
+
+    with pytest.raises(RunComplete):  # now complete: a further resume has nothing to do
+        train(cfg, run_dir=run, resume=True, quiet=True)
+
+
 def test_a_second_signal_exits_at_once(tmp_path):
     code = ("import os, signal\n"
             "from speedgpt.train.preempt import StopRequest\n"

@@ -428,6 +428,10 @@ class Trainer:
                 self.sync_device()
                 with clock.paused():
                     self.save(final=last)
+        if self.step >= t.steps and not result.val_history and first_step == self.step:
+            # A resume of a run stopped in its last step (train/resume.py): its final validation is all it lacks.
+            self.log(f"step {self.step} is the run's last: its final validation, which the stop left out")
+            self.record_validation(result)
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
         if result.train_losses:  # one collective at the end: every step's loss over the global batch
             result.train_losses = mean_over_ranks(torch.stack(result.train_losses)).tolist()

@@ -2,7 +2,8 @@
 the run it names, nor silently redoes a finished one:
 
 - a run already at its end (its last step, or its time budget spent) is complete: nothing to train,
-  the command says so and exits 0 (no new sample, no rewritten report);
+  the command says so and exits 0 (no new sample, no rewritten report); one stopped in its last step (a
+  signal saves that step's checkpoint before its final validation) is resumed to validate it, which is all it lacks;
 - a config whose schedule differs from the checkpoint's (another train.steps stretches every lr,
   momentum and window schedule over the new length from the checkpoint on; another optimizer value
   changes it too) is refused unless the command says --extend;
@@ -132,11 +133,22 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
                           f"that step on, while its config.toml would say so from step 0; add --extend to do so (the "
                           f"resume's entry in env.json names the change), or resume with the run's own values")
     budget = cfg.train.time_budget_s
+    if step >= cfg.train.steps and not validated_at(run_dir, step):
+        # Stopped in its last step: the signal's checkpoint came before the final validation. Without it ab and
+        # sweep cannot use the run, and this resume is the only way to it: the trainer validates (Trainer.run).
+        return changes + others
     if step >= cfg.train.steps or (budget and float(state.get("train_time_s", 0.0)) >= budget):
         end = f"step {step} of {cfg.train.steps}" if step >= cfg.train.steps else f"time budget of {budget}s spent"
         raise RunComplete(f"{run_dir} is complete ({end}); nothing to train. To train it further: "
                           f"speedgpt train --resume {run_dir} --train.steps=N --extend")
     return changes + others
+
+
+def validated_at(run_dir: Path, step: int) -> bool:
+    """Whether the run's metrics hold training's validation at `step` (not a `speedgpt eval` record)."""
+    from ..rundir.metrics import ENDED_BY_STEPS, ended_by, read_metrics
+
+    return ended_by(read_metrics(run_dir), step) == ENDED_BY_STEPS
 
 
 def _saved_config(run_dir: Path, state: dict) -> dict | None:
