@@ -78,6 +78,22 @@ def test_bad_input_is_one_line(tmp_path, capsys, kwargs, message):
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--concurrent", "2", "--step-ms", "A=nan,B=-1"], "a step takes a finite time > 0 ms"),  # nan times to target
+    (["--concurrent", "2", "--step-ms", "A=800,B=0"], "a step takes a finite time > 0 ms"),
+    (["--concurrent", "2", "--step-ms", "A=800"], "give both arms"),  # B's times to target all missing
+    (["--step-ms", "A=800,B=700"], "with --concurrent 1 each run's own training time is measured"),  # was ignored
+])
+def test_step_ms_that_would_fake_or_be_ignored_is_refused(tmp_path, capsys, extra, message):
+    """A new-user audit: --step-ms A=nan,B=-1 was taken (times to target of nan and below zero), and --step-ms without
+    --concurrent > 1 was silently ignored."""
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--out", str(tmp_path / "ab"),
+            "--dry-run", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
 def test_same_arms_are_allowed_as_an_a_a_test(tmp_path, capsys):
     assert main(["--preset", "tiny-cpu", "--a", "", "--b", "", "--allow-same", "--seeds", "2", "--dry-run",
                  "--out", str(tmp_path)]) == 0
