@@ -144,6 +144,13 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
         echo(f"sweep: {point.name}: failed (exit {rc}): {tail[0] if tail else ''} (log: {run_dir / 'train.log'})")
         return False
+    if not finished(run_dir):
+        # Exit 0 without its final validation (a resume of a checkpoint at its last step whose metrics lack that
+        # validation: "complete, nothing to train"): the analysis would leave it out, and the sweep said nothing.
+        echo(f"sweep: {point.name}: failed: its train exited 0 but its metrics hold no final validation, so the "
+             f"analysis cannot use it; delete {run_dir} and run the same command again to train it afresh "
+             f"(log: {run_dir / 'train.log'})")
+        return False
     return True
 
 
@@ -373,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speedgpt sweep: {os_error_line(e, '--out', out)}", file=sys.stderr)
         return 2
     if failed:
-        print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; their train.log says why; "
-              f"run the same command again to retry them", file=sys.stderr)
+        print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; the lines above say why "
+              f"(and each run's train.log); run the same command again to retry them", file=sys.stderr)
         return 1
     return 0
 

@@ -179,3 +179,29 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in err
     assert "use a new --out" in err
     assert main([*args, *base, "--optim.muon_lr=0.5"]) == 0  # the same settings at a new depth: welcome
+
+
+def test_a_run_that_exits_0_without_its_final_validation_fails_loudly(tmp_path, capsys, monkeypatch):
+    """A run whose checkpoint is at its last step but whose metrics lack the final validation (stopped in its last
+    step): its resume says "complete, nothing to train" and exits 0; the sweep counted it done, the analysis left it
+    out, and the sweep exited 0 with one point fewer on its frontier."""
+    import subprocess
+    import types
+
+    from speedgpt.config import load_preset
+    from speedgpt.rundir import RunDir
+    from speedgpt.sweep import Point, run_point
+
+    out = tmp_path / "sweep"
+    point = Point(2, 8e9, "d2-c8e9")
+    run = RunDir(out / point.name)
+    (run.checkpoints / "step_000012").mkdir(parents=True)
+    run.write_config(load_preset("tiny-cpu"))
+    run.metrics_path.write_text(json.dumps({"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 9.0}) + "\n")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: calls.append(cmd) or types.SimpleNamespace(returncode=0))
+    assert run_point(out, point, "flops_budget", "tiny-cpu", []) is False
+    assert "--resume" in calls[0]
+    out_text = capsys.readouterr().out
+    assert "d2-c8e9: failed: its train exited 0 but its metrics hold no final validation" in out_text
+    assert f"delete {out / point.name}" in out_text
