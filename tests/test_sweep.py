@@ -172,7 +172,8 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     run = RunDir(out / old.name)
     run.root.mkdir(parents=True)
     run.write_config(cfg)
-    run.metrics_path.write_text(json.dumps({"step": cfg.train.steps, "tokens": 1, "time_s": 1.0, "val_loss": 3.0}) + "\n")
+    final = {"step": cfg.train.steps, "tokens": 1, "time_s": 1.0, "val_loss": 3.0}
+    run.metrics_path.write_text(json.dumps(final) + "\n")
     args = ["--out", str(out), "--depths", "3", "--flops", "8e9", "--preset", "tiny-cpu", "--dry-run"]
     assert main([*args, *base]) == 2
     err = capsys.readouterr().err
