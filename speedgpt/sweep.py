@@ -144,6 +144,13 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
         tail = (run_dir / "train.log").read_text(errors="replace").strip().splitlines()[-1:]
         echo(f"sweep: {point.name}: failed (exit {rc}): {tail[0] if tail else ''} (log: {run_dir / 'train.log'})")
         return False
+    if not finished(run_dir):
+        # Exit 0 without its final validation (a resume of a checkpoint at its last step whose metrics lack that
+        # validation: "complete, nothing to train"): the analysis would leave it out, and the sweep said nothing.
+        echo(f"sweep: {point.name}: failed: its train exited 0 but its metrics hold no final validation, so the "
+             f"analysis cannot use it; delete {run_dir} and run the same command again to train it afresh "
+             f"(log: {run_dir / 'train.log'})")
+        return False
     return True
 
 
@@ -359,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         planned = plan(points, kind, preset, overrides)  # every run's config resolves before any starts
         check_out_dir(out)
         check_existing(out, planned)
+        check_others(out, planned, preset, overrides)
         if args.dry_run:
             return 0
         make_out_dir(out)
@@ -372,8 +380,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"speedgpt sweep: {os_error_line(e, '--out', out)}", file=sys.stderr)
         return 2
     if failed:
-        print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; their train.log says why; "
-              f"run the same command again to retry them", file=sys.stderr)
+        print(f"speedgpt sweep: {len(failed)} run(s) failed: {', '.join(failed)}; the lines above say why "
+              f"(and each run's train.log); run the same command again to retry them", file=sys.stderr)
         return 1
     return 0
 
@@ -421,3 +429,33 @@ def check_existing(out: Path, planned: dict[str, dict]) -> None:
             raise SweepError(f"{out / name} holds a run of other settings (differs in {', '.join(diff[:4])}); "
                              f"use a new --out for these settings, or delete that run to train it again")
 
+
+
+def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str]) -> None:
+    """The analysis reads every finished run in the sweep directory, not only this command's points: a finished run of
+    another grid point is welcome there only when this command would have trained it as it is (same preset and
+    overrides at its depth and budget). Else the frontier and its fits would mix settings (an earlier sweep with
+    --data.seq_len=64 and this one's 128 in one table, exit 0), so the command is refused before any run."""
+    from .budget import BudgetBelowOneStep
+    from .config import ConfigError, resolve
+    from .planner import plan_run
+    from .rundir.reuse import comparable_config, config_differences
+
+    if not out.is_dir():
+        return
+    for run_dir in sorted(p for p in out.iterdir() if p.is_dir() and p.name not in planned):
+        read = _read_run(run_dir)
+        if not _ended_by(read):  # only finished runs enter the analysis
+            continue
+        t = read[0].train
+        kind = "flops_budget" if t.flops_budget else "tokens_per_param"
+        pt = Point(read[0].model.depth, t.flops_budget or t.tokens_per_param, run_dir.name)
+        try:
+            cfg = plan_run(resolve(preset, None, point_overrides(pt, kind, overrides))).cfg
+            diff = config_differences(run_dir, comparable_config(cfg.to_dict()))
+        except (BudgetBelowOneStep, ConfigError) as e:
+            diff = [f"its depth and budget are no run of these settings: {e}"]
+        if diff:
+            raise SweepError(f"{run_dir} is a finished run of other settings (differs in {', '.join(diff[:4])}), and "
+                             f"the analysis would put it on this sweep's frontier; use a new --out for these "
+                             f"settings, or move that run out of {out}")

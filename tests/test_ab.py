@@ -78,6 +78,22 @@ def test_bad_input_is_one_line(tmp_path, capsys, kwargs, message):
     assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--concurrent", "2", "--step-ms", "A=nan,B=-1"], "a step takes a finite time > 0 ms"),  # nan times to target
+    (["--concurrent", "2", "--step-ms", "A=800,B=0"], "a step takes a finite time > 0 ms"),
+    (["--concurrent", "2", "--step-ms", "A=800"], "give both arms"),  # B's times to target all missing
+    (["--step-ms", "A=800,B=700"], "with --concurrent 1 each run's own training time is measured"),  # was ignored
+])
+def test_step_ms_that_would_fake_or_be_ignored_is_refused(tmp_path, capsys, extra, message):
+    """A new-user audit: --step-ms A=nan,B=-1 was taken (times to target of nan and below zero), and --step-ms without
+    --concurrent > 1 was silently ignored."""
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--out", str(tmp_path / "ab"),
+            "--dry-run", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
 def test_same_arms_are_allowed_as_an_a_a_test(tmp_path, capsys):
     assert main(["--preset", "tiny-cpu", "--a", "", "--b", "", "--allow-same", "--seeds", "2", "--dry-run",
                  "--out", str(tmp_path)]) == 0
@@ -377,3 +393,30 @@ def test_a_budget_preset_plans_the_config_its_runs_save(tmp_path):
     assert {r.steps for r in plan.runs} == {want.train.steps}
     assert {(r.config["optim"]["tuned_width"], r.config["train"]["batch_tokens"]) for r in plan.runs} == {
         (0, want.train.batch_tokens)}
+
+
+def test_a_run_that_exits_0_unfinished_names_the_fix(tmp_path, capsys, monkeypatch):
+    """A run stopped in its last step holds a checkpoint at its end but no final validation: its resume says
+    "complete, nothing to train ... --extend" and exits 0, and ab reported that line (a fix that trains further, not
+    the missing validation) as the failure on every rerun."""
+    import speedgpt.ab.run as ab
+
+    class Complete(FakeProcess):
+        def __init__(self, cmd, stdout, stderr, env, cwd=None):
+            FakeProcess.launched.append(cmd)
+            stdout.write("speedgpt train: x is complete (step 12 of 12); nothing to train. To train it further: "
+                         "speedgpt train --resume x --train.steps=N --extend\n")
+            stdout.flush()
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(ab.subprocess, "Popen", Complete)
+    out = tmp_path / "ab"
+    argv = ["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2", "--devices", "cpu",
+            "--out", str(out)]
+    assert main(argv) == 1
+    text = capsys.readouterr().out
+    assert (f"FAILED: A seed 1337 crashed: train exited 0 but the run's metrics hold no final validation; delete "
+            f"{out / 'a-seed1337'} and run the same command again") in text
+    assert "--extend" not in text.split("FAILED", 1)[1]

@@ -283,3 +283,16 @@ def test_import_does_no_work():
     assert hs.HELLASWAG_VAL_URL.startswith("https://raw.githubusercontent.com/rowanz/hellaswag/")
     assert hs.HELLASWAG_VAL_URL.endswith("/data/hellaswag_val.jsonl")
     assert callable(bpb_mod.evaluate_loss_and_bpb)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("hello\n", "not JSON (Expecting value); a HellaSwag file holds one JSON example per line"),  # was bare json's
+    ("5\n", "not a HellaSwag example"),  # was AttributeError: 'int' object has no attribute 'get', exit 1
+    ("\n", "holds no HellaSwag example"),  # was "no HellaSwag example ... fits the model's context"
+])
+def test_a_file_that_is_no_hellaswag_is_one_line_naming_it(tmp_path, text, message):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text(text)
+    with pytest.raises(ValueError) as e:
+        hs.load_examples(bad)
+    assert message in str(e.value) and str(bad) in str(e.value)

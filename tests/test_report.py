@@ -264,3 +264,14 @@ def test_report_out_on_another_run_is_refused(tmp_path, capsys):
     assert (c / "report.html").read_text() == mine
     assert cli_main(["report", str(a), str(b), "--out", str(a)]) == 0  # one of the runs reported: its own choice
     assert cli_main(["report", str(a), str(b), "--out", str(tmp_path / "new")]) == 0
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "0", "inf"])
+def test_a_target_loss_no_run_can_reach_is_refused(tmp_path, capsys, value):
+    """`report RUN --target-loss nan` (or -1) printed "not reached" for every run and exited 0."""
+    run = make_run(tmp_path / "r", "cli", steps=130)
+    with pytest.raises(SystemExit) as e:
+        cli_main(["report", str(run), f"--target-loss={value}"])
+    assert e.value.code == 2
+    assert "give a finite validation loss > 0" in capsys.readouterr().err
+    assert not (run / "report.png").exists()

@@ -240,3 +240,20 @@ def test_several_runs_report_beside_the_baseline_not_in_cwd(abc, tmp_path, monke
     assert cli_main(["report", *map(str, abc)]) == 0
     assert not (tmp_path / "speedgpt-report").exists()
     assert (abc[0] / "compare" / "report.html").is_file() and (abc[0] / "compare" / "report.png").is_file()
+
+
+def test_runs_validated_on_other_data_are_flagged_not_compared_silently(tmp_path):
+    """`speedgpt report A B` of runs on two corpora set their val losses side by side with a Δ, as if one were better:
+    only the overrides column's data.train_files=... hinted that the losses were measured on other text."""
+    a = write_run(tmp_path / "a", A_VALS)
+    b = write_run(tmp_path / "b", B_VALS, overrides=["--data.train_files=data/other"])
+    c = write_run(tmp_path / "c", C_VALS, overrides=["--data.val_tokens=4096", "--data.seq_len=256"])
+    d = write_run(tmp_path / "d", B_VALS, overrides=["--optim.muon_lr=0.03"])  # a recipe change: comparable
+    comp = compare_runs(load_runs([a, b, c, d]))
+    assert [r["other_val_data"] for r in comp["rows"]] == [[], ["data.train_files"],
+                                                           ["data.val_tokens", "data.val_seq_len"], []]
+    assert any(n.startswith("≠ validated on other data than A: B (data.train_files); C (data.val_tokens, "
+                            "data.val_seq_len)") for n in comp["notes"])
+    md = comparison_markdown(comp).splitlines()
+    assert md[3].startswith("| B: b |") and "+0.2000≠" in md[3] and "-0.4000\\*≠" in md[3]
+    assert "≠" not in md[5] and "≠" not in md[2]

@@ -152,3 +152,57 @@ def test_on_a_gpu_a_sweep_without_a_preset_plans_a_depth_ladder(tmp_path, capsys
     assert main(["--out", str(tmp_path / "s"), "--depths", "8,12", "--flops", "1e17", "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "d8-c1e17" in out and "d12-c1e17" in out
+
+
+def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_frontier(tmp_path, text_shards, capsys):
+    """The analysis reads every finished run in --out: an earlier sweep's run of other settings at another grid point
+    (not one this command plans, so check_existing never saw it) went into the new sweep's frontier, exit 0."""
+    from speedgpt.config import resolve
+    from speedgpt.planner import plan_run
+    from speedgpt.rundir import RunDir
+    from speedgpt.sweep import Point, main, point_overrides
+
+    skip = ("--model.depth", "--model.model_dim", "--train.steps", "--train.val_every")
+    base = [o for o in TINY_OVERRIDES if not o.startswith(skip)] + [
+        f"--data.train_files={text_shards}", "--model.aspect_ratio=32", "--train.val_every=0",
+        "--train.batch_tokens=128"]
+    out = tmp_path / "sweep"
+    old = Point(2, 8e9, "d2-c8e9")  # finished earlier with --optim.muon_lr=0.5
+    cfg = plan_run(resolve("tiny-cpu", None, point_overrides(old, "flops_budget", [*base, "--optim.muon_lr=0.5"]))).cfg
+    run = RunDir(out / old.name)
+    run.root.mkdir(parents=True)
+    run.write_config(cfg)
+    final = {"step": cfg.train.steps, "tokens": 1, "time_s": 1.0, "val_loss": 3.0}
+    run.metrics_path.write_text(json.dumps(final) + "\n")
+    args = ["--out", str(out), "--depths", "3", "--flops", "8e9", "--preset", "tiny-cpu", "--dry-run"]
+    assert main([*args, *base]) == 2
+    err = capsys.readouterr().err
+    assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in err
+    assert "use a new --out" in err
+    assert main([*args, *base, "--optim.muon_lr=0.5"]) == 0  # the same settings at a new depth: welcome
+
+
+def test_a_run_that_exits_0_without_its_final_validation_fails_loudly(tmp_path, capsys, monkeypatch):
+    """A run whose checkpoint is at its last step but whose metrics lack the final validation (stopped in its last
+    step): its resume says "complete, nothing to train" and exits 0; the sweep counted it done, the analysis left it
+    out, and the sweep exited 0 with one point fewer on its frontier."""
+    import subprocess
+    import types
+
+    from speedgpt.config import load_preset
+    from speedgpt.rundir import RunDir
+    from speedgpt.sweep import Point, run_point
+
+    out = tmp_path / "sweep"
+    point = Point(2, 8e9, "d2-c8e9")
+    run = RunDir(out / point.name)
+    (run.checkpoints / "step_000012").mkdir(parents=True)
+    run.write_config(load_preset("tiny-cpu"))
+    run.metrics_path.write_text(json.dumps({"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 9.0}) + "\n")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **k: calls.append(cmd) or types.SimpleNamespace(returncode=0))
+    assert run_point(out, point, "flops_budget", "tiny-cpu", []) is False
+    assert "--resume" in calls[0]
+    out_text = capsys.readouterr().out
+    assert "d2-c8e9: failed: its train exited 0 but its metrics hold no final validation" in out_text
+    assert f"delete {out / point.name}" in out_text

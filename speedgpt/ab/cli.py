@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import sys
@@ -40,6 +41,9 @@ def parse_step_ms(text: str | None) -> dict[str, float] | None:
             out[k.strip().lower()] = float(v)
         except ValueError:
             raise AbError(f"--step-ms {text!r}: write A=812.5,B=790 (milliseconds per step, from speedgpt bench)")
+        if not (math.isfinite(out[k.strip().lower()]) and out[k.strip().lower()] > 0):  # nan: every time to target nan
+            raise AbError(f"--step-ms {text!r}: a step takes a finite time > 0 ms; write A=812.5,B=790 (from speedgpt "
+                          f"bench)")
         if k.strip().lower() not in ARMS:
             raise AbError(f"--step-ms {text!r}: names must be A and B")
     return out
@@ -113,6 +117,11 @@ def main(argv: list[str]) -> int:
         if args.concurrent < 1:
             raise AbError(f"--concurrent {args.concurrent} must be at least 1")
         step_ms = parse_step_ms(args.step_ms)
+        if step_ms is not None and args.concurrent == 1:  # summarize reads it only for shared devices: else ignored
+            raise AbError("--step-ms turns steps to target into times when runs share a device (--concurrent > 1); "
+                          "with --concurrent 1 each run's own training time is measured: leave --step-ms out")
+        if step_ms is not None and set(step_ms) != set(ARMS):  # the other arm's times to target were all missing
+            raise AbError(f"--step-ms {args.step_ms!r}: give both arms, e.g. A=812.5,B=790")
         plan = make_plan(preset=args.preset, common=common, a=args.a, b=args.b, seeds=args.seeds, out=out,
                          allow_same=args.allow_same, seed_base=args.seed_base,
                          save_checkpoint=not args.no_checkpoint)

@@ -4,6 +4,7 @@ and `config`."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -29,6 +30,9 @@ def cmd_report(argv: list[str]) -> int:
                    help="print only the A/B table, as GitHub markdown (for docs/benchmarks.md), and write no "
                         "files; needs 2+ runs")
     args = p.parse_args(argv)
+    if args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
+        # nan or <= 0: no run reaches it, and every row said "not reached", exit 0 (`speedgpt ab` refuses it too)
+        p.error(f"--target-loss {args.target_loss}: give a finite validation loss > 0, such as 3.28")
     if args.markdown and len(args.run_dirs) < 2:
         p.error("--markdown prints the A/B table: pass the baseline RUN_DIR first, then one or more variants")
     from ..outdir import OutDirError, check_out_dir

@@ -51,11 +51,18 @@ def load_examples(path: str | os.PathLike, limit: int | None = None) -> list[dic
                 break
             if not line.strip():
                 continue
-            ex = json.loads(line)
-            if not isinstance(ex.get("ctx"), str) or len(ex.get("endings", ())) != 4 or str(ex.get("label")) not in ("0", "1", "2", "3"):
+            try:
+                ex = json.loads(line)
+            except json.JSONDecodeError as e:  # was the bare "Expecting value: line 1 column 1 (char 0)"
+                raise ValueError(f"{path}:{lineno}: not JSON ({e.msg}); a HellaSwag file holds one JSON example per "
+                                 f"line (hellaswag_val.jsonl), or pass --hellaswag download") from None
+            if not isinstance(ex, dict) or not isinstance(ex.get("ctx"), str) or len(ex.get("endings", ())) != 4 \
+                    or str(ex.get("label")) not in ("0", "1", "2", "3"):
                 raise ValueError(f"{path}:{lineno}: not a HellaSwag example (needs 'ctx', 4 'endings', 'label' 0-3)")
             ex["label"] = int(ex["label"])  # the HF copy stores it as a string
             examples.append(ex)
+    if not examples:  # else "no HellaSwag example fits the model's context", which blamed the model
+        raise ValueError(f"{path} holds no HellaSwag example; pass a hellaswag_val.jsonl, or --hellaswag download")
     return examples
 
 

@@ -84,6 +84,32 @@ def config_diff(base: dict[str, Any] | None, other: dict[str, Any] | None) -> li
             for k in keys if k not in _NOT_RECIPE and (k not in base or k not in other or base[k] != other[k])]
 
 
+def val_data(cfg: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a run's validation loss was measured on, by config key: the val shards (data.val_files, else those of
+    data.train_files, else the local corpus's build), the tokenizer and vocabulary (a loss per token of another
+    tokenizer is in other units), how many tokens, in rows of which length. None without a config."""
+    if cfg is None:
+        return None
+    out = {k: cfg.get(k) for k in ("data.val_files", "data.tokenizer", "model.vocab_size", "data.val_tokens")}
+    if not cfg.get("data.val_files"):
+        out["data.train_files"] = cfg.get("data.train_files")
+        if not cfg.get("data.train_files"):  # the default corpus: its size and pieces decide its val files
+            out.update({k: cfg.get(k) for k in ("data.local_max_tokens", "data.local_piece_chars")})
+    out["data.val_seq_len"] = cfg.get("data.val_seq_len") or cfg.get("data.seq_len")
+    return out
+
+
+def other_val_data(base: dict[str, Any] | None, other: dict[str, Any] | None) -> list[str]:
+    """The keys (val_data) in which run `other` validated on something else than baseline `base`; [] when the same
+    or unknown."""
+    a, b = val_data(base), val_data(other)
+    if a is None or b is None:
+        return []
+    # A key only one side has (the default corpus's build keys) goes with a data.train_files or data.val_files that
+    # differs, which says it.
+    return [k for k in a if k in b and a[k] != b[k]]
+
+
 def _letter(i: int) -> str:
     return chr(ord("A") + i) if i < 26 else str(i + 1)
 
@@ -126,6 +152,7 @@ def compare_runs(runs: Sequence[RunData]) -> dict[str, Any]:
             "tokens": max((r["tokens"] for r in timed), default=None),
             "mean_tok_per_s": last["tokens"] / last["time_s"] if last and last["time_s"] > 0 else None,
             "posthoc_eval": any(k in r for r in evals for k in _POSTHOC_EVAL_KEYS),
+            "other_val_data": [] if i == 0 else other_val_data(configs[0], configs[i]),
         }
         for ax in axes:
             curve = curves[ax][i]
@@ -158,6 +185,12 @@ def _comparison_notes(rows: list[dict], at: dict[str, float | None], configs: li
     if short:
         notes.append(f"– at equal time/tokens: {', '.join(short)} logged fewer than two val records, "
                      "no curve to read.")
+    other = [r for r in rows if r["other_val_data"]]
+    if other:
+        who = "; ".join(f"{r['id']} ({', '.join(r['other_val_data'])})" for r in other)
+        notes.append(f"≠ validated on other data than A: {who}. Their val losses are on other text, tokens or rows "
+                     "than A's, so their Δ columns compare nothing; compare runs that validate alike (or score "
+                     "them on one set: `speedgpt eval RUN --data DIR --tokens N`).")
     posthoc = [r["id"] for r in rows if r["posthoc_eval"]]
     if posthoc:
         notes.append(f"val records of {', '.join(posthoc)} include `speedgpt eval` results (their own data and "
@@ -188,13 +221,16 @@ def format_comparison(comp: dict[str, Any], *, markdown: bool = False) -> tuple[
             overrides = "– (A has no config.toml)"
         else:
             overrides = ", ".join(code(o) for o in r["overrides"]) or "(same config)"
-        cells = [f"{r['id']}: {r['run']}", overrides, _fmt(r["final_val_loss"], ".4f"), _fmt_delta(r["delta_final"]),
+        other = "≠" if r.get("other_val_data") else ""  # Δ of losses on other val data (the notes say which)
+        cells = [f"{r['id']}: {r['run']}", overrides, _fmt(r["final_val_loss"], ".4f"),
+                 _fmt_delta(r["delta_final"]) + (other if r["delta_final"] is not None else ""),
                  fmt_duration(r["train_time_s"]), _fmt(r["mean_tok_per_s"], ",.0f")]
         for ax in ("time", "tokens"):
             value, delta = r[f"val_at_equal_{ax}"], r[f"delta_at_equal_{ax}"]
             mid, base_mid = r[f"mid_run_{ax}"], base[f"mid_run_{ax}"]
             biased = delta is not None and not r["baseline"] and (mid or base_mid)
-            cells += [_fmt(value, ".4f") + (mark if mid else ""), _fmt_delta(delta) + (mark if biased else "")]
+            cells += [_fmt(value, ".4f") + (mark if mid else ""),
+                      _fmt_delta(delta) + (mark if biased else "") + (other if delta is not None else "")]
         lines.append(cells)
     return headers, lines
 
