@@ -430,7 +430,6 @@ def check_existing(out: Path, planned: dict[str, dict]) -> None:
                              f"use a new --out for these settings, or delete that run to train it again")
 
 
-
 def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str]) -> None:
     """The analysis reads every finished run in the sweep directory, not only this command's points: a finished run of
     another grid point is welcome there only when this command would have trained it as it is (same preset and
