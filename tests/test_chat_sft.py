@@ -275,6 +275,25 @@ def test_a_broken_base_checkpoint_is_exit_2_naming_what_sft_can_do(base_run, tmp
     assert "sft starts from the base run's latest checkpoint: move this one out" in err, err
 
 
+def test_an_sft_run_stopped_in_its_last_step_is_resumed_to_its_final_evaluation(base_run, tmp_path):
+    """A signal in the last step saves its checkpoint before the final evaluation (as in `train`): the resume then
+    said "complete" and the run never got it. Here the stop is the same files (its last evaluation left out)."""
+    from speedgpt.chat.sft import sft
+
+    run = tmp_path / "run"
+    two = ["--train.steps=2", *SFT_OVERRIDES[1:]]
+    whole = sft(base_run, run, two, spec=small_spec(base_run), quiet=True)
+    metrics = run / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records
+                               if not (r.get("event") == "sft_eval" and r["step"] == 2)))
+    resumed = sft(base_run, run, two, resume=True, quiet=True)
+    assert [h["step"] for h in resumed.history] == [2]
+    assert resumed.history[0]["heldout_loss"] == whole.history[-1]["heldout_loss"]  # the same model, scored again
+    evals = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in evals if r.get("event") == "sft_eval"] == [0, 2]
+
+
 def test_sft_resume_to_more_steps_needs_extend_as_train_does(sft_run, capsys):
     """`speedgpt train --resume` refuses another train.steps without --extend; sft's resume took it silently."""
     from speedgpt.cli import main

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..rundir import SFT_SPEC_FILE
+from ..rundir.metrics import SFT_EVAL_EVENT
 
 SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
 
@@ -252,7 +253,7 @@ class SFTTrainer:
     def evaluate(self) -> dict:
         from .evaluate import assistant_loss, builtin_scores, chatcore
 
-        record = {"event": "sft_eval", "step": self.step, "heldout_loss": assistant_loss(
+        record = {"event": SFT_EVAL_EVENT, "step": self.step, "heldout_loss": assistant_loss(
             self.model, self.heldout_convs, self.cfg.data.seq_len + 1, self.template.bos, self.plan.micro_batch)}
         if self.spec.eval_examples:
             scores = builtin_scores(self.model, self.template, self.spec.eval_examples)
@@ -296,6 +297,11 @@ class SFTTrainer:
                     self.log(_describe(history[-1]))
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
                     self.save()
+        if self.step >= t.steps and not history:  # resumed at its last step, which a stop left unevaluated
+            self.log(f"step {self.step} is the run's last: its final evaluation, which the stop left out")
+            history.append(self.evaluate())
+            self.metrics.log(history[-1])
+            self.log(_describe(history[-1]))
         self.metrics.close()
         self.log(f"done: {self.step} SFT steps; run dir {self.run_dir}")
         return SFTResult(self.run_dir, self.step, history, self.model)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..rundir import RunDir
-from ..rundir.metrics import finite, read_metrics
+from ..rundir.metrics import SFT_EVAL_EVENT, finite, read_metrics
 
 try:
     import tomllib
@@ -37,7 +37,7 @@ class RunData:
     @property
     def sft_evals(self) -> list[dict]:
         """An SFT run's held-out evaluations (chat/sft.py): its assistant-token loss and ChatCORE, not a val loss."""
-        return [r for r in self.records if r.get("event") == "sft_eval" and finite(r.get("heldout_loss"))]
+        return [r for r in self.records if r.get("event") == SFT_EVAL_EVENT and finite(r.get("heldout_loss"))]
 
 
 def load_run(run_dir: str | os.PathLike) -> RunData:

@@ -223,6 +223,7 @@ def _dedup(records: list[dict]) -> list[dict]:
 
 
 TIME_BUDGET_EVENT = "time_budget"  # logged by the trainer at the step train.time_budget_s stopped it
+SFT_EVAL_EVENT = "sft_eval"  # chat/sft.py's evaluation record (its held-out loss and scores)
 ENDED_BY_STEPS, ENDED_BY_TIME_BUDGET = "steps", "time budget"
 
 

@@ -135,7 +135,8 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
     budget = cfg.train.time_budget_s
     if step >= cfg.train.steps and not validated_at(run_dir, step):
         # Stopped in its last step: the signal's checkpoint came before the final validation. Without it ab and
-        # sweep cannot use the run, and this resume is the only way to it: the trainer validates (Trainer.run).
+        # sweep cannot use the run, and this resume is the only way to it: the trainer validates (Trainer.run; SFT's
+        # run likewise).
         return changes + others
     if step >= cfg.train.steps or (budget and float(state.get("train_time_s", 0.0)) >= budget):
         end = f"step {step} of {cfg.train.steps}" if step >= cfg.train.steps else f"time budget of {budget}s spent"
@@ -145,10 +146,13 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
 
 
 def validated_at(run_dir: Path, step: int) -> bool:
-    """Whether the run's metrics hold training's validation at `step` (not a `speedgpt eval` record)."""
-    from ..rundir.metrics import ENDED_BY_STEPS, ended_by, read_metrics
+    """Whether the run's metrics hold its training's evaluation at `step`: pretraining's validation (not a `speedgpt
+    eval` record) or SFT's held-out evaluation."""
+    from ..rundir.metrics import ENDED_BY_STEPS, SFT_EVAL_EVENT, ended_by, read_metrics
 
-    return ended_by(read_metrics(run_dir), step) == ENDED_BY_STEPS
+    records = read_metrics(run_dir)
+    return (ended_by(records, step) == ENDED_BY_STEPS
+            or any(r.get("event") == SFT_EVAL_EVENT and r.get("step") == step for r in records))
 
 
 def _saved_config(run_dir: Path, state: dict) -> dict | None:
