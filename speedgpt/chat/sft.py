@@ -297,7 +297,7 @@ class SFTTrainer:
                     self.log(_describe(history[-1]))
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
                     self.save()
-        if self.step >= t.steps and not history:  # resumed at its last step, which a stop left unevaluated
+        if self.step == t.steps and not history:  # resumed at its last step, which a stop left unevaluated
             self.log(f"step {self.step} is the run's last: its final evaluation, which the stop left out")
             history.append(self.evaluate())
             self.metrics.log(history[-1])

@@ -133,7 +133,7 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
                           f"that step on, while its config.toml would say so from step 0; add --extend to do so (the "
                           f"resume's entry in env.json names the change), or resume with the run's own values")
     budget = cfg.train.time_budget_s
-    if step >= cfg.train.steps and not validated_at(run_dir, step):
+    if step == cfg.train.steps and not validated_at(run_dir, step):
         # Stopped in its last step: the signal's checkpoint came before the final validation. Without it ab and
         # sweep cannot use the run, and this resume is the only way to it: the trainer validates (Trainer.run; SFT's
         # run likewise).
