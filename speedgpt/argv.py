@@ -37,7 +37,6 @@ def count(text: str) -> int:
     """An argparse type for counts (tokens, characters): a whole number written as the help texts write
     defaults, "100000000", "1e8", "100M", "2.5B" or "100_000_000" (K, M, B or G, T: powers of 1000).
     Plain `int` refused the forms the help showed ("default 1e9")."""
-    import argparse
     from decimal import Context, Decimal, Inexact, InvalidOperation, Overflow, Underflow
 
     s = text.strip().replace("_", "")

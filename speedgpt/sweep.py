@@ -145,8 +145,9 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
         echo(f"sweep: {point.name}: failed (exit {rc}): {tail[0] if tail else ''} (log: {run_dir / 'train.log'})")
         return False
     if not finished(run_dir):
-        # Exit 0 without its final validation (a resume of a checkpoint at its last step whose metrics lack that
-        # validation: "complete, nothing to train"): the analysis would leave it out, and the sweep said nothing.
+        # Exit 0 without its final validation (a resume that found the run "complete, nothing to train" though its
+        # metrics lack that validation, as ab/run.py's _classify says): the analysis would leave it out, and the
+        # sweep said nothing.
         echo(f"sweep: {point.name}: failed: its train exited 0 but its metrics hold no final validation, so the "
              f"analysis cannot use it; delete {run_dir} and run the same command again to train it afresh "
              f"(log: {run_dir / 'train.log'})")

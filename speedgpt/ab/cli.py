@@ -38,13 +38,14 @@ def parse_step_ms(text: str | None) -> dict[str, float] | None:
     for part in text.split(","):
         k, _, v = part.partition("=")
         try:
-            out[k.strip().lower()] = float(v)
+            name, ms = k.strip().lower(), float(v)
         except ValueError:
             raise AbError(f"--step-ms {text!r}: write A=812.5,B=790 (milliseconds per step, from speedgpt bench)")
-        if not (math.isfinite(out[k.strip().lower()]) and out[k.strip().lower()] > 0):  # nan: every time to target nan
+        if not (math.isfinite(ms) and ms > 0):  # nan: every time to target nan
             raise AbError(f"--step-ms {text!r}: a step takes a finite time > 0 ms; write A=812.5,B=790 (from speedgpt "
                           f"bench)")
-        if k.strip().lower() not in ARMS:
+        out[name] = ms
+        if name not in ARMS:
             raise AbError(f"--step-ms {text!r}: names must be A and B")
     return out
 

@@ -143,11 +143,12 @@ def validation_shapes(cfg_dict: dict, world_size: int) -> list[list[int]]:
     """What validation brings to the graphs (NOT_COMPILED's note): each rank's row counts of the batches it scores,
     as Validator deals them (data.val_tokens in rows of data.val_seq_len, at the run's micro-batch). The rows are the
     config's; the val shards' size may cap them lower, as the val files themselves are not in the digest either."""
+    from ..config import config_from_dict, micro_batch_rows
     from ..data.val import batch_rows
 
-    d, t = cfg_dict["data"], cfg_dict["train"]
-    rows = d["val_tokens"] // (d["val_seq_len"] or d["seq_len"])
-    micro_batch = t["micro_batch_size"] or max(1, t["batch_tokens"] // d["seq_len"] // world_size)
+    cfg = config_from_dict(cfg_dict)
+    rows = cfg.data.val_tokens // (cfg.data.val_seq_len or cfg.data.seq_len)
+    micro_batch = micro_batch_rows(cfg, world_size)[0]  # the run's (RunPlan.micro_batch), which Validator batches with
     return [sorted({max(n, 1) for n in batch_rows(rows, world_size, micro_batch, rank)}) for rank in range(world_size)]
 
 

@@ -428,7 +428,7 @@ class Trainer:
                 self.sync_device()
                 with clock.paused():
                     self.save(final=last)
-        if self.step == t.steps and not result.val_history and first_step == self.step:
+        if first_step == self.step == t.steps:  # (no step trained, so none validated)
             # A resume of a run stopped in its last step (train/resume.py): its final validation is all it lacks.
             self.log(f"step {self.step} is the run's last: its final validation, which the stop left out")
             self.record_validation(result)
