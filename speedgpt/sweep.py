@@ -364,10 +364,12 @@ def main(argv: list[str] | None = None) -> int:
         budgets = _numbers(args.tokens_per_param or args.flops, _FLAGS[kind], float)
         points = grid(depths, budgets, kind)
         preset = args.preset or default_preset(gpu=SWEEP_GPU_PRESET)
-        planned = plan(points, kind, preset, overrides)  # every run's config resolves before any starts
+        plan_lines: list[str] = []  # printed once --out is known to take the sweep: a refusal prints no plan
+        planned = plan(points, kind, preset, overrides, echo=plan_lines.append)  # every config resolves first
         check_out_dir(out)
         check_existing(out, planned)
         check_others(out, planned, preset, overrides)
+        print("\n".join(plan_lines))
         if args.dry_run:
             return 0
         make_out_dir(out)

@@ -176,10 +176,13 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     run.metrics_path.write_text(json.dumps(final) + "\n")
     args = ["--out", str(out), "--depths", "3", "--flops", "8e9", "--preset", "tiny-cpu", "--dry-run"]
     assert main([*args, *base]) == 2
-    err = capsys.readouterr().err
+    refused = capsys.readouterr()
+    err = refused.err
     assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in err
+    assert "d3-c8e9" not in refused.out  # a refused --out prints no plan as if the sweep would run
     assert "use a new --out" in err
     assert main([*args, *base, "--optim.muon_lr=0.5"]) == 0  # the same settings at a new depth: welcome
+    assert "sweep: d3-c8e9: " in capsys.readouterr().out
 
 
 def test_a_run_that_exits_0_without_its_final_validation_fails_loudly(tmp_path, capsys, monkeypatch):
