@@ -62,6 +62,7 @@ def test_waves_pair_a_and_b_of_a_seed_and_swap_gpus(tmp_path):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(a="--optim.nosuch=1", b=""), "unknown config key 'optim.nosuch'"),
     (dict(a="", b=""), "same configuration"),
+    (dict(a="--run.sample_tokens=0", b="--run.wandb=true"), "same configuration"),  # logging only: an A/A test
     (dict(a="--optim.muon_lr=0.04", b="", seeds=1), "at least 2 seeds"),
     (dict(a="--train.seed=3", b=""), "sets train.seed"),
     (dict(a="oops", b=""), "is not a config override"),

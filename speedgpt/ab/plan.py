@@ -93,10 +93,12 @@ def _resolve(arm: Arm, common: list[str], *, run: bool = False):
 
 
 def _config_without_seed_and_dir(cfg) -> dict:
-    """`comparable_config`, less the seed and the preset's name: what makes two arms the same."""
+    """`comparable_config`, less the seed, the preset's name and the `run` section (the end sample, report and
+    loggers: none changes a step or a loss): what makes two arms the same."""
     d = comparable_config(cfg.to_dict())
     d["train"].pop("seed")
     d.pop("preset")
+    d.pop("run")
     return d
 
 
@@ -117,8 +119,9 @@ def make_plan(*, preset: str, common: list[str], a: str, b: str, seeds: int, out
         if problem:
             raise AbError(problem)
     if not allow_same and _config_without_seed_and_dir(cfgs["a"]) == _config_without_seed_and_dir(cfgs["b"]):
-        raise AbError("arms A and B resolve to the same configuration; give them different overrides, or pass "
-                      "--allow-same for an A/A test of the noise")
+        raise AbError("arms A and B resolve to the same configuration (run.* keys, the sample, report and loggers, "
+                      "change no step or loss); give them different overrides, or pass --allow-same for an A/A test "
+                      "of the noise")
     base = cfgs["a"].train.seed if seed_base is None else seed_base
     seed_list = [base + i for i in range(seeds)]
     runs = []
