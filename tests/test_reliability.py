@@ -91,6 +91,28 @@ def test_a_run_stopped_in_its_last_step_is_resumed_to_its_final_validation(cfg, 
         train(cfg, run_dir=run, resume=True, quiet=True)
 
 
+def test_a_run_stopped_in_the_step_that_spent_its_time_budget_is_resumed_to_its_final_validation(cfg, tmp_path,
+                                                                                                   inject):
+    """The same stop at the time budget's step: the resume said "complete (time budget spent)" and exited 0 without
+    the final validation, so ab and sweep could not use the run. It now validates, and trains nothing."""
+    from speedgpt.rundir.metrics import ENDED_BY_TIME_BUDGET, ended_by, read_metrics
+    from speedgpt.train.resume import RunComplete
+
+    cfg = apply_overrides(cfg, ["--train.time_budget_s=1e-9"])  # spent by the first step, whatever the machine
+    run = tmp_path / "run"
+    inject("sigterm@0")  # arrives while step 1 is computed
+    with pytest.raises(TrainingStopped) as e:
+        train(cfg, run_dir=run, quiet=True)
+    assert e.value.step == 1 and ended_by(read_metrics(run), cfg.train.steps) is None
+    inject("")
+    resumed = train(cfg, run_dir=run, resume=True, quiet=True)
+    assert resumed.steps == 1 and resumed.train_losses == [] and resumed.val_loss is not None
+    assert [r["step"] for r in _records(run) if "val_loss" in r] == [1]
+    assert ended_by(read_metrics(run), cfg.train.steps) == ENDED_BY_TIME_BUDGET
+    with pytest.raises(RunComplete, match="time budget"):  # now finished: nothing more to do
+        train(cfg, run_dir=run, resume=True, quiet=True)
+
+
 def test_a_second_signal_exits_at_once(tmp_path):
     code = ("import os, signal\n"
             "from speedgpt.train.preempt import StopRequest\n"

@@ -77,10 +77,9 @@ def _classify(run: Run, returncode: int) -> dict:
         isinstance(r.get("val_loss"), float) and not math.isfinite(r["val_loss"]) for r in read_records(run.run_dir))
     last = [line for line in log.strip().splitlines() if line.strip()][-1:] or [""]
     if returncode == 0 and not diverged:
-        # Exit 0, not finished: its metrics lack the final validation (a checkpoint where the time budget ran out
-        # whose validation a signal cut off: its resume says "complete, nothing to train" and names --extend, so
-        # every rerun of `ab` failed it again; one stopped in its last step resumes to its validation,
-        # train/resume.py). Only a fresh run gives it.
+        # Exit 0, not finished: its metrics lack the final validation. A run stopped in its last step, or in the
+        # step that spent its time budget, now resumes to that validation (train/resume.py); this guard stays so
+        # that a run without it is never counted, whatever the path. Only a fresh run gives it then.
         return {"status": "crashed", "returncode": 0,
                 "last_line": f"train exited 0 but the run's metrics hold no final validation; delete {run.run_dir} and "
                              f"run the same command again to train it afresh"}

@@ -375,7 +375,9 @@ class Trainer:
         self.progress.since(self.step, self.tokens, self.train_time)
         clock = TrainClock(self.train_time)
         first_step = self.step  # result.train_losses[i] is step first_step + i
-        stop = False
+        # A resume past its time budget reaches here only to take the final validation its stop left out
+        # (train/resume.py); every rank reads the same saved train time, so all agree not to train.
+        stop = bool(t.time_budget_s) and self.step > 0 and self.train_time >= t.time_budget_s
         while self.step < t.steps and not stop:
             self.stop_request.step = self.step
             with self.compile_watch.span(AFTER_WARMUP):  # a graph compiled here is one the warmup missed
@@ -428,8 +430,9 @@ class Trainer:
                 self.sync_device()
                 with clock.paused():
                     self.save(final=last)
-        if first_step == self.step == t.steps:  # (no step trained, so none validated)
-            # A resume of a run stopped in its last step (train/resume.py): its final validation is all it lacks.
+        if first_step == self.step and (self.step == t.steps or stop):  # (no step trained, so none validated)
+            # A resume of a run stopped in its last step, or in the step that spent its time budget
+            # (train/resume.py): its final validation is all it lacks.
             self.log(f"step {self.step} is the run's last: its final validation, which the stop left out")
             self.record_validation(result)
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time

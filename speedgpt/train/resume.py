@@ -133,12 +133,13 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
                           f"that step on, while its config.toml would say so from step 0; add --extend to do so (the "
                           f"resume's entry in env.json names the change), or resume with the run's own values")
     budget = cfg.train.time_budget_s
-    if step == cfg.train.steps and not validated_at(run_dir, step):
-        # Stopped in its last step: the signal's checkpoint came before the final validation. Without it ab and
-        # sweep cannot use the run, and this resume is the only way to it: the trainer validates (Trainer.run; SFT's
-        # run likewise).
+    budget_spent = bool(budget) and float(state.get("train_time_s", 0.0)) >= budget
+    if (step == cfg.train.steps or budget_spent) and not validated_at(run_dir, step):
+        # Stopped in its last step (or the step that spent its time budget): the signal's checkpoint came before the
+        # final validation. Without it ab and sweep cannot use the run, and this resume is the only way to it: the
+        # trainer validates and trains nothing (Trainer.run; SFT's run likewise).
         return changes + others
-    if step >= cfg.train.steps or (budget and float(state.get("train_time_s", 0.0)) >= budget):
+    if step >= cfg.train.steps or budget_spent:
         end = f"step {step} of {cfg.train.steps}" if step >= cfg.train.steps else f"time budget of {budget}s spent"
         raise RunComplete(f"{run_dir} is complete ({end}); nothing to train. To train it further: "
                           f"speedgpt train --resume {run_dir} --train.steps=N --extend")
