@@ -17,6 +17,9 @@ validation loss and training FLOPs and writes into the sweep directory:
   ``optimal_params.png`` (N_opt against FLOPs with its fit);
 * ``results.json`` with the same numbers.
 
+The sweep also records its preset and overrides in ``sweep.json``: `--analyze` alone checks every
+finished run against them, so runs of other settings never share one frontier.
+
 The runner is a small one of its own (one subprocess at a time, its output in the run's
 train.log); runs use every GPU the machine gives one process.
 """
@@ -355,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.analyze:
+            check_recorded_settings(out)
             analyze(out)
             return 0
         if not args.depths or not (args.tokens_per_param or args.flops):
@@ -373,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.dry_run:
             return 0
         make_out_dir(out)
+        # What `--analyze` alone checks the runs against (the last sweep's; check_others made the earlier runs its)
+        atomic_write(out / SETTINGS_FILE, json.dumps({"preset": preset, "overrides": overrides}, indent=1))
         workdir = os.getcwd()
         failed = [pt.name for pt in points if not run_point(out, pt, kind, preset, overrides, workdir=workdir)]
         analyze(out)
@@ -431,6 +437,30 @@ def check_existing(out: Path, planned: dict[str, dict]) -> None:
         if diff:
             raise SweepError(f"{out / name} holds a run of other settings (differs in {', '.join(diff[:4])}); "
                              f"use a new --out for these settings, or delete that run to train it again")
+
+
+SETTINGS_FILE = "sweep.json"  # the preset and overrides of the sweep that last trained in the directory
+
+
+def check_recorded_settings(out: Path) -> None:
+    """`--analyze` alone: every finished run in `out` must be one the recorded sweep settings would train (as
+    check_others says before a sweep trains); a directory without them (made before sweeps wrote them) is analyzed
+    with a note that nothing was checked."""
+    path = out / SETTINGS_FILE
+    if not path.is_file():
+        if out.is_dir():
+            print(f"sweep: note: {out} holds no {SETTINGS_FILE} (the settings a sweep records since 2026-12-06), so "
+                  f"its runs' settings are not checked against each other", file=sys.stderr)
+        return
+    try:
+        saved = json.loads(path.read_text())
+        preset, overrides = saved["preset"], saved["overrides"]
+        if not isinstance(preset, str) or not isinstance(overrides, list):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise SweepError(f"{path} is not a sweep's settings file (JSON with 'preset' and 'overrides'); delete it to "
+                         f"analyze without checking the runs' settings") from None
+    check_others(out, {}, preset, overrides)
 
 
 def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str]) -> None:

@@ -71,6 +71,9 @@ def test_sweep_end_to_end_and_resumable(tmp_path, text_shards, capsys):
     capsys.readouterr()
     assert main(args) == 0  # everything finished: nothing is trained again
     assert capsys.readouterr().out.count("finished earlier, skipped") == 4
+    assert json.loads((out / "sweep.json").read_text()) == {"preset": "tiny-cpu", "overrides": overrides}
+    assert main(["--out", str(out), "--analyze"]) == 0  # its runs match the recorded settings
+    assert "not checked" not in capsys.readouterr().err
     assert before == {n: (out / n / "metrics.jsonl").read_text() for n in names}
     # other settings into the same directory: refused before any run, not the old runs reported as theirs
     assert main([*args, "--optim.muon_lr=0.5"]) == 2
@@ -183,6 +186,20 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     assert "use a new --out" in err
     assert main([*args, *base, "--optim.muon_lr=0.5"]) == 0  # the same settings at a new depth: welcome
     assert "sweep: d3-c8e9: " in capsys.readouterr().out
+
+    # --analyze alone checks the runs against the settings the last sweep recorded (it knew no preset before)
+    settings = out / "sweep.json"
+    settings.write_text(json.dumps({"preset": "tiny-cpu", "overrides": base}))
+    assert main(["--out", str(out), "--analyze"]) == 2
+    assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in capsys.readouterr().err
+    settings.write_text(json.dumps({"preset": "tiny-cpu", "overrides": [*base, "--optim.muon_lr=0.5"]}))
+    assert main(["--out", str(out), "--analyze"]) == 0
+    settings.write_text("[1, 2]")
+    assert main(["--out", str(out), "--analyze"]) == 2
+    assert "is not a sweep's settings file" in capsys.readouterr().err
+    settings.unlink()  # a sweep directory from before the file: analyzed, with a note that nothing was checked
+    assert main(["--out", str(out), "--analyze"]) == 0
+    assert "holds no sweep.json" in capsys.readouterr().err
 
 
 def test_a_run_that_exits_0_without_its_final_validation_fails_loudly(tmp_path, capsys, monkeypatch):
