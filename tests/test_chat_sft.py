@@ -383,3 +383,15 @@ def test_train_resume_of_an_sft_run_points_to_sft_resume(sft_run, tmp_path, caps
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"continue it with `speedgpt sft --resume {run}`" in err, err
     assert (sorted(p.name for p in (run / "checkpoints").iterdir()), (run / "metrics.jsonl").read_text()) == before
+
+
+def test_sft_eval_examples_beyond_the_held_out_set_are_refused(base_run, tmp_path, capsys):
+    """The built-in tasks hold out 100 questions each: --eval-examples 1000 scored 100 while sft.json recorded 1000
+    (as `eval --chat --chat-examples` refuses more than 100)."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--eval-examples", "1000", "--run-dir", str(tmp_path / "out"),
+              *SFT_OVERRIDES])
+    assert e.value.code == 2 and "--eval-examples 1000: must be 0..100" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
