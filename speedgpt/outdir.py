@@ -39,12 +39,29 @@ def os_error_line(e: OSError, flag: str, path: str | Path) -> str:
     return f"{where}: {detail} ({e.filename or path}); check the path, or pass another directory"
 
 
+def _run_of_checkpoints_folder(path: Path) -> Path | None:
+    """The run whose checkpoints folder is `path` or holds it, or None. Training removes that folder's old step
+    directories as it keeps the newest (train.keep_checkpoints), and `train --overwrite` the whole folder: an
+    output written there (shards, another run) was deleted with them, without a word."""
+    from .rundir import CHECKPOINTS_DIR, RunDir
+
+    path = path.expanduser().resolve()
+    for p in (path, *path.parents):
+        if p.name == CHECKPOINTS_DIR and RunDir(p.parent).is_run():
+            return p.parent
+    return None
+
+
 def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
-    """OutDirError with the fix when a file stands where directory `path` (or a parent) must go;
-    nothing is created (for commands that make the directory only once they have output)."""
+    """OutDirError with the fix when a file stands where directory `path` (or a parent) must go, or when it lies in
+    a run's checkpoints folder; nothing is created (for commands that make the directory only once they have output)."""
     path = Path(path)
     if _file_on_the_way(path) is not None:
         raise OutDirError(os_error_line(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path)), flag, path))
+    run = _run_of_checkpoints_folder(path)
+    if run is not None:
+        raise OutDirError(f"{flag} {path} lies in the checkpoints folder of run {run}, whose old checkpoints its "
+                          f"training deletes (and `--overwrite` the whole folder); pass a directory outside it")
     return path
 
 

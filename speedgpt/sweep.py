@@ -448,7 +448,8 @@ def check_recorded_settings(out: Path) -> None:
     with a note that nothing was checked."""
     path = out / SETTINGS_FILE
     if not path.is_file():
-        if out.is_dir():
+        # Only beside runs the analysis reads: with none, its own one-line error says what to do.
+        if out.is_dir() and any(finished(p) for p in out.iterdir() if p.is_dir()):
             print(f"sweep: note: {out} holds no {SETTINGS_FILE} (the settings a sweep records since 2026-12-06), so "
                   f"its runs' settings are not checked against each other", file=sys.stderr)
         return

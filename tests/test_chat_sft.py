@@ -365,3 +365,33 @@ def test_an_old_sft_json_with_relative_paths_says_where_they_are_relative_to(bas
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "names --data file w/chats.jsonl, a path relative to the directory it was " \
         "started in, which its env.json does not record" in err and "resume from that directory" in err, err
+
+
+@pytest.mark.parametrize("argv", [["--resume", "RUN"], ["--resume", "RUN", "--train.steps=6", "--extend"],
+                                  ["--auto-resume", "--run-dir", "RUN"]])
+def test_train_resume_of_an_sft_run_points_to_sft_resume(sft_run, tmp_path, capsys, argv):
+    """`train --resume` of an SFT run was called complete (exit 0) with `--extend` as the advice, and with it failed
+    after building the model ("loader state has format None"): it is refused first, naming `sft --resume`."""
+    import shutil
+
+    from speedgpt.cli import main
+
+    run = tmp_path / "sft"
+    shutil.copytree(sft_run.run_dir, run)
+    before = sorted(p.name for p in (run / "checkpoints").iterdir()), (run / "metrics.jsonl").read_text()
+    assert main(["train", *[str(run) if a == "RUN" else a for a in argv]]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"continue it with `speedgpt sft --resume {run}`" in err, err
+    assert (sorted(p.name for p in (run / "checkpoints").iterdir()), (run / "metrics.jsonl").read_text()) == before
+
+
+def test_sft_eval_examples_beyond_the_held_out_set_are_refused(base_run, tmp_path, capsys):
+    """The built-in tasks hold out 100 questions each: --eval-examples 1000 scored 100 while sft.json recorded 1000
+    (as `eval --chat --chat-examples` refuses more than 100)."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--eval-examples", "1000", "--run-dir", str(tmp_path / "out"),
+              *SFT_OVERRIDES])
+    assert e.value.code == 2 and "--eval-examples 1000: must be 0..100" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -85,6 +85,27 @@ def test_run_dir_under_a_file_is_a_one_line_error_before_training(tmp_path, monk
     assert "--run-dir runs" in line and "is a file" in line
 
 
+@pytest.mark.parametrize("argv", [
+    ["data", "tokenize", "TEXT", "--out", "PATH", "--workers", "1", "--val-fraction", "0"],
+    ["tokenizer", "train", "TEXT", "--vocab-size", "260", "--out", "PATH"],
+    ["train", *TINY_OVERRIDES, "--train.steps=1", "--data.train_files=SHARDS", "--run-dir", "PATH"],
+])
+def test_output_in_a_runs_checkpoints_folder_is_refused(argv, tmp_path, capsys, text_shards):
+    """Shards, a tokenizer or a run written into RUN/checkpoints/step_N were deleted without a word when training
+    kept its newest checkpoints (train.keep_checkpoints), or by `train --overwrite RUN`."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    (tmp_path / "doc.txt").write_text("def f(x):\n    return x\n" * 50)
+    out = run / "checkpoints" / "step_000002" / "out"
+    subs = {"PATH": str(out), "TEXT": str(tmp_path / "doc.txt"), "SHARDS": str(text_shards)}
+    for key, value in subs.items():
+        argv = [a.replace(key, value) for a in argv]
+    line = expect_one_line_error(argv, capsys)
+    assert f"lies in the checkpoints folder of run {run}" in line
+    assert not out.exists()
+
+
 def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys, text_shards):
     import speedgpt.train.loop as loop
 

@@ -82,6 +82,21 @@ def test_read_metrics_dedups_by_step_and_kind_later_wins(tmp_path):
                    (3, "train", 3.9)]
 
 
+def test_a_speedgpt_eval_record_keeps_trainings_final_validation(tmp_path):
+    """`speedgpt eval RUN` appends its loss at the run's last step: it replaced training's final validation there, so
+    the finished run read as unfinished (`train --resume` validated it again, "which the stop left out"; ab and sweep
+    passed it over)."""
+    from speedgpt.rundir.metrics import ended_by
+    from speedgpt.train.resume import validated_at
+
+    lines = [_eval(0, 10.8), _train(4, 9.6), _eval(4, 7.7), _eval(4, 7.6, event="eval", eval_tokens=208896)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    recs = read_metrics(tmp_path)
+    assert [(r["step"], r["val_loss"], r.get("event")) for r in recs if "val_loss" in r] == [
+        (0, 10.8, None), (4, 7.7, None), (4, 7.6, "eval")]
+    assert ended_by(recs, 4) == "steps" and validated_at(tmp_path, 4)
+
+
 def test_resume_event_drops_the_abandoned_timeline(tmp_path):
     # Crashed after step 5, resumed from the step-3 checkpoint, then stopped at step 4.
     lines = [_train(s, 10 - s) for s in range(1, 6)] + [_eval(5, 9.0)]

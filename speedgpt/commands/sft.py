@@ -41,7 +41,7 @@ def cmd_sft(argv: list[str]) -> int:
     p.add_argument("--load-optimizer", action="store_true",
                    help="warm-start the optimizer state from the base run's latest checkpoint")
     p.add_argument("--eval-examples", type=int, default=None,
-                   help="held-out examples per built-in task scored by exact match at each eval (default 50)")
+                   help="held-out examples per built-in task scored by exact match at each eval, 0..100 (default 50)")
     args, overrides = p.parse_known_args(argv)
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
@@ -65,8 +65,8 @@ def cmd_sft(argv: list[str]) -> int:
         from ..chat.sft import SFTSpec
 
         args.eval_examples = SFTSpec.eval_examples
-    if args.eval_examples < 0:
-        p.error(f"--eval-examples {args.eval_examples}: must be >= 0")
+    if not 0 <= args.eval_examples <= 100:  # more were scored as 100, recorded in sft.json as asked
+        p.error(f"--eval-examples {args.eval_examples}: must be 0..100 (the held-out set's size per task)")
 
     from ..config import ConfigError
     from ..outdir import OutDirError

@@ -72,6 +72,10 @@ def cmd_train(argv: list[str]) -> int:
         named = args.resume or args.run_dir
         if named and (not args.resume or Path(args.resume).is_dir()) and not _lock(held, named, args):
             return 2
+        refusal = _sft_run_refusal(args)
+        if refusal:
+            print(f"speedgpt train: {refusal}", file=sys.stderr)
+            return 2
         cfg = _train_config(p, args, overrides)
         if cfg is None:
             return 2
@@ -112,6 +116,20 @@ def cmd_train(argv: list[str]) -> int:
 def _main_rank() -> bool:
     """Whether this process is the one that decides for the run (rank 0 under torchrun, or alone)."""
     return int(os.environ.get("RANK", "0") or 0) == 0
+
+
+def _sft_run_refusal(args) -> str | None:
+    """Why --resume / --auto-resume may not continue the directory: it holds an SFT run (sft.json). Pretraining would
+    go on from the fine-tuned weights on the base corpus, and its loader state is no TokenLoader's: the run
+    failed only after the model was built, or, when finished, was called complete with `--extend` as the advice."""
+    from ..rundir import SFT_SPEC_FILE
+
+    named = args.resume or (args.run_dir if args.auto_resume else None)
+    if not named or not (Path(named) / SFT_SPEC_FILE).is_file():
+        return None
+    flag = "--resume" if args.resume else "--auto-resume --run-dir"
+    return (f"{flag} {named} holds an SFT run (its {SFT_SPEC_FILE}); continue it with `speedgpt sft --resume {named}`, "
+            f"or pretrain further from its base run (named in {SFT_SPEC_FILE})")
 
 
 def _lock(held: contextlib.ExitStack, run_dir: str, args) -> bool:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..outdir import OutDirError, missing_dirs, os_error_line, remove_empty_dirs
+from ..outdir import OutDirError, check_out_dir, missing_dirs, os_error_line, remove_empty_dirs
 
 LOCK_FILE = ".speedgpt-run.lock"
 
@@ -66,6 +66,7 @@ def lock_run_dir(run_dir: str | os.PathLike, *, flag: str = "--run-dir",
     one line when a lock left by a run that died is taken over, or when the file system has no locks."""
     run_dir = Path(run_dir)
     notice = notice or (lambda line: print(line, file=sys.stderr, flush=True))
+    check_out_dir(run_dir, flag)  # (not in another run's checkpoints folder)
     try:
         created = missing_dirs(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -156,7 +156,15 @@ def _open_wandb(*, project: str | None, name: str, config: dict | None, run_dir:
 
 def record_kind(record: dict) -> str:
     """Which stream a line belongs to, for de-duplication: a train line and an eval line at the
-    same step are both kept; two train lines at the same step (a resume replayed it) are not."""
+    same step are both kept; two train lines at the same step (a resume replayed it) are not.
+    A `speedgpt eval` line is a stream of its own: it took the place of training's final validation
+    at its step, so the run read as unfinished (`train --resume` validated it again, ab and sweep
+    passed it over)."""
+    kind = _stream(record)
+    return f"posthoc-{kind}" if record.get("event") == "eval" else kind
+
+
+def _stream(record: dict) -> str:
     if "train_loss" in record:
         return "train"
     if "val_loss" in record:
