@@ -151,6 +151,10 @@ def test_resume_with_more_steps_needs_extend(stopped_run, capsys):
     logged = [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
               if "train_loss" in r and r["step"] > 2]  # (step 2, the stopped one, is logged before the stop)
     assert [(r["step"], round(r["lr"], 4)) for r in logged] == [(3, 0.0383)]  # step 2's lr, as announced
+    # Shorter than its checkpoint: it said "complete (step 3 of 2)" and exited 0, the steps asked for not taken
+    assert main(["train", "--resume", str(run), "--train.steps=2", "--extend"]) == 2
+    line = one_line(capsys)
+    assert "its checkpoint is at step 3 already" in line and "give --train.steps > 3" in line
 
 
 def test_a_finished_budget_run_extends_to_the_step_count_given(tmp_path, small_vocab_cfg):

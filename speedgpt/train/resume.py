@@ -132,6 +132,9 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
         raise ConfigError(f"resuming {run_dir} at step {step} with {'; '.join(others)} would train differently from "
                           f"that step on, while its config.toml would say so from step 0; add --extend to do so (the "
                           f"resume's entry in env.json names the change), or resume with the run's own values")
+    if extend and step > cfg.train.steps:  # it said "complete (step 4 of 2)", exit 0: the user's steps not taken
+        raise ConfigError(f"resuming {run_dir} with --extend --train.steps={cfg.train.steps}: its checkpoint is at "
+                          f"step {step} already, and a run cannot be shortened past it; give --train.steps > {step}")
     budget = cfg.train.time_budget_s
     budget_spent = bool(budget) and float(state.get("train_time_s", 0.0)) >= budget
     if (step == cfg.train.steps or budget_spent) and not validated_at(run_dir, step):
