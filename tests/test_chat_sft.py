@@ -395,3 +395,14 @@ def test_sft_eval_examples_beyond_the_held_out_set_are_refused(base_run, tmp_pat
               *SFT_OVERRIDES])
     assert e.value.code == 2 and "--eval-examples 1000: must be 0..100" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("weight", ["0", "-1", "nan", "inf"])
+def test_a_data_weight_that_is_no_positive_number_is_named(tmp_path, weight):
+    """`--data f.jsonl:inf` said "weight inf must be > 0", which it is: the line now says finite."""
+    from speedgpt.chat.data import ChatDataError, parse_source
+
+    f = tmp_path / "chats.jsonl"
+    f.write_text("")
+    with pytest.raises(ChatDataError, match=r"must be a finite number > 0 \(e\.g\. chats\.jsonl:2\)$"):
+        parse_source(f"{f}:{weight}")

@@ -38,7 +38,13 @@ def test_truncated_file_error_names_the_file_and_is_not_cut_off(tmp_path):
         load_checkpoint(path)
     msg = str(e.value)
     assert msg.startswith(f"checkpoint file {f} is truncated: {size // 2:,} bytes, {size:,} were written;")
-    assert msg.endswith("to resume from the previous checkpoint")
+    # the run's only checkpoint: no "previous checkpoint" to name (it named one that did not exist)
+    assert msg.endswith(f"restore it, or start the run again: no earlier checkpoint is left in {path.parent} "
+                        f"(`speedgpt train` can replace the run: --overwrite)")
+    later = _save(tmp_path, 2)
+    (later / "optim.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"delete .*step_0+2 to resume from the previous checkpoint \(step_0+1\)$"):
+        load_checkpoint(later)
 
 
 def test_intact_checkpoint_loads_back_exactly(tmp_path):

@@ -46,7 +46,7 @@ def parse_source(spec: str) -> Source:
     path, weight = split_source(spec)
     weight = 1.0 if weight is None else weight
     if not math.isfinite(weight) or weight <= 0:
-        raise ChatDataError(f"--data {spec}: weight {weight} must be > 0")
+        raise ChatDataError(f"--data {spec}: weight {weight} must be a finite number > 0 (e.g. chats.jsonl:2)")
     p = Path(path).expanduser()
     if not p.is_file():
         what = "a folder" if p.is_dir() else "no such file"

@@ -135,12 +135,23 @@ def _save_fix(e: BaseException, ckpt_root: Path, previous: list[Path]) -> str:
     return f"{first} (with no checkpoint to resume from, a run that stops here starts again with --overwrite)"
 
 
+def _corrupt_fix(path: Path) -> str:
+    """A bad checkpoint's way on: the one before it, where there is one (it named a previous one that did not exist)."""
+    own = path.name[len(STEP_PREFIX):]
+    earlier = [p for p in list_checkpoints(path.parent)
+               if path.name.startswith(STEP_PREFIX) and own.isdigit() and _step_of(p) < int(own)]
+    if earlier:
+        return f"delete {path} to resume from the previous checkpoint ({earlier[-1].name})"
+    return (f"restore it, or start the run again: no earlier checkpoint is left in {path.parent} (`speedgpt train` "
+            f"can replace the run: --overwrite)")
+
+
 def verify_files(path: Path, state: dict, names: tuple[str, ...] | None = TENSOR_FILES, fix: str = "") -> None:
     """Check files of checkpoint `path` (those in `names`; None: every file recorded) against the
     size and SHA-256 in its state.json. Checkpoints written before checksums existed have no
     record and are not checked. `fix` ends the message (default: delete the checkpoint to resume
     from the previous one)."""
-    fix = fix or f"delete {path} to resume from the previous checkpoint"
+    fix = fix or _corrupt_fix(path)
     for name, rec in state.get("files", {}).items():
         if names is not None and name not in names:
             continue
