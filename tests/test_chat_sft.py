@@ -368,7 +368,7 @@ def test_an_old_sft_json_with_relative_paths_says_where_they_are_relative_to(bas
 
 
 @pytest.mark.parametrize("argv", [["--resume", "RUN"], ["--resume", "RUN", "--train.steps=6", "--extend"],
-                                  ["--auto-resume", "--run-dir", "RUN"]])
+                                  ["--auto-resume", "--run-dir", "RUN"], ["--run-dir", "RUN"]])
 def test_train_resume_of_an_sft_run_points_to_sft_resume(sft_run, tmp_path, capsys, argv):
     """`train --resume` of an SFT run was called complete (exit 0) with `--extend` as the advice, and with it failed
     after building the model ("loader state has format None"): it is refused first, naming `sft --resume`."""

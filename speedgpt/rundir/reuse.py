@@ -118,7 +118,11 @@ def prepare_new_run_dir(run_dir: str | Path, *, overwrite: bool, notice: Callabl
             notice(f"notice: {run_dir} holds a start that recorded no training step (no checkpoint, no metrics "
                    f"past step 0); its files are replaced by this run's")
     elif not overwrite:
-        raise RunDirInUse(f"{run_dir} already holds a run; continue it with `speedgpt train --resume {run_dir}`, "
+        from . import SFT_SPEC_FILE
+
+        # an SFT run (its spec file) continues under `sft`: `train --resume` refuses it (commands/train.py)
+        how = "sft --resume" if (run_dir / SFT_SPEC_FILE).is_file() else "train --resume"
+        raise RunDirInUse(f"{run_dir} already holds a run; continue it with `speedgpt {how} {run_dir}`, "
                           f"pick a fresh --run-dir, or pass --overwrite to replace it")
     for name in RUN_FILES:
         path = run_dir / name
