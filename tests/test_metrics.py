@@ -62,6 +62,15 @@ def test_read_metrics_tolerates_truncated_last_line(tmp_path):
     assert [r["step"] for r in recs] == [1, 2]
 
 
+def test_read_metrics_skips_a_line_with_a_damaged_byte(tmp_path):
+    """A byte that is no UTF-8 made the whole file one bare UnicodeDecodeError (`report` showed it, naming no fix):
+    only its line is lost now, with the unreadable-line warning."""
+    good = [json.dumps({"step": s, "train_loss": 1.0}).encode() for s in (1, 2)]
+    (tmp_path / "metrics.jsonl").write_bytes(good[0] + b"\n" + b'{"step": 3, "train_\xff": 1}\n' + good[1] + b"\n")
+    with pytest.warns(UserWarning, match=r"skipped 1 unreadable line\(s\) \(line 2\)"):
+        assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
 def test_logger_reopening_after_crash_starts_a_fresh_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text(json.dumps(_train(1)) + '\n{"step": 2, "tok')
     with MetricsLogger(tmp_path) as log:

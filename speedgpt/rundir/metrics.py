@@ -195,17 +195,19 @@ def read_records(run_dir: str | os.PathLike) -> list[dict]:
         raise FileNotFoundError(
             f"no metrics file at {path}: pass a run directory written by `speedgpt train` (it holds {METRICS_FILE})"
         )
-    return _parse_lines(path, path.read_text(encoding="utf-8").splitlines())
+    # Bytes, decoded line by line: a damaged byte spoils its line only, skipped with the others' warning (the whole
+    # file was one bare UnicodeDecodeError, every reader's command failing without naming a fix).
+    return _parse_lines(path, path.read_bytes().splitlines())
 
 
-def _parse_lines(path: Path, lines: Iterable[str]) -> list[dict]:
+def _parse_lines(path: Path, lines: Iterable[bytes]) -> list[dict]:
     records, bad = [], []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
+            rec = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
             bad.append(lineno)
             continue
         step = rec.get("step") if isinstance(rec, dict) else None
