@@ -102,6 +102,7 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
     from safetensors.torch import save_file
 
     from . import __version__
+    from .atomic import sha256_file
     from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_state,
                                  strip_wrapper_prefixes)
     from .tokenizer.folder import RUN_SUBDIR, copy_folder
@@ -120,6 +121,8 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
 
     with export_files(out, FORMAT, src.root) as tmp:  # an export is meant to be shared: files get the umask's mode
         save_file(tensors, str(tmp / EXPORT_WEIGHTS), metadata={"format": "pt", "format_version": str(EXPORT_FORMAT_VERSION)})
+        # what a load checks (rundir/weights.py): a flipped byte in a tensor loaded and sampled without a word
+        meta["export"]["sha256"] = sha256_file(tmp / EXPORT_WEIGHTS)
         (tmp / EXPORT_CONFIG).write_text(json.dumps(meta, indent=1) + "\n")
         copy_folder(tok, tmp / RUN_SUBDIR)  # a trained tokenizer travels with the weights (GPT-2's: nothing)
     return out

@@ -242,6 +242,26 @@ def test_a_damaged_safetensors_file_is_one_line_naming_it(tmp_path, capsys, fmt,
         load_model(exp)
 
 
+def test_a_flipped_byte_in_an_exports_tensors_is_caught(tmp_path, capsys):
+    """The header intact, one tensor byte flipped: the export loaded, sampled and exported again without a word
+    (a run's checkpoints are checksummed; an export was not). Its config.json now records the weights' SHA-256."""
+    run = make_run(tmp_path)
+    exp = tmp_path / "exp"
+    assert main(["export", str(run), "--out", str(exp), "--dtype", "fp32"]) == 0
+    weights = exp / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0xFF  # the last tensor's data: safetensors reads it as a number like any other
+    weights.write_bytes(bytes(data))
+    capsys.readouterr()
+    for argv in (["sample", str(exp), "--prompt", "hi", "--max-tokens", "2"],
+                 ["export", str(exp), "--out", str(tmp_path / "again")]):
+        assert main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, err
+        assert f"{weights} is corrupt: its SHA-256 differs" in err and f"--out {exp}`" in err
+    assert not (tmp_path / "again").exists()
+
+
 @pytest.mark.parametrize("fmt", ["speedgpt", "hf"])
 def test_export_refuses_to_replace_the_export_of_another_run(tmp_path, capsys, fmt, monkeypatch):
     """It replaced it with exit 0 and no word. The same run's export (named another way) is replaced as before."""

@@ -197,6 +197,17 @@ def _read_safetensors(source: WeightsSource, device: torch.device) -> dict[str, 
                         f"`speedgpt export RUN_DIR{fmt} --out {source.root}`") from None
 
 
+def _check_export_sha256(source: WeightsSource, recorded: str | None) -> None:
+    """A native export's weights against the SHA-256 its export recorded (exports before 2026-12-06 record none and
+    are not checked): a flipped byte inside a tensor loaded, sampled and exported again without a word. (An HF
+    folder is left unchecked: HF's own tools may rewrite its weights and keep its config.json.)"""
+    from ..atomic import sha256_file
+
+    if recorded and source.weights.is_file() and sha256_file(source.weights) != recorded:
+        raise LoadError(f"{source.weights} is corrupt: its SHA-256 differs from the one its export recorded in "
+                        f"{source.root / EXPORT_CONFIG}; re-run `speedgpt export RUN_DIR --out {source.root}`")
+
+
 def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
     if source.kind == "hf":
         from ..hf.folder import read_hf_config, speedgpt_state
@@ -204,9 +215,11 @@ def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.T
         provenance = read_hf_config(source.root)["speedgpt"].get("export", {})
         return speedgpt_state(_read_safetensors(source, device), provenance)
     if source.kind == "export":
-        state = _read_safetensors(source, device)
+        export = _read_export_json(source.root).get("export", {})
+        state = _read_safetensors(source, device)  # (a broken header says "unreadable" first)
+        _check_export_sha256(source, export.get("sha256"))
         # Tensors that shared storage were written once; the others are listed as aliases.
-        aliases = _read_export_json(source.root).get("export", {}).get("aliases") or {}
+        aliases = export.get("aliases") or {}
         for alias, canonical in aliases.items():
             state[alias] = state[canonical]
         return state
