@@ -113,6 +113,27 @@ def test_a_run_stopped_in_the_step_that_spent_its_time_budget_is_resumed_to_its_
         train(cfg, run_dir=run, resume=True, quiet=True)
 
 
+def test_a_stop_the_budget_check_missed_is_finished_by_its_resume(cfg, tmp_path, inject, monkeypatch):
+    """On several ranks the budget is read on logging steps only: a signal between two reads saves a spent time with
+    no time-budget record. The resume validated, but without that record the run still read as unfinished (ab
+    called it crashed, sweep retried it)."""
+    from speedgpt.rundir.metrics import ENDED_BY_TIME_BUDGET, ended_by, read_metrics
+    from speedgpt.train.control import RunControl
+
+    cfg = apply_overrides(cfg, ["--train.time_budget_s=1e-9"])
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        m.setattr(RunControl, "budget_spent", lambda self, step, train_time: False)  # step 1 is no logging step
+        inject("sigterm@0")
+        with pytest.raises(TrainingStopped):
+            train(cfg, run_dir=run, quiet=True)
+    assert not [r for r in _records(run) if r.get("event") == "time_budget"]
+    inject("")
+    resumed = train(cfg, run_dir=run, resume=True, quiet=True)
+    assert resumed.steps == 1 and resumed.train_losses == []
+    assert ended_by(read_metrics(run), cfg.train.steps) == ENDED_BY_TIME_BUDGET
+
+
 def test_a_second_signal_exits_at_once(tmp_path):
     code = ("import os, signal\n"
             "from speedgpt.train.preempt import StopRequest\n"

@@ -266,6 +266,12 @@ class Trainer:
         return self.validator.loss(self.model, self.forward, self.inputs.windows_at(step), self.inputs.rope_at(step),
                                    warmup=warmup)
 
+    def record_budget_end(self) -> None:
+        """train.time_budget_s ended the run at this step: with the final validation there, a finished run with fewer
+        steps than configured (rundir/metrics.py ended_by)."""
+        self.metrics.log({"event": TIME_BUDGET_EVENT, "step": self.step, "tokens": self.tokens,
+                          "time_s": self.train_time, "budget_s": self.cfg.train.time_budget_s})
+
     def record_validation(self, result: TrainResult) -> None:
         with self.compile_watch.span(VALIDATION_AFTER_WARMUP):  # a graph compiled here is one the warmup missed
             val = self.evaluate()
@@ -389,9 +395,7 @@ class Trainer:
             result.train_losses.append(loss)
             if t.time_budget_s and self.control.budget_spent(self.step, self.train_time):
                 self.log(f"time budget of {t.time_budget_s}s reached at step {self.step}")
-                # A finished run with fewer steps than configured (rundir/metrics.py ended_by).
-                self.metrics.log({"event": TIME_BUDGET_EVENT, "step": self.step, "tokens": self.tokens,
-                                  "time_s": self.train_time, "budget_s": t.time_budget_s})
+                self.record_budget_end()
                 stop = True
             signalled, save_due = self.control.after_step(self.checkpoints.last_save_time)
             last = self.step == t.steps or stop or signalled
@@ -434,6 +438,10 @@ class Trainer:
             # A resume of a run stopped in its last step, or in the step that spent its time budget
             # (train/resume.py): its final validation is all it lacks.
             self.log(f"step {self.step} is the run's last: its final validation, which the stop left out")
+            if stop:  # the budget's record too: a stop between the budget's checks (on several ranks rank 0's clock
+                # is read on logging steps only), or a lowered budget, saved a spent time without it; a repeat of it
+                # is one record
+                self.record_budget_end()
             self.record_validation(result)
         result.steps, result.tokens, result.train_time_s = self.step, self.tokens, self.train_time
         if result.train_losses:  # one collective at the end: every step's loss over the global batch
