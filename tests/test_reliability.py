@@ -109,8 +109,16 @@ def test_a_run_stopped_in_the_step_that_spent_its_time_budget_is_resumed_to_its_
     assert resumed.steps == 1 and resumed.train_losses == [] and resumed.val_loss is not None
     assert [r["step"] for r in _records(run) if "val_loss" in r] == [1]
     assert ended_by(read_metrics(run), cfg.train.steps) == ENDED_BY_TIME_BUDGET
-    with pytest.raises(RunComplete, match="time budget"):  # now finished: nothing more to do
-        train(cfg, run_dir=run, resume=True, quiet=True)
+    with pytest.raises(RunComplete, match=r"time budget of 1e-09s spent\); nothing to train\. To train it further: "
+                                          r"speedgpt train --resume .* --train\.time_budget_s=S \(more than 1e-09, or 0"):
+        train(cfg, run_dir=run, resume=True, quiet=True)  # now finished; the advice was --train.steps=N --extend
+    from speedgpt.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"its time budget of 1e-09s is spent, so it would train no step; add "
+                                          r"--train\.time_budget_s=S"):  # it said complete, exit 0
+        train(apply_overrides(cfg, ["--train.steps=16"]), run_dir=run, resume=True, extend=True, quiet=True)
+    more = train(apply_overrides(cfg, ["--train.time_budget_s=0"]), run_dir=run, resume=True, quiet=True)
+    assert more.steps == cfg.train.steps and len(more.train_losses) == cfg.train.steps - 1  # the advice works
 
 
 def test_a_stop_the_budget_check_missed_is_finished_by_its_resume(cfg, tmp_path, inject, monkeypatch):

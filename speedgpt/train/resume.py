@@ -142,10 +142,16 @@ def check_resume(cfg: Config, run_dir: Path, *, extend: bool = False) -> list[st
         # final validation. Without it ab and sweep cannot use the run, and this resume is the only way to it: the
         # trainer validates and trains nothing (Trainer.run; SFT's run likewise).
         return changes + others
-    if step >= cfg.train.steps or budget_spent:
-        end = f"step {step} of {cfg.train.steps}" if step >= cfg.train.steps else f"time budget of {budget}s spent"
-        raise RunComplete(f"{run_dir} is complete ({end}); nothing to train. To train it further: "
-                          f"speedgpt train --resume {run_dir} --train.steps=N --extend")
+    if step >= cfg.train.steps:
+        raise RunComplete(f"{run_dir} is complete (step {step} of {cfg.train.steps}); nothing to train. To train it "
+                          f"further: speedgpt train --resume {run_dir} --train.steps=N --extend")
+    if budget_spent:  # more steps cannot help: the budget stops the run before its next step (no --extend needed)
+        further = f"--train.time_budget_s=S (more than {budget:g}, or 0 for no limit)"
+        if extend:  # it said "complete", exit 0, the steps asked for not taken
+            raise ConfigError(f"resuming {run_dir} with --extend: its time budget of {budget:g}s is spent, so it "
+                              f"would train no step; add {further}")
+        raise RunComplete(f"{run_dir} is complete (time budget of {budget:g}s spent); nothing to train. To train it "
+                          f"further: speedgpt train --resume {run_dir} {further}")
     return changes + others
 
 
