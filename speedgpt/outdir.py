@@ -42,12 +42,16 @@ def os_error_line(e: OSError, flag: str, path: str | Path) -> str:
 def _run_of_checkpoints_folder(path: Path) -> Path | None:
     """The run whose checkpoints folder is `path` or holds it, or None. Training removes that folder's old step
     directories as it keeps the newest (train.keep_checkpoints), and `train --overwrite` the whole folder: an
-    output written there (shards, another run) was deleted with them, without a word."""
-    from .rundir import CHECKPOINTS_DIR, RunDir
+    output written there (shards, another run) was deleted with them, without a word. A run is told by what only
+    training writes (a config.toml alone may be the user's own, beside a `checkpoints/` folder of their outputs)."""
+    from .rundir import CHECKPOINTS_DIR, ENV_FILE, METRICS_FILE, RunDir
+    from .rundir.checkpoint import list_checkpoints
 
     path = path.expanduser().resolve()
     for p in (path, *path.parents):
-        if p.name == CHECKPOINTS_DIR and RunDir(p.parent).is_run():
+        run = RunDir(p.parent)
+        if p.name == CHECKPOINTS_DIR and run.is_run() and (
+                (p.parent / ENV_FILE).is_file() or (p.parent / METRICS_FILE).is_file() or list_checkpoints(p)):
             return p.parent
     return None
 
@@ -59,6 +63,9 @@ def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     if _file_on_the_way(path) is not None:
         raise OutDirError(os_error_line(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path)), flag, path))
     run = _run_of_checkpoints_folder(path)
+    if run is not None and flag == "--resume":  # a checkpoint given for its run
+        raise OutDirError(f"--resume {path} lies in the checkpoints folder of run {run}; --resume takes the run "
+                          f"directory: --resume {run}")
     if run is not None:
         raise OutDirError(f"{flag} {path} lies in the checkpoints folder of run {run}, whose old checkpoints its "
                           f"training deletes (and `--overwrite` the whole folder); pass a directory outside it")

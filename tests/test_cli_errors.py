@@ -106,6 +106,30 @@ def test_output_in_a_runs_checkpoints_folder_is_refused(argv, tmp_path, capsys, 
     assert not out.exists()
 
 
+def test_the_checkpoints_folder_check_knows_runs_from_a_users_own_folders(tmp_path, capsys):
+    """(A review of the check above) a project folder with the user's own config.toml and a `checkpoints/` folder of
+    their outputs is no run: refused there, as a run's. A folder in a run's checkpoints that exists already was let
+    through to `export --out`; a checkpoint given to --resume is told the run's directory."""
+    project = tmp_path / "project"
+    (project / "checkpoints").mkdir(parents=True)
+    (project / "config.toml").write_text('preset = "tiny-cpu"\n')
+    (tmp_path / "doc.txt").write_text("def f(x):\n    return x\n" * 50)
+    out = project / "checkpoints" / "shards"
+    assert main(["data", "tokenize", str(tmp_path / "doc.txt"), "--out", str(out), "--workers", "1",
+                 "--val-fraction", "0"]) == 0
+    capsys.readouterr()
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000002").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    (run / "checkpoints" / "mine").mkdir()  # exists already
+    from speedgpt.rundir.export_dir import ExportError, check_export_dir
+
+    with pytest.raises(ExportError, match=f"lies in the checkpoints folder of run {run}"):  # (what export's --out meets)
+        check_export_dir(run / "checkpoints" / "mine")
+    line = expect_one_line_error(["train", "--resume", str(run / "checkpoints" / "step_000002")], capsys)
+    assert line.endswith(f"--resume takes the run directory: --resume {run}")
+
+
 def test_ctrl_c_is_one_line_and_130(tmp_path, monkeypatch, capsys, text_shards):
     import speedgpt.train.loop as loop
 

@@ -132,11 +132,12 @@ def check_export_dir(out: str | os.PathLike, source: str | os.PathLike | None = 
     from ..outdir import OutDirError, check_out_dir
 
     out = Path(out)
-    if not out.exists():
-        try:  # a file on the way ("--out notes.txt/sub") is named now, not met as "[Errno 17] File exists"
-            check_out_dir(out)
+    if not out.exists() or out.is_dir():
+        try:  # a file on the way ("--out notes.txt/sub") is named now, not met as "[Errno 17] File exists"; and a
+            check_out_dir(out)  # folder in a run's checkpoints, which training prunes, existing or not
         except OutDirError as e:
             raise ExportError(str(e)) from None
+    if not out.exists():
         return []
     if not out.is_dir():
         raise ExportError(f"--out {out} is a file; choose an empty or new --out directory")
