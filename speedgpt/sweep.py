@@ -461,10 +461,13 @@ def check_recorded_settings(out: Path) -> None:
     except (ValueError, KeyError, TypeError):
         raise SweepError(f"{path} is not a sweep's settings file (JSON with 'preset' and 'overrides'); delete it to "
                          f"analyze without checking the runs' settings") from None
-    check_others(out, {}, preset, overrides)
+    # The recorded preset is resolved by today's code: a preset changed since the sweep differs too, hence the way out
+    check_others(out, {}, preset, overrides, fix=f"move that run out of {out}, or delete {path} to analyze without "
+                                                 f"this check (a sweep of an older speedgpt may differ only by a preset "
+                                                 f"changed since)")
 
 
-def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str]) -> None:
+def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str], fix: str = "") -> None:
     """The analysis reads every finished run in the sweep directory, not only this command's points: a finished run of
     another grid point is welcome there only when this command would have trained it as it is (same preset and
     overrides at its depth and budget). Else the frontier and its fits would mix settings (an earlier sweep with
@@ -489,6 +492,6 @@ def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: li
         except (BudgetBelowOneStep, ConfigError) as e:
             diff = [f"its depth and budget are no run of these settings: {e}"]
         if diff:
+            fix = fix or f"use a new --out for these settings, or move that run out of {out}"
             raise SweepError(f"{run_dir} is a finished run of other settings (differs in {', '.join(diff[:4])}), and "
-                             f"the analysis would put it on this sweep's frontier; use a new --out for these "
-                             f"settings, or move that run out of {out}")
+                             f"the analysis would put it on this sweep's frontier; {fix}")

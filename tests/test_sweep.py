@@ -191,7 +191,9 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     settings = out / "sweep.json"
     settings.write_text(json.dumps({"preset": "tiny-cpu", "overrides": base}))
     assert main(["--out", str(out), "--analyze"]) == 2
-    assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{out / old.name} is a finished run of other settings (differs in optim.muon_lr)" in err
+    assert f"or delete {settings} to analyze without this check" in err  # not "use a new --out", no way out here
     settings.write_text(json.dumps({"preset": "tiny-cpu", "overrides": [*base, "--optim.muon_lr=0.5"]}))
     assert main(["--out", str(out), "--analyze"]) == 0
     settings.write_text("[1, 2]")
