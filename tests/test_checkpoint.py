@@ -45,6 +45,15 @@ def test_truncated_file_error_names_the_file_and_is_not_cut_off(tmp_path):
     (later / "optim.pt").write_bytes(b"")
     with pytest.raises(CheckpointError, match=r"delete .*step_0+2 to resume from the previous checkpoint \(step_0+1\)$"):
         load_checkpoint(later)
+    # the first one again, now not the latest (a --checkpoint 1 of sample or export): a resume would load step 2
+    with pytest.raises(CheckpointError, match=r"name another checkpoint with --checkpoint \(the run's latest is "
+                                              r"step_0+2\)$"):
+        load_checkpoint(path)
+    sft = _save(tmp_path / "sft" / "checkpoints", 1)  # an SFT run's only checkpoint: sft has no --overwrite
+    (tmp_path / "sft" / "sft.json").write_text("{}")
+    (sft / "optim.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match=r"start the SFT run again in a new --run-dir"):
+        load_checkpoint(sft)
 
 
 def test_intact_checkpoint_loads_back_exactly(tmp_path):

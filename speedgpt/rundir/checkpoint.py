@@ -136,12 +136,23 @@ def _save_fix(e: BaseException, ckpt_root: Path, previous: list[Path]) -> str:
 
 
 def _corrupt_fix(path: Path) -> str:
-    """A bad checkpoint's way on: the one before it, where there is one (it named a previous one that did not exist)."""
+    """A bad checkpoint's way on, by where it stands in its run: it named a previous checkpoint that did not exist,
+    `speedgpt train` for an SFT run, and a resume from an earlier one when a later one is what a resume loads."""
+    from . import SFT_SPEC_FILE
+
     own = path.name[len(STEP_PREFIX):]
-    earlier = [p for p in list_checkpoints(path.parent)
-               if path.name.startswith(STEP_PREFIX) and own.isdigit() and _step_of(p) < int(own)]
+    if not (path.name.startswith(STEP_PREFIX) and own.isdigit()):
+        return f"restore it, or delete {path}"
+    found = list_checkpoints(path.parent)
+    later = [p for p in found if _step_of(p) > int(own)]
+    earlier = [p for p in found if _step_of(p) < int(own)]
+    if later:  # named with --checkpoint: a resume loads the latest, not this one
+        return f"restore it, or name another checkpoint with --checkpoint (the run's latest is {later[-1].name})"
     if earlier:
         return f"delete {path} to resume from the previous checkpoint ({earlier[-1].name})"
+    if (path.parent.parent / SFT_SPEC_FILE).is_file():  # sft has no --overwrite
+        return (f"restore it, or start the SFT run again in a new --run-dir: no earlier checkpoint is left in "
+                f"{path.parent}")
     return (f"restore it, or start the run again: no earlier checkpoint is left in {path.parent} (`speedgpt train` "
             f"can replace the run: --overwrite)")
 
