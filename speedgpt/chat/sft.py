@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from ..rundir import SFT_SPEC_FILE
+from .tasks import HELDOUT_PER_TASK
 from ..rundir.metrics import SFT_EVAL_EVENT
 
 SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
@@ -40,7 +41,7 @@ class SFTSpec:
     load_optimizer: bool = False  # warm-start Adam/Muon state from the base run's checkpoint
     builtin_examples: int = 20_000  # built-in training conversations per epoch (when data is empty)
     eval_examples: int = 50  # held-out examples per built-in task scored by exact match at each eval
-    heldout_examples: int = 100  # held-out built-in conversations per task for the assistant-token loss
+    heldout_examples: int = HELDOUT_PER_TASK  # held-out built-in conversations per task for the assistant-token loss
     # How --data files become training and held-out conversations (data.mixture): 2 since 2026-12-05 (copies dropped,
     # held out before the weights); a run saved before has none, read as 1
     split: int = 2

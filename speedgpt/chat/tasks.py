@@ -17,6 +17,7 @@ from importlib import resources
 from typing import Callable, Iterator
 
 HELDOUT_SEED = 1_000_003  # a seed stream of its own: held-out questions differ from training draws
+HELDOUT_PER_TASK = 100  # held-out questions per task: what evaluation can score, and training never sees
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,16 @@ TASKS: dict[str, Callable[[random.Random], Example]] = {
     "arithmetic": arithmetic, "spelling": spelling, "letter_count": letter_count}
 
 
+def heldout_count_problem(flag: str, count: int) -> str | None:
+    """Why `count` held-out examples per task cannot be scored (`sft --eval-examples`, `eval --chat-examples`): more
+    than there are were scored as all there are, while sft.json recorded the number asked for."""
+    if 0 <= count <= HELDOUT_PER_TASK:
+        return None
+    return f"{flag} {count}: must be 0..{HELDOUT_PER_TASK} (the held-out set's size per task)"
+
+
 @functools.cache
-def heldout(per_task: int = 100) -> tuple[Example, ...]:
+def heldout(per_task: int = HELDOUT_PER_TASK) -> tuple[Example, ...]:
     """The held-out examples of every task (distinct questions, the same on every call)."""
     rng = random.Random(HELDOUT_SEED)
     out: list[Example] = []
@@ -88,7 +97,7 @@ def first_heldout(per_task: int, task: str | None = None) -> list[Example]:
     return out
 
 
-def training_examples(seed: int, heldout_per_task: int = 100) -> Iterator[Example]:
+def training_examples(seed: int, heldout_per_task: int = HELDOUT_PER_TASK) -> Iterator[Example]:
     """An endless stream of training examples, the tasks in turn, none of them a held-out question."""
     rng = random.Random(seed)
     held = {ex.question for ex in heldout(heldout_per_task)}

@@ -98,8 +98,12 @@ def cmd_eval(argv: list[str]) -> int:
                         ("--core-limit", args.core_limit)):
         if value is not None and value < 1:
             p.error(f"{flag} {value}: must be >= 1")
-    if args.chat_examples is not None and not 0 <= args.chat_examples <= 100:
-        p.error(f"--chat-examples {args.chat_examples}: must be 0..100 (the held-out set's size per task)")
+    if args.chat_examples is not None:
+        from ..chat.tasks import heldout_count_problem
+
+        problem = heldout_count_problem("--chat-examples", args.chat_examples)
+        if problem:
+            p.error(problem)
     _check_eval_mode(p, args)
 
     from ..config import ConfigError

@@ -65,8 +65,11 @@ def cmd_sft(argv: list[str]) -> int:
         from ..chat.sft import SFTSpec
 
         args.eval_examples = SFTSpec.eval_examples
-    if not 0 <= args.eval_examples <= 100:  # more were scored as 100, recorded in sft.json as asked
-        p.error(f"--eval-examples {args.eval_examples}: must be 0..100 (the held-out set's size per task)")
+    from ..chat.tasks import heldout_count_problem
+
+    problem = heldout_count_problem("--eval-examples", args.eval_examples)
+    if problem:
+        p.error(problem)
 
     from ..config import ConfigError
     from ..outdir import OutDirError

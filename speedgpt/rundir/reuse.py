@@ -118,8 +118,6 @@ def prepare_new_run_dir(run_dir: str | Path, *, overwrite: bool, notice: Callabl
             notice(f"notice: {run_dir} holds a start that recorded no training step (no checkpoint, no metrics "
                    f"past step 0); its files are replaced by this run's")
     elif not overwrite:
-        from . import SFT_SPEC_FILE
-
         # an SFT run (its spec file) continues under `sft`: `train --resume` refuses it (commands/train.py)
         how = "sft --resume" if (run_dir / SFT_SPEC_FILE).is_file() else "train --resume"
         raise RunDirInUse(f"{run_dir} already holds a run; continue it with `speedgpt {how} {run_dir}`, "
