@@ -258,7 +258,7 @@ def test_a_flipped_byte_in_an_exports_tensors_is_caught(tmp_path, capsys):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1, err
-        assert f"{weights} is corrupt: its SHA-256 differs" in err and f"--out {exp}`" in err
+        assert f"{weights} is corrupt: its SHA-256 differs" in err and f"re-run `speedgpt export {run} --out {exp}`" in err
     assert not (tmp_path / "again").exists()
 
 

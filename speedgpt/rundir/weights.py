@@ -197,15 +197,18 @@ def _read_safetensors(source: WeightsSource, device: torch.device) -> dict[str, 
                         f"`speedgpt export RUN_DIR{fmt} --out {source.root}`") from None
 
 
-def _check_export_sha256(source: WeightsSource, recorded: str | None) -> None:
+def _check_export_sha256(source: WeightsSource, export: dict) -> None:
     """A native export's weights against the SHA-256 its export recorded (exports before 2026-12-06 record none and
     are not checked): a flipped byte inside a tensor loaded, sampled and exported again without a word. (An HF
     folder is left unchecked: HF's own tools may rewrite its weights and keep its config.json.)"""
     from ..atomic import sha256_file
 
+    recorded = export.get("sha256")
     if recorded and source.weights.is_file() and sha256_file(source.weights) != recorded:
+        run = export.get("source") or "RUN_DIR"
         raise LoadError(f"{source.weights} is corrupt: its SHA-256 differs from the one its export recorded in "
-                        f"{source.root / EXPORT_CONFIG}; re-run `speedgpt export RUN_DIR --out {source.root}`")
+                        f"{source.root / EXPORT_CONFIG}; re-run `speedgpt export {run} --out {source.root}` (weights "
+                        f"changed on purpose: remove export.sha256 from that file)")
 
 
 def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.Tensor]:
@@ -217,7 +220,7 @@ def load_state(source: WeightsSource, device: torch.device) -> dict[str, torch.T
     if source.kind == "export":
         export = _read_export_json(source.root).get("export", {})
         state = _read_safetensors(source, device)  # (a broken header says "unreadable" first)
-        _check_export_sha256(source, export.get("sha256"))
+        _check_export_sha256(source, export)
         # Tensors that shared storage were written once; the others are listed as aliases.
         aliases = export.get("aliases") or {}
         for alias, canonical in aliases.items():
