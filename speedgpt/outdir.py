@@ -49,8 +49,7 @@ def _run_of_checkpoints_folder(path: Path) -> Path | None:
 
     path = path.expanduser().resolve()
     for p in (path, *path.parents):
-        run = RunDir(p.parent)
-        if p.name == CHECKPOINTS_DIR and run.is_run() and (
+        if p.name == CHECKPOINTS_DIR and RunDir(p.parent).is_run() and (
                 (p.parent / ENV_FILE).is_file() or (p.parent / METRICS_FILE).is_file() or list_checkpoints(p)):
             return p.parent
     return None

@@ -136,8 +136,8 @@ def _save_fix(e: BaseException, ckpt_root: Path, previous: list[Path]) -> str:
 
 
 def _corrupt_fix(path: Path) -> str:
-    """A bad checkpoint's way on, by where it stands in its run: it named a previous checkpoint that did not exist,
-    `speedgpt train` for an SFT run, and a resume from an earlier one when a later one is what a resume loads."""
+    """A bad checkpoint's way on, by where it stands in its run. The one advice for all named a previous checkpoint
+    where none was left, and a resume from an earlier one where a resume loads a later one."""
     from . import SFT_SPEC_FILE
 
     own = path.name[len(STEP_PREFIX):]
@@ -160,8 +160,8 @@ def _corrupt_fix(path: Path) -> str:
 def verify_files(path: Path, state: dict, names: tuple[str, ...] | None = TENSOR_FILES, fix: str = "") -> None:
     """Check files of checkpoint `path` (those in `names`; None: every file recorded) against the
     size and SHA-256 in its state.json. Checkpoints written before checksums existed have no
-    record and are not checked. `fix` ends the message (default: delete the checkpoint to resume
-    from the previous one)."""
+    record and are not checked. `fix` ends the message (default: _corrupt_fix's, by the checkpoint's
+    place in its run)."""
     fix = fix or _corrupt_fix(path)
     for name, rec in state.get("files", {}).items():
         if names is not None and name not in names:
