@@ -230,13 +230,8 @@ def test_a_damaged_safetensors_file_is_one_line_naming_it(tmp_path, capsys, fmt,
     weights = exp / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(b"hello\n" if damage == "text" else data[:len(data) // 2])
-    capsys.readouterr()
-    for argv in (["sample", str(exp), "--prompt", "hi", "--max-tokens", "2"],
-                 ["export", str(exp), "--out", str(tmp_path / "again")]):
-        assert main(argv) == 2
-        out, err = capsys.readouterr()
-        assert out == "" and len(err.strip().splitlines()) == 1, err
-        hf = " --format hf" if fmt == "hf" else ""
+    hf = " --format hf" if fmt == "hf" else ""
+    for err in _readers_refuse_in_one_line(exp, tmp_path, capsys):
         assert f"{weights} is unreadable" in err and f"re-run `speedgpt export RUN_DIR{hf} --out {exp}`" in err
     with pytest.raises(LoadError, match="is unreadable"):
         load_model(exp)
@@ -252,14 +247,22 @@ def test_a_flipped_byte_in_an_exports_tensors_is_caught(tmp_path, capsys):
     data = bytearray(weights.read_bytes())
     data[-5] ^= 0xFF  # the last tensor's data: safetensors reads it as a number like any other
     weights.write_bytes(bytes(data))
+    for err in _readers_refuse_in_one_line(exp, tmp_path, capsys):
+        assert f"{weights} is corrupt: its SHA-256 differs" in err and f"re-run `speedgpt export {run} --out {exp}`" in err
+    assert not (tmp_path / "again").exists()
+
+
+def _readers_refuse_in_one_line(exp, tmp_path, capsys) -> list[str]:
+    """`sample` and `export` of a damaged export: exit 2, nothing on stdout, one line each on stderr (returned)."""
     capsys.readouterr()
+    errs = []
     for argv in (["sample", str(exp), "--prompt", "hi", "--max-tokens", "2"],
                  ["export", str(exp), "--out", str(tmp_path / "again")]):
         assert main(argv) == 2
         out, err = capsys.readouterr()
         assert out == "" and len(err.strip().splitlines()) == 1, err
-        assert f"{weights} is corrupt: its SHA-256 differs" in err and f"re-run `speedgpt export {run} --out {exp}`" in err
-    assert not (tmp_path / "again").exists()
+        errs.append(err)
+    return errs
 
 
 @pytest.mark.parametrize("fmt", ["speedgpt", "hf"])
