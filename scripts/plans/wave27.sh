@@ -15,19 +15,30 @@
 #    8,192 open documents, the stage table's caps).
 #   mkdir -p /tmp/w27; setsid scripts/lease.sh /tmp/w27 scripts/plans/wave27.sh > /tmp/w27.log 2>&1 < /dev/null &
 # then poll, and end with `scripts/lease.sh /tmp/w27 collect $OUT/w27.tgz`.
+# With AB_FIRST=1 (scripts/plans/wave27b.sh) 4. runs first and 1. is left out: the A/B's first run is the cold start,
+# and 2. validates otherwise than the A/B (every 6 steps on 262,144 tokens against every 25 on 1,572,864).
 # Sourced by scripts/lease.sh ($W $PY $DATA $C, phase, artifacts_only).
 # shellcheck shell=bash disable=SC2086,SC2154
 V="--preset speedrun-latest --train.steps=12 --data.train_files=$DATA --data.val_seq_len=262144"
 V="$V --train.save_final_checkpoint=false --run.sample_tokens=0 --run.report=false"
+VAL_ONE="--train.val_every=6 --data.val_tokens=262144"  # cold's and fresh's: one val batch
+VAL_SIX="--train.val_every=4 --data.val_tokens=1572864"  # six rows: another digest's worth of validation before ca81eee
+cooldown() {
+    phase cooldown 1100 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--schedule.cooldown_frac=0.6" \
+        --seeds 2 --target-loss 0.8214 --no-checkpoint --out "$W/runs/cooldown" $C --train.compile_cache="$W/cc"
+}
 phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
-phase cold 300 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 --train.compile_cache="$W/cc" \
-    --run-dir "$W/runs/cold"
-phase warm-other-val 200 $PY -m speedgpt train $V --train.val_every=4 --data.val_tokens=1572864 \
-    --train.compile_cache="$W/cc" --run-dir "$W/runs/warm"
+if [ "${AB_FIRST:-0}" = 1 ]; then
+    cooldown
+    ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files-ab.txt" 2>&1
+    WARM_VAL=$VAL_ONE
+else
+    phase cold 300 $PY -m speedgpt train $V $VAL_ONE --train.compile_cache="$W/cc" --run-dir "$W/runs/cold"
+    WARM_VAL=$VAL_SIX
+fi
+phase warm-other-val 200 $PY -m speedgpt train $V $WARM_VAL --train.compile_cache="$W/cc" --run-dir "$W/runs/warm"
 ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files.txt" 2>&1
 artifacts_only "$W/cc" "$W/cc-fresh"
-phase fresh 200 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 \
-    --train.compile_cache="$W/cc-fresh" --run-dir "$W/runs/fresh"
-phase cooldown 1100 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--schedule.cooldown_frac=0.6" --seeds 2 \
-    --target-loss 0.8214 --no-checkpoint --out "$W/runs/cooldown" $C --train.compile_cache="$W/cc"
+phase fresh 200 $PY -m speedgpt train $V $VAL_ONE --train.compile_cache="$W/cc-fresh" --run-dir "$W/runs/fresh"
+[ "${AB_FIRST:-0}" = 1 ] || cooldown
 true

@@ -11,18 +11,7 @@
 # 3. `fresh`: a new folder holding only that artifact file (another machine): nothing traced, the warm bar (<= 20 s).
 #   mkdir -p /tmp/w27b; setsid scripts/lease.sh /tmp/w27b scripts/plans/wave27b.sh > /tmp/w27b.log 2>&1 < /dev/null &
 # then poll, and end with `scripts/lease.sh /tmp/w27b collect $OUT/w27b.tgz`.
-# Sourced by scripts/lease.sh ($W $PY $DATA $C, phase, artifacts_only).
-# shellcheck shell=bash disable=SC2086,SC2154
-V="--preset speedrun-latest --train.steps=12 --data.train_files=$DATA --data.val_seq_len=262144"
-V="$V --train.save_final_checkpoint=false --run.sample_tokens=0 --run.report=false"
-phase data 300 $PY -m speedgpt data local-python --out "$DATA" --workers 16
-phase cooldown 1100 $PY -m speedgpt ab --preset speedrun-latest --a "" --b "--schedule.cooldown_frac=0.6" --seeds 2 \
-    --target-loss 0.8214 --no-checkpoint --out "$W/runs/cooldown" $C --train.compile_cache="$W/cc"
-ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files-ab.txt" 2>&1
-phase warm-other-val 200 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 \
-    --train.compile_cache="$W/cc" --run-dir "$W/runs/warm"
-ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files.txt" 2>&1
-artifacts_only "$W/cc" "$W/cc-fresh"
-phase fresh 200 $PY -m speedgpt train $V --train.val_every=6 --data.val_tokens=262144 \
-    --train.compile_cache="$W/cc-fresh" --run-dir "$W/runs/fresh"
-true
+# Sourced by scripts/lease.sh: wave27.sh in this order (its AB_FIRST).
+# shellcheck shell=bash source=scripts/plans/wave27.sh
+AB_FIRST=1
+source "$(dirname "${BASH_SOURCE[0]}")/wave27.sh"
