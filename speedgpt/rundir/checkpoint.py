@@ -140,12 +140,10 @@ def _corrupt_fix(path: Path) -> str:
     where none was left, and a resume from an earlier one where a resume loads a later one."""
     from . import SFT_SPEC_FILE
 
-    own = path.name[len(STEP_PREFIX):]
-    if not (path.name.startswith(STEP_PREFIX) and own.isdigit()):
+    found = list_checkpoints(path.parent)  # oldest first
+    if path not in found:  # no step directory of a run's
         return f"restore it, or delete {path}"
-    found = list_checkpoints(path.parent)
-    later = [p for p in found if _step_of(p) > int(own)]
-    earlier = [p for p in found if _step_of(p) < int(own)]
+    earlier, later = found[:found.index(path)], found[found.index(path) + 1:]
     if later:  # named with --checkpoint: a resume loads the latest, not this one
         return f"restore it, or name another checkpoint with --checkpoint (the run's latest is {later[-1].name})"
     if earlier:
