@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from ..rundir import SFT_SPEC_FILE
-from .tasks import HELDOUT_PER_TASK
 from ..rundir.metrics import SFT_EVAL_EVENT
+from .tasks import HELDOUT_PER_TASK
 
 SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
 
@@ -251,6 +251,13 @@ class SFTTrainer:
         self.model.zero_grad(set_to_none=True)
         return total
 
+    def record_evaluation(self) -> dict:
+        """evaluate(), logged to the metrics and the console; returns the record."""
+        record = self.evaluate()
+        self.metrics.log(record)
+        self.log(_describe(record))
+        return record
+
     def evaluate(self) -> dict:
         from .evaluate import assistant_loss, builtin_scores, chatcore
 
@@ -275,9 +282,7 @@ class SFTTrainer:
         t = self.cfg.train
         history: list[dict] = []
         if self.step == 0:
-            history.append(self.evaluate())
-            self.metrics.log(history[-1])
-            self.log(_describe(history[-1]))
+            history.append(self.record_evaluation())
         t0 = time.perf_counter()
         # SIGTERM / Ctrl-C: the step finishes, a checkpoint is written, `--resume` continues (as `train`)
         with StopRequest(announce=not self.quiet) as stop:
@@ -293,16 +298,12 @@ class SFTTrainer:
                     self.metrics.close()
                     raise TrainingStopped(stop.signum, self.step, path, self.run_dir, stop.signal_step)
                 if (t.val_every and self.step % t.val_every == 0) or last:
-                    history.append(self.evaluate())
-                    self.metrics.log(history[-1])
-                    self.log(_describe(history[-1]))
+                    history.append(self.record_evaluation())
                 if (t.checkpoint_every and self.step % t.checkpoint_every == 0) or last:
                     self.save()
         if self.step == t.steps and not history:  # resumed at its last step, which a stop left unevaluated
             self.log(f"step {self.step} is the run's last: its final evaluation, which the stop left out")
-            history.append(self.evaluate())
-            self.metrics.log(history[-1])
-            self.log(_describe(history[-1]))
+            history.append(self.record_evaluation())
         self.metrics.close()
         self.log(f"done: {self.step} SFT steps; run dir {self.run_dir}")
         return SFTResult(self.run_dir, self.step, history, self.model)

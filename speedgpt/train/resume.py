@@ -2,8 +2,9 @@
 the run it names, nor silently redoes a finished one:
 
 - a run already at its end (its last step, or its time budget spent) is complete: nothing to train,
-  the command says so and exits 0 (no new sample, no rewritten report); one stopped in its last step (a
-  signal saves that step's checkpoint before its final validation) is resumed to validate it, which is all it lacks;
+  the command says so and exits 0 (no new sample, no rewritten report); one stopped in its last step, or in
+  the step that spent its time budget (a signal saves that step's checkpoint before its final validation), is
+  resumed to validate it, which is all it lacks;
 - a config whose schedule differs from the checkpoint's (another train.steps stretches every lr,
   momentum and window schedule over the new length from the checkpoint on; another optimizer value
   changes it too) is refused unless the command says --extend;
