@@ -158,6 +158,12 @@ def run_point(out: Path, point: Point, kind: str, preset: str, overrides: list[s
     return True
 
 
+def _point_of(cfg, name: str) -> tuple[str, Point]:
+    """The kind of budget ("flops_budget" or "tokens_per_param") and the grid point a run's saved config stands for."""
+    kind = "flops_budget" if cfg.train.flops_budget else "tokens_per_param"
+    return kind, Point(cfg.model.depth, getattr(cfg.train, kind), name)
+
+
 def collect(out: Path) -> list[RunResult]:
     """The finished runs of a sweep directory."""
     from .budget import describe, training_flops_per_token
@@ -171,9 +177,8 @@ def collect(out: Path) -> list[RunResult]:
         cfg, records = read
         b = describe(cfg)
         last = [r for r in records if "val_loss" in r and r.get("event") != "eval"][-1]
-        kind = "flops_budget" if cfg.train.flops_budget else "tokens_per_param"
-        budget = cfg.train.tokens_per_param or cfg.train.flops_budget
-        results.append(RunResult(run_dir.name, kind, cfg.model.depth, budget, b.scaling_params, b.batch_tokens,
+        kind, pt = _point_of(cfg, run_dir.name)
+        results.append(RunResult(run_dir.name, kind, pt.depth, pt.budget, b.scaling_params, b.batch_tokens,
                                  int(last["step"]), int(last["tokens"]),
                                  last["tokens"] * training_flops_per_token(cfg), float(last["val_loss"]),
                                  float(last.get("time_s", 0.0)), how))
@@ -358,8 +363,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.analyze:
-            check_recorded_settings(out)
-            analyze(out)
+            checked = check_recorded_settings(out)
+            analyze(out)  # (a folder without finished runs is its one-line error)
+            if not checked:
+                print(f"sweep: note: {out} holds no {SETTINGS_FILE} (the settings a sweep records since 2026-12-06), "
+                      f"so its runs' settings were not checked against each other", file=sys.stderr)
             return 0
         if not args.depths or not (args.tokens_per_param or args.flops):
             p.error("give --depths and one of --tokens-per-param or --flops (or --analyze)")
@@ -442,17 +450,13 @@ def check_existing(out: Path, planned: dict[str, dict]) -> None:
 SETTINGS_FILE = "sweep.json"  # the preset and overrides of the sweep that last trained in the directory
 
 
-def check_recorded_settings(out: Path) -> None:
+def check_recorded_settings(out: Path) -> bool:
     """`--analyze` alone: every finished run in `out` must be one the recorded sweep settings would train (as
-    check_others says before a sweep trains); a directory without them (made before sweeps wrote them) is analyzed
-    with a note that nothing was checked."""
+    check_others says before a sweep trains). False when `out` holds no settings (made before sweeps wrote them): its
+    analysis then says that nothing was checked."""
     path = out / SETTINGS_FILE
     if not path.is_file():
-        # Only beside runs the analysis reads: with none, its own one-line error says what to do.
-        if out.is_dir() and any(finished(p) for p in out.iterdir() if p.is_dir()):
-            print(f"sweep: note: {out} holds no {SETTINGS_FILE} (the settings a sweep records since 2026-12-06), so "
-                  f"its runs' settings are not checked against each other", file=sys.stderr)
-        return
+        return False
     try:
         saved = json.loads(path.read_text())
         preset, overrides = saved["preset"], saved["overrides"]
@@ -465,6 +469,7 @@ def check_recorded_settings(out: Path) -> None:
     check_others(out, {}, preset, overrides, fix=f"move that run out of {out}, or delete {path} to analyze without "
                                                  f"this check (a sweep of an older speedgpt may differ only by a preset "
                                                  f"changed since)")
+    return True
 
 
 def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: list[str], fix: str = "") -> None:
@@ -483,9 +488,7 @@ def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: li
         read = _read_run(run_dir)
         if not _ended_by(read):  # only finished runs enter the analysis
             continue
-        t = read[0].train
-        kind = "flops_budget" if t.flops_budget else "tokens_per_param"
-        pt = Point(read[0].model.depth, t.flops_budget or t.tokens_per_param, run_dir.name)
+        kind, pt = _point_of(read[0], run_dir.name)
         try:
             cfg = plan_run(resolve(preset, None, point_overrides(pt, kind, overrides))).cfg
             diff = config_differences(run_dir, comparable_config(cfg.to_dict()))
