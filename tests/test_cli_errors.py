@@ -469,6 +469,27 @@ def test_resume_of_something_that_is_no_run_says_so(tmp_path, capsys, kind, says
     assert f"--resume {path} {says}" in line and "--run-dir" in line
 
 
+@pytest.mark.parametrize("cut", ["empty", "preset-line", "cut-before-train"])
+def test_a_runs_config_emptied_or_cut_short_is_refused_not_read_as_defaults(cut, tmp_path, capsys):
+    """(audit 29) A run's config.toml emptied or cut short (a full disk, a copy that stopped) was read as a short
+    hand-written file: an empty one as the built-in defaults, one that kept its `preset` line as that preset.
+    `export` wrote a 12-layer config.json beside the run's 2 layers' weights and exited 0; `train --resume` refused
+    with a 512 GiB memory estimate or an --extend hint; `eval` and `sample` said the config was edited."""
+    from evalkit import make_run
+
+    run = make_run(tmp_path)
+    text = (run / "config.toml").read_text()
+    assert text.startswith('preset = "tiny-cpu"\n')
+    (run / "config.toml").write_text({"empty": "", "preset-line": 'preset = "tiny-cpu"\n',
+                                      "cut-before-train": text[:text.index("\n[train]")]}[cut])
+    for argv in (["train", "--resume", str(run)], ["eval", str(run), "--device", "cpu"],
+                 ["sample", str(run), "--prompt", "x", "--device", "cpu"], ["export", str(run)],
+                 ["sft", str(run), "--run-dir", str(tmp_path / "sft")]):
+        line = expect_one_line_error(argv, capsys)
+        assert f"{run / 'config.toml'} is " in line and "restore it" in line, (argv, line)
+    assert not (run / "export").exists() and not (tmp_path / "sft").exists()
+
+
 def test_a_run_refused_for_its_data_leaves_no_run_behind(tmp_path, capsys):
     """The corrected command must not be refused as 'already holds a run' by the failed one's leftovers."""
     argv = ["train", "--train.device=cpu", f"--data.train_files={tmp_path / 'no-such-data'}",

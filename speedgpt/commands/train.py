@@ -194,10 +194,11 @@ def _a_runs_record(args, overrides: list[str], run_dir: str) -> bool:
 def _train_config(p: argparse.ArgumentParser, args, folded: list[str]):
     """The run's config from --preset / --config / --resume and the (folded) overrides, on a device that
     exists here; None (after a one-line error) when it cannot be had."""
-    from ..config import ConfigError, default_preset, load_toml, resolve
+    from ..config import ConfigError, apply_overrides, default_preset, resolve
     from ..device import DeviceError, resolve_device
 
     config_file = args.config
+    run_config = None  # the resumed run's own config.toml, read whole (a cut-short one is refused, not defaulted)
     if args.resume:
         from ..rundir import RunDir
 
@@ -207,24 +208,24 @@ def _train_config(p: argparse.ArgumentParser, args, folded: list[str]):
             print(f"speedgpt train: --resume {args.resume} {what}; give the directory of an earlier run "
                   f"(runs/<name>), or start one with --run-dir", file=sys.stderr)
             return None
-        config_file = config_file or str(run.config_path)
+        if not config_file:
+            try:
+                run_config = run.read_config()
+            except ConfigError as e:
+                print(f"speedgpt train: config error: {e}", file=sys.stderr)
+                return None
     preset = args.preset
-    if args.resume and preset and not args.config:
+    if run_config is not None and preset:
         # The first command again with --resume: the run goes on from its own config, which names its preset.
-        try:
-            started_from = load_toml(config_file).preset
-        except ConfigError as e:
-            print(f"speedgpt train: config error: {e}", file=sys.stderr)
-            return None
-        if started_from != preset:
-            print(f"speedgpt train: --resume {args.resume} continues a run of preset '{started_from or 'none'}' "
+        if run_config.preset != preset:
+            print(f"speedgpt train: --resume {args.resume} continues a run of preset '{run_config.preset or 'none'}' "
                   f"with its own config; drop --preset {preset}", file=sys.stderr)
             return None
         preset = None
-    if not preset and not config_file:
+    if not preset and not config_file and run_config is None:
         preset = default_preset()
     try:
-        cfg = resolve(preset, config_file, folded)
+        cfg = apply_overrides(run_config, folded) if run_config is not None else resolve(preset, config_file, folded)
         resolve_device(cfg.train.device, option="--train.device")
     except ConfigError as e:
         print(f"speedgpt train: config error: {e}", file=sys.stderr)

@@ -17,7 +17,7 @@ itself; each lives in a module with one job:
 """
 
 from .errors import ConfigError
-from .files import default_preset, load_preset, load_toml, preset_names, save_toml, to_toml
+from .files import default_preset, load_preset, load_run_toml, load_toml, preset_names, save_toml, to_toml
 from .model import ModelConfig
 from .optim import OptimConfig
 from .overrides import apply_overrides, resolve
@@ -30,6 +30,6 @@ __all__ = [
     "RENAMED_KEYS", "SECTIONS", "Config", "ConfigError", "DataConfig", "ModelConfig", "OptimConfig", "ParallelConfig",
     "RunConfig", "ScheduleConfig", "StageConfig", "TrainConfig", "apply_overrides", "check_config",
     "check_cudagraph_strategy", "config_from_dict", "config_from_plain", "default_preset", "flat_config", "load_preset",
-    "load_toml",
+    "load_run_toml", "load_toml",
     "micro_batch_rows", "preset_names", "resolve", "save_toml", "to_toml",
 ]

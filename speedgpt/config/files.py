@@ -49,15 +49,37 @@ def load_preset(name: str) -> Config:
 
 def load_toml(path: str | Path) -> Config:
     path = Path(path)
+    data = _read_toml(path)
+    return config_from_dict(data, base=preset_base(path, data))
+
+
+def load_run_toml(path: str | Path) -> Config:
+    """A run's own config.toml (`speedgpt train` wrote it whole: to_toml writes every section). One that lacks a
+    section was emptied or cut short (a full disk, a copy that stopped), not written by hand: read as load_toml
+    reads a user's short file it took the built-in defaults, or its preset's values, for what it lost, and a resume,
+    eval or export went on with another model or schedule than the run's (an empty file's export, a 12-layer
+    config beside 4 layers' weights, exited 0)."""
+    from .parse import SECTIONS
+
+    path = Path(path)
+    data = _read_toml(path)
+    missing = [section for section in SECTIONS if section not in data]
+    if missing:
+        lost = "is empty" if not data else f"is cut short (no [{'], ['.join(missing)}] section{'s' * (len(missing) > 1)})"
+        raise ConfigError(f"{path} {lost}, while a run's config.toml holds every section; restore it (each of the "
+                          f"run's checkpoints keeps its config, under \"config\" in its state.json)")
+    return config_from_dict(data)
+
+
+def _read_toml(path: Path) -> dict:
     if path.is_dir():
         raise ConfigError(f"{path} is a directory; pass a config file (a run's is {path / 'config.toml'})")
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        return tomllib.loads(path.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(f"{path}: not valid TOML ({e})") from None
-    return config_from_dict(data, base=preset_base(path, data))
 
 
 def preset_base(path: Path, data: dict) -> Config | None:

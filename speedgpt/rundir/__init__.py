@@ -103,9 +103,10 @@ class RunDir:
         atomic_write(self.plan_path, json.dumps(plan, indent=1) + "\n")
 
     def read_config(self) -> Config:
-        from ..config import load_toml
+        """The run's config; a config.toml emptied or cut short is a ConfigError (config/files.py load_run_toml)."""
+        from ..config import load_run_toml
 
-        return load_toml(self.config_path)
+        return load_run_toml(self.config_path)
 
     def write_env(self, snapshot: dict) -> None:
         atomic_write(self.env_path, json.dumps(snapshot, indent=1))
