@@ -103,12 +103,16 @@ def export_model(source: str | Path, out: str | Path | None = None, *, dtype: st
 
     from . import __version__
     from .atomic import sha256_file
-    from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, load_state,
-                                 strip_wrapper_prefixes)
+    from .model.build import model_from_config
+    from .rundir.weights import (EXPORT_CONFIG, EXPORT_FORMAT_VERSION, EXPORT_WEIGHTS, check_weights_fit, load_state,
+                                 shapes_of, strip_wrapper_prefixes)
     from .tokenizer.folder import RUN_SUBDIR, copy_folder
 
     src, cfg, out, tok = export_source(source, out, dtype=dtype, checkpoint=checkpoint)
     state = strip_wrapper_prefixes(load_state(src, torch.device("cpu")))
+    # an export whose config.json cannot take its weights was written, and exited 0, for a config edited after
+    # training (the HF export builds the model and refused it); every load of it then failed
+    check_weights_fit(src, shapes_of(model_from_config(cfg, "meta").state_dict()), state)
     target = DTYPES[dtype]
     keep_fp32 = scalar_param_names(cfg)
     state = {k: (v.to(target) if v.is_floating_point() and k not in keep_fp32 else v) for k, v in state.items()}

@@ -305,3 +305,16 @@ def test_export_under_a_file_names_the_file(tmp_path, capsys):
     assert err == (f"speedgpt export: --out {tmp_path / 'text.txt' / 'sub'} cannot be made: {tmp_path / 'text.txt'} "
                    f"is a file, not a directory; pass a directory (new or existing)")
     assert (tmp_path / "text.txt").read_text() == "mine"
+
+
+def test_export_refuses_weights_its_config_does_not_fit(tmp_path, capsys):
+    """(audit 29) A run whose config.toml was edited after training (model.depth 4 -> 5) exported with exit 0: a
+    config.json of 5 layers beside 4 layers' weights, which every later load refused (`--format hf` refused at once)."""
+    run = make_run(tmp_path)
+    config = run / "config.toml"
+    assert "\ndepth = 4\n" in config.read_text()
+    config.write_text(config.read_text().replace("\ndepth = 4\n", "\ndepth = 5\n"))
+    assert main(["export", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "do not fit the model its config describes (missing blocks.4." in err[0], err
+    assert not (run / "export").exists()

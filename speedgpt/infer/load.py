@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..rundir.weights import (LoadError, load_config, load_state, locate, shapes_of, strip_wrapper_prefixes,
-                              weights_mismatch)
+from ..rundir.weights import (LoadError, check_weights_fit, load_config, load_state, locate, shapes_of,
+                              strip_wrapper_prefixes)
 
 __all__ = ["LoadError", "load_model", "locate"]
 
@@ -34,10 +34,7 @@ def load_model(run_dir_or_export: str | Path, *, device: str | torch.device = "a
     # validated it at that step; a finished run's step is the last, whose windows are the final ones.
     model = model_from_config(cfg, dev, dtype=dtype, step=source.step)
     state = strip_wrapper_prefixes(load_state(source, dev))
-    problem = weights_mismatch(shapes_of(model.state_dict()), shapes_of(state))
-    if problem:
-        raise LoadError(f"weights in {source.weights} do not fit the model its config describes ({problem}); "
-                        f"the config was edited after training, or the weights come from another run")
+    check_weights_fit(source, shapes_of(model.state_dict()), state)
     model.load_state_dict(state)
     model.eval()
     return model, cfg

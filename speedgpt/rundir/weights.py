@@ -77,6 +77,16 @@ def weights_mismatch(expected: dict[str, tuple[int, ...]], found: dict[str, tupl
     return "; ".join(parts) or None
 
 
+def check_weights_fit(source: WeightsSource, expected: dict[str, tuple[int, ...]],
+                      state: dict[str, torch.Tensor]) -> None:
+    """LoadError unless `state` (the weights `source` holds) loads into a model whose state has shapes `expected`:
+    what loading a model and writing an export both check, so neither hands on weights its config cannot take."""
+    problem = weights_mismatch(expected, shapes_of(state))
+    if problem:
+        raise LoadError(f"weights in {source.weights} do not fit the model its config describes ({problem}); "
+                        f"the config was edited after training, or the weights come from another run")
+
+
 def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSource:
     """Find the weights `load_model` would use, without loading them."""
     if checkpoint == "latest":  # the commands' --checkpoint help calls the default "the latest": it is a name too
