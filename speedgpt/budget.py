@@ -141,8 +141,8 @@ def resolve_budget(cfg: Config) -> tuple[Config, list[str]]:
     """(resolved copy of cfg, lines saying what was derived). The one place budgets become numbers."""
     t, o = cfg.train, cfg.optim
     for key in BUDGET_KEYS:
-        if getattr(t, key) < 0:
-            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0 (0 turns it off)")
+        if not math.isfinite(getattr(t, key)) or getattr(t, key) < 0:  # inf was an OverflowError's traceback
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be finite and >= 0 (0 turns it off)")
     if t.horizon not in ("auto", "steps"):
         raise ConfigError(f"train.horizon='{t.horizon}' must be auto (a budget when one is set, else train.steps) "
                           f"or steps")

@@ -83,7 +83,10 @@ def test_defaults_resolve_to_themselves():
 @pytest.mark.parametrize("overrides, message", [
     (["--train.batch_tokens=0"], "train.batch_tokens=0 derives the batch"),
     (["--train.tokens_per_param=10", "--train.flops_budget=1e15"], "both set the horizon"),
-    (["--train.tokens_per_param=-1"], "train.tokens_per_param=-1.0 must be >= 0"),
+    (["--train.tokens_per_param=-1"], "train.tokens_per_param=-1.0 must be finite and >= 0"),
+    # (audit 29) int(nan) and int(inf) in the budget's arithmetic: a traceback's last line, exit 1
+    (["--train.tokens_per_param=nan"], "train.tokens_per_param=nan must be finite and >= 0"),
+    (["--train.flops_budget=inf"], "train.flops_budget=inf must be finite and >= 0"),
     (["--optim.tuned_width=768", "--optim.scale_lr_by_width=true"], "both scale the Adam lrs"),
     (["--train.tokens_per_param=12", "--train.batch_tokens=0", "--data.seq_len=96"],
      "derived batch of 131,072 tokens is not a whole number of rows of data.seq_len=96"),

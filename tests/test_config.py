@@ -82,6 +82,12 @@ def test_override_errors_name_the_key(override, fragment):
     (["--model.logit_softcap=-5"], "model.logit_softcap=-5.0 must be finite and >= 0"),
     (["--train.peak_flops=-1"], "train.peak_flops=-1.0 must be finite and >= 0"),  # a negative MFU was logged
     (["--train.time_budget_s=nan"], "train.time_budget_s=nan must be finite and >= 0"),  # "no limit", silently
+    # (audit 29) nan passed every `< 0` check: time-based checkpoints silently off, no memory limit, a bias rate
+    # of nan (a budget's nan: tests/test_budget.py)
+    (["--train.checkpoint_every_min=nan"], r"train.checkpoint_every_min=nan is not a number; give a number"),
+    (["--parallel.memory_limit_gib=nan"], r"parallel.memory_limit_gib=nan is not a number"),
+    (["--model.moe_bias_rate=nan"], r"model.moe_bias_rate=nan is not a number"),
+    (["--train.stages=[{share=nan}, {share=1.0}]"], r"train.stages\[0\].share=nan is not a number"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

@@ -42,6 +42,25 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
     _check_parallel(cfg.parallel, cfg.train)
     _check_checkpointed_experts(cfg)
     _check_run(cfg.run)
+    _check_no_nan(cfg)  # last: the checks above name their own keys' ranges
+
+
+def _check_no_nan(cfg: Config) -> None:
+    """No key means anything by nan, and `nan < 0` is false: it passed every `< 0` check above
+    (--train.checkpoint_every_min=nan turned time-based checkpoints off without a word)."""
+    for key in _nan_keys(cfg.to_dict()):
+        raise ConfigError(f"{key}=nan is not a number; give a number for {key} (`speedgpt config` describes it)")
+
+
+def _nan_keys(value, key: str = ""):
+    if isinstance(value, float) and math.isnan(value):
+        yield key
+    elif isinstance(value, dict):
+        for name, item in value.items():
+            yield from _nan_keys(item, f"{key}.{name}" if key else name)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _nan_keys(item, f"{key}[{i}]")
 
 
 def _check_run(r: RunConfig) -> None:
