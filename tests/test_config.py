@@ -88,6 +88,8 @@ def test_override_errors_name_the_key(override, fragment):
     (["--parallel.memory_limit_gib=nan"], r"parallel.memory_limit_gib=nan is not a number"),
     (["--model.moe_bias_rate=nan"], r"model.moe_bias_rate=nan is not a number"),
     (["--train.stages=[{share=nan}, {share=1.0}]"], r"train.stages\[0\].share=nan is not a number"),
+    # (audit 29) the start hung in planning every step's windows (1e12), or saved an integer TOML cannot hold (1e30)
+    (["--train.steps=1e12"], "train.steps=1,000,000,000,000 is more than 10,000,000, the most a plan spans"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

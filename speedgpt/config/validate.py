@@ -14,6 +14,12 @@ from .optim import OptimConfig
 from .sections import COMPILE_MODES, CUDAGRAPH_MODES, Config, ParallelConfig, RunConfig, ScheduleConfig, TrainConfig
 
 
+# The longest run a plan spans: the plan walks every step once at start (plan.json's window changes, YaRN's
+# tables), about 1 us a step, so 10M steps take seconds; --train.steps=1e12 hung there with no word, and 1e30
+# wrote a config.toml integer beyond TOML's 64 bits. (GPT-3's 300B tokens were ~94K steps.)
+MAX_STEPS = 10_000_000
+
+
 def micro_batch_rows(cfg: Config, world_size: int = 1) -> tuple[int, int]:
     """(rows per micro-step per rank, gradient-accumulation steps) for this world size."""
     t = cfg.train
@@ -141,6 +147,10 @@ def _check_data_and_batch(cfg: Config, world_size: int) -> None:
         micro_batch_rows(cfg, world_size)
     if t.steps < 1:
         raise ConfigError(f"train.steps={t.steps} must be at least 1")
+    if t.steps > MAX_STEPS:
+        raise ConfigError(f"train.steps={t.steps:,} is more than {MAX_STEPS:,}, the most a plan spans (every step's "
+                          f"windows are planned at start); to stop a run by time, give train.time_budget_s beside the "
+                          f"step count its lr schedule should span")
     if t.log_every < 1:
         raise ConfigError(f"train.log_every={t.log_every} must be at least 1")
     for key in ("val_every", "checkpoint_every", "warmup_steps"):
