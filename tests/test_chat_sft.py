@@ -367,6 +367,21 @@ def test_an_old_sft_json_with_relative_paths_says_where_they_are_relative_to(bas
         "started in, which its env.json does not record" in err and "resume from that directory" in err, err
 
 
+@pytest.mark.parametrize("text", ["", "{}", "[1]", '{"base_run": "/x", "data": [], "load_optim'])
+def test_an_sft_json_emptied_or_cut_short_is_one_line_naming_it(base_run, tmp_path, capsys, text):
+    """(audit 29) `sft --resume` of a run whose sft.json was emptied said "error: Expecting value: line 1 column 1
+    (char 0)", naming neither the file nor the fix; `{}` or a list was a TypeError, exit 1."""
+    from speedgpt.cli import main
+
+    run = tmp_path / "cut"
+    run.mkdir()
+    (run / "sft.json").write_text(text)
+    (run / "config.toml").write_text((base_run / "config.toml").read_text())
+    assert main(["sft", "--resume", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{run / 'sft.json'} is unreadable" in err and "restore it" in err, err
+
+
 @pytest.mark.parametrize("argv", [["--resume", "RUN"], ["--resume", "RUN", "--train.steps=6", "--extend"],
                                   ["--auto-resume", "--run-dir", "RUN"], ["--run-dir", "RUN"]])
 def test_train_resume_of_an_sft_run_points_to_sft_resume(sft_run, tmp_path, capsys, argv):

@@ -92,7 +92,15 @@ class SFTSpec:
 
     @classmethod
     def load(cls, run_dir: Path) -> "SFTSpec":
-        return cls(**{"split": 1, **json.loads((run_dir / SPEC_FILE).read_text(encoding="utf-8"))})
+        """The spec `sft` saved in `run_dir`; a ValueError naming the file for one emptied or cut short (json's own
+        "Expecting value: line 1 column 1 (char 0)" named neither the file nor the fix)."""
+        path = run_dir / SPEC_FILE
+        try:
+            return cls(**{"split": 1, **json.loads(path.read_text(encoding="utf-8"))})
+        except (ValueError, TypeError) as e:  # not JSON, not an object, or keys missing or unknown
+            raise ValueError(f"{path} is unreadable ({type(e).__name__}: {e}), emptied or cut short; restore it (its "
+                             f"base run and --data files are in the command that started the run, argv in "
+                             f"{run_dir / 'env.json'})") from None
 
 
 def sft_config(base_run: str | Path, overrides: list[str]):
