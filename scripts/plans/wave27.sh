@@ -17,6 +17,7 @@
 # then poll, and end with `scripts/lease.sh /tmp/w27 collect $OUT/w27.tgz`.
 # With AB_FIRST=1 (scripts/plans/wave27b.sh) 4. runs first and 1. is left out: the A/B's first run is the cold start,
 # and 2. validates otherwise than the A/B (every 6 steps on 262,144 tokens against every 25 on 1,572,864).
+# With NO_AB=1 (scripts/plans/wave27a.sh) 4. is left out.
 # Sourced by scripts/lease.sh ($W $PY $DATA $C, phase, artifacts_only).
 # shellcheck shell=bash disable=SC2086,SC2154
 V="--preset speedrun-latest --train.steps=12 --data.train_files=$DATA --data.val_seq_len=262144"
@@ -40,5 +41,5 @@ phase warm-other-val 200 $PY -m speedgpt train $V $WARM_VAL --train.compile_cach
 ls -l "$W"/cc/*/artifacts-* > "$W/logs/artifact-files.txt" 2>&1
 artifacts_only "$W/cc" "$W/cc-fresh"
 phase fresh 200 $PY -m speedgpt train $V $VAL_ONE --train.compile_cache="$W/cc-fresh" --run-dir "$W/runs/fresh"
-[ "${AB_FIRST:-0}" = 1 ] || cooldown
+[ "${AB_FIRST:-0}" = 1 ] || [ "${NO_AB:-0}" = 1 ] || cooldown
 true
