@@ -62,13 +62,21 @@ def load_run_toml(path: str | Path) -> Config:
     from .parse import SECTIONS
 
     path = Path(path)
-    data = _read_toml(path)
+    try:
+        data = _read_toml(path)
+    except ConfigError as e:
+        if not path.is_file():  # a folder or a missing file: its own fix, nothing to restore
+            raise
+        raise ConfigError(f"{e}; {RESTORE_RUN_CONFIG}") from None  # train writes it whole: a cut, not a typo
     missing = [section for section in SECTIONS if section not in data]
     if missing:
         lost = "is empty" if not data else f"is cut short (no [{'], ['.join(missing)}] section{'s' * (len(missing) > 1)})"
-        raise ConfigError(f"{path} {lost}, while a run's config.toml holds every section; restore it (each of the "
-                          f"run's checkpoints keeps its config, under \"config\" in its state.json)")
+        raise ConfigError(f"{path} {lost}, while a run's config.toml holds every section; {RESTORE_RUN_CONFIG}")
     return config_from_dict(data)
+
+
+# Where a run's lost config.toml is found again: every checkpoint saves the config it trained with.
+RESTORE_RUN_CONFIG = "restore it (each of the run's checkpoints keeps its config, under \"config\" in its state.json)"
 
 
 def _read_toml(path: Path) -> dict:
