@@ -71,7 +71,7 @@ def _nan_keys(value, key: str = ""):
 
 def _check_run(r: RunConfig) -> None:
     # The sample is printed after training: a bad value found only then cost the whole run's time. (Whether the
-    # prompt fits the model's context needs the run's tokenizer: train/tokenizer.py check_sample_prompt.)
+    # prompt and the sample fit the model's context needs the run's tokenizer: train/tokenizer.py check_sample_prompt.)
     if r.sample_tokens < 0:
         raise ConfigError(f"run.sample_tokens={r.sample_tokens} must be >= 0 (new tokens of the sample printed after "
                           f"training; 0: no sample)")

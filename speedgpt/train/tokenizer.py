@@ -105,3 +105,11 @@ def check_sample_prompt(cfg: Config, tok: Tokenizer | None) -> None:
     if tokens >= context:  # as infer/generate.py decode_steps refuses it: room for one new token at least
         raise ConfigError(f"run.sample_prompt is {tokens} tokens (with BOS), which does not fit the model's context "
                           f"of {context}; shorten it, or give --run.sample_tokens=0 for no sample")
+    # decode_steps never samples past the context (its KV cache and the rotary tables stop there), so more new
+    # tokens than the context holds can never come: a slip (1e9 for 1e2) that was accepted, cut there in silence,
+    # and on a long-context preset (val rows of 262,144) cost that many decode steps and a KV cache to match once the
+    # run had trained. Up to the context is allowed, so that the default fits the shortest rows with its prompt.
+    if cfg.run.sample_tokens > context:
+        raise ConfigError(f"run.sample_tokens={cfg.run.sample_tokens} is more than the model's context of {context} "
+                          f"tokens, where a sample stops; give at most {context - tokens} (the context less the "
+                          f"prompt's {tokens} tokens with BOS), or 0 for no sample")
