@@ -68,8 +68,7 @@ def test_auto_picks_fsdp_only_when_ddp_does_not_fit():
 
 
 def test_train_fails_before_allocating(tmp_path):
-    # (no sample: the default 64 tokens pass these 32-token rows, a start refusal of its own)
-    cfg = small("--parallel.memory_limit_gib=0.001", "--data.train_files=/nonexistent/*.bin", "--run.sample_tokens=0")
+    cfg = small("--parallel.memory_limit_gib=0.001", "--data.train_files=/nonexistent/*.bin")
     with pytest.raises(ConfigError, match="does not fit: ddp on 1 rank"):  # before the data is even looked at
         train(cfg, run_dir=tmp_path / "run", quiet=True)
 
