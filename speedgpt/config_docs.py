@@ -215,7 +215,7 @@ DESCRIPTIONS: dict[str, str] = {
     # run
     "run.name": "run name (legend label, default run directory name)",
     "run.dir": "run directory; empty: runs/<name>-<time>",
-    "run.sample_tokens": "tokens of the sample printed at the end; 0 disables",
+    "run.sample_tokens": "new tokens of the sample printed at the end, at most the model's context; 0 disables",
     "run.sample_prompt": "prompt of that sample",
     "run.report": "write report.png and report.html at the end",
     "run.tensorboard": "also log to TensorBoard (extra .[tensorboard])",

@@ -97,11 +97,13 @@ def point_overrides(point: Point, kind: str, overrides: list[str]) -> list[str]:
 def _read_run(run_dir: Path):
     """(config, metrics records) of a run directory, or None when it has no run or no metrics yet."""
     from .rundir import RunDir
+    from .rundir.reuse import found_run_config
 
     run = RunDir(run_dir)
-    if not run.is_run() or not run.metrics_path.is_file():
+    cfg = found_run_config(run_dir)  # a run whose config.toml is unreadable or gone: refused, never passed over
+    if cfg is None or not run.metrics_path.is_file():
         return None
-    return run.read_config(), run.read_metrics()
+    return cfg, run.read_metrics()
 
 
 def _ended_by(read) -> str | None:
@@ -491,9 +493,10 @@ def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: li
         kind, pt = _point_of(read[0], run_dir.name)
         try:
             cfg = plan_run(resolve(preset, None, point_overrides(pt, kind, overrides))).cfg
-            diff = config_differences(run_dir, comparable_config(cfg.to_dict()))
         except (BudgetBelowOneStep, ConfigError) as e:
             diff = [f"its depth and budget are no run of these settings: {e}"]
+        else:  # (an unreadable config.toml is its own ConfigError, not a difference)
+            diff = config_differences(run_dir, comparable_config(cfg.to_dict()))
         if diff:
             fix = fix or f"use a new --out for these settings, or move that run out of {out}"
             raise SweepError(f"{run_dir} is a finished run of other settings (differs in {', '.join(diff[:4])}), and "

@@ -18,6 +18,20 @@ TINY_OVERRIDES = [
 ]
 
 
+# The ways a run's config.toml is lost (a full disk, a copy that stopped, a stray edit, a removal): none is a run's.
+CONFIG_DAMAGE = ("empty", "cut short", "not TOML", "removed")
+
+
+def damage_run_config(run_dir: Path, how: str) -> None:
+    path = run_dir / "config.toml"
+    text = path.read_text()
+    if how == "removed":
+        path.unlink()
+    else:
+        path.write_text({"empty": "", "cut short": text[:text.index("\n[train]")],
+                         "not TOML": text.replace("\n[train]", "\n[train", 1)}[how])
+
+
 def pytest_configure(config):
     """Under pytest-xdist (the README's `-n auto`), each worker gets its share of the cores: N workers each
     running torch's default of one thread per core, and the processes they start, would oversubscribe them."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_OVERRIDES
+from conftest import CONFIG_DAMAGE, TINY_OVERRIDES, damage_run_config
 from speedgpt.ab.cli import main
 from speedgpt.ab.plan import make_plan, waves
 from speedgpt.ab.stats import detectable_difference, paired
@@ -176,6 +176,33 @@ def test_a_run_directory_of_another_configuration_is_refused(tmp_path):
     RunDir(run.run_dir).write_config(other)
     with pytest.raises(AbError, match=r"holds a run of another configuration \(differs in optim.muon_lr\)"):
         check_existing(run)
+
+
+
+@pytest.mark.parametrize("how", CONFIG_DAMAGE)
+def test_a_finished_run_whose_config_is_unreadable_is_refused_not_counted(tmp_path, capsys, monkeypatch, how):
+    """(audit 29b) A finished run in --out whose config.toml was emptied, cut short, made invalid TOML or removed was
+    taken for no run: its settings went unchecked, its metrics were counted as this plan's, exit 0."""
+    import speedgpt.ab.run as ab
+    from speedgpt.config import resolve
+    from speedgpt.planner import plan_run
+    from speedgpt.rundir import RunDir
+
+    plan = plan_for(tmp_path)
+    for run in plan.runs:  # each finished: config and final validation written as train writes them
+        overrides = [o for o in run.argv if o.startswith("--") and "." in o.split("=", 1)[0]]
+        rundir = RunDir(run.run_dir)
+        rundir.root.mkdir(parents=True)
+        rundir.write_config(plan_run(resolve("tiny-cpu", None, overrides)).cfg)
+        final = {"step": run.steps, "tokens": 1, "time_s": 1.0, "val_loss": 3.0}
+        rundir.metrics_path.write_text(json.dumps(final) + "\n")
+    damaged = plan.runs[0].run_dir
+    damage_run_config(damaged, how)
+    monkeypatch.setattr(ab.subprocess, "Popen", None)  # nothing may be trained
+    assert main(["--preset", "tiny-cpu", "--a", "--optim.muon_lr=0.04", "--b", "", "--seeds", "2",
+                 "--devices", "cpu", "--out", str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert "\n" not in line and str(damaged) in line and "restore it" in line and f"delete {damaged}" in line, line
 
 
 class FakeProcess:

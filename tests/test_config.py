@@ -90,6 +90,13 @@ def test_override_errors_name_the_key(override, fragment):
     (["--train.stages=[{share=nan}, {share=1.0}]"], r"train.stages\[0\].share=nan is not a number"),
     # (audit 29) the start hung in planning every step's windows (1e12), or saved an integer TOML cannot hold (1e30)
     (["--train.steps=1e12"], "train.steps=1,000,000,000,000 is more than 10,000,000, the most a plan spans"),
+    # (audit 29b) past float32, in which training applies them: torch's "value cannot be converted to type float
+    # without overflow" at step 1, naming no key, or an inf softcap's non-finite loss blamed on the learning rates;
+    # an eps float32 rounds to 0 divided by zero (a non-finite loss at step 2)
+    (["--optim.muon_lr=1e308"], r"optim.muon_lr=1e\+308 is beyond float32 \(at most 3.4e\+38\)"),
+    (["--optim.embed_lr=3.5e38"], r"optim.embed_lr=3.5e\+38 is beyond float32"),
+    (["--model.logit_softcap=1e308"], r"model.logit_softcap=1e\+308 is beyond float32"),
+    (["--optim.adam_eps=1e-300"], r"optim.adam_eps=1e-300 is 0 in float32 \(the smallest positive is 1.4e-45\)"),
 ])
 def test_validation_errors(override, fragment):
     cfg = apply_overrides(load_preset("tiny-cpu"), override)

@@ -11,6 +11,7 @@ import pytest
 
 from speedgpt import report
 from speedgpt.cli import main as cli_main
+from speedgpt.config import config_from_dict, save_toml
 from speedgpt.report import format_rows, print_summary, summary_table, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,8 +23,8 @@ def make_run(run_dir, name=None, *, steps=1750, tokens_per_step=393_216, step_s=
     constant-then-linear-cooldown lr, throughput with jitter. ``speed`` > 1 learns faster per token."""
     rng = random.Random(seed)
     run_dir.mkdir(parents=True)
-    if name is not None:
-        (run_dir / "config.toml").write_text(f'[model]\ndepth = 12\n\n[run]\nname = "{name}"\n')
+    if name is not None:  # whole, as train writes it (a config.toml that lacks a section is a damaged one)
+        save_toml(config_from_dict({"model": {"depth": 12}, "run": {"name": name}}), run_dir / "config.toml")
 
     def loss(step):
         return 3.0 + 7.8 * (1 + speed * step / 10) ** -0.66

@@ -111,6 +111,26 @@ def test_a_config_missing_keys_takes_the_defaults(tmp_path):
     assert compare_runs(load_runs([a, b]))["rows"][1]["overrides"] == []
 
 
+
+@pytest.mark.parametrize("cut", ["empty", "cut short", "baseline cut short"])
+def test_a_config_cut_short_is_unreadable_not_filled_with_defaults(tmp_path, capsys, cut):
+    """(audit 29b) A run's config.toml cut short (a full disk, a copy that stopped) was read as it stood: the
+    defaults stood in for its lost sections, and the overrides column named them as the run's settings
+    (`data.seq_len=1024`, `train.steps=1000` beside a tiny-cpu run), with a "validated on other data" mark."""
+    a = write_run(tmp_path / "a", A_VALS)
+    b = write_run(tmp_path / "b", B_VALS)
+    damaged = a if cut.startswith("baseline") else b
+    text = (damaged / "config.toml").read_text()
+    (damaged / "config.toml").write_text("" if cut == "empty" else text[:text.index("\n[data]")])
+    with pytest.warns(UserWarning) as warned:  # as report's other unreadable files: one warning line, run kept
+        assert cli_main(["report", str(a), str(b), "--markdown"]) == 0
+    (warning,) = [str(w.message) for w in warned]
+    assert f"{damaged / 'config.toml'} is " in warning and "restore it" in warning, warning
+    row = capsys.readouterr().out.splitlines()[3]
+    says = "A: config.toml unreadable" if damaged == a else "config.toml unreadable"
+    assert row.startswith(f"| B: b | – ({says}) |") and "≠" not in row and "seq_len" not in row, row
+
+
 def test_markdown_table(abc, tmp_path, capsys):
     assert cli_main(["report", *map(str, abc), "--markdown", "--out", str(tmp_path / "out")]) == 0
     captured = capsys.readouterr()

@@ -36,6 +36,10 @@ def test_a_val_shard_id_past_the_vocabulary_is_refused_at_start(bad_id, text_sha
     (["--run.sample_tokens=8", "--run.sample_prompt=" + " ".join(["word"] * 100)],
      "run.sample_prompt is 101 tokens (with BOS), which does not fit the model's context of 64; shorten it, or give "
      "--run.sample_tokens=0"),
+    # (audit 29b) accepted, then the sample stopped at the context in silence after training (a long-context
+    # preset's 262,144 tokens took that many decode steps)
+    (["--run.sample_tokens=1e9"], "run.sample_tokens=1000000000 is more than the model's context of 64 tokens, where a "
+                                  "sample stops; give at most 62 (the context less the prompt's 2 tokens with BOS)"),
 ])
 def test_a_sample_that_cannot_be_printed_is_refused_at_start(extra, says, text_shards, tmp_path, capsys):
     # Both were found after the whole run had trained: a raw torch error, and "prompt of 102 tokens does not fit".

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import TINY_OVERRIDES
+from conftest import CONFIG_DAMAGE, TINY_OVERRIDES, damage_run_config
 from speedgpt.sweep import RunResult, frontier, optimal_params, power_law
 
 
@@ -202,6 +202,35 @@ def test_a_finished_run_of_other_settings_in_out_is_refused_not_put_on_the_front
     settings.unlink()  # a sweep directory from before the file: analyzed, with a note that nothing was checked
     assert main(["--out", str(out), "--analyze"]) == 0
     assert "holds no sweep.json" in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize("how", CONFIG_DAMAGE)
+def test_a_finished_run_whose_config_is_unreadable_is_refused_before_the_plan(tmp_path, capsys, how):
+    """(audit 29b) A run in --out whose config.toml was emptied, cut short, made invalid TOML or removed was taken
+    for no run by the settings check: a planned point was refused only once it was reached (after the plan was
+    printed), invalid TOML named no fix, and `--analyze` left a run without its config.toml off the frontier."""
+    from speedgpt.config import resolve
+    from speedgpt.planner import plan_run
+    from speedgpt.rundir import RunDir
+    from speedgpt.sweep import Point, main, point_overrides
+
+    out = tmp_path / "sweep"
+    point = Point(2, 1e11, "d2-c1e11")
+    cfg = plan_run(resolve("tiny-cpu", None, point_overrides(point, "flops_budget", []))).cfg
+    run = RunDir(out / point.name)
+    run.root.mkdir(parents=True)
+    run.write_config(cfg)
+    run.metrics_path.write_text(json.dumps({"step": cfg.train.steps, "tokens": 1, "time_s": 1.0, "val_loss": 3.0})
+                                + "\n")
+    (out / "sweep.json").write_text(json.dumps({"preset": "tiny-cpu", "overrides": []}))
+    damage_run_config(run.root, how)
+    for argv in (["--depths", "2", "--flops", "1e11", "--preset", "tiny-cpu", "--dry-run"], ["--analyze"]):
+        assert main(["--out", str(out), *argv]) == 2
+        captured = capsys.readouterr()
+        line = captured.err.strip()
+        assert "\n" not in line and str(run.root) in line and "restore it" in line, (argv, line)
+        assert f"delete {run.root}" in line and "d2-c1e11: " not in captured.out
 
 
 def test_a_run_that_exits_0_without_its_final_validation_fails_loudly(tmp_path, capsys, monkeypatch):

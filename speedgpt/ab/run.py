@@ -23,9 +23,13 @@ LOG_FILE = "train.log"
 
 def check_existing(run: Run) -> None:
     """A run directory left by an earlier `ab` must hold this plan's configuration."""
+    from ..config import ConfigError
     from ..rundir.reuse import config_differences
 
-    diff = config_differences(run.run_dir, run.config)
+    try:
+        diff = config_differences(run.run_dir, run.config)
+    except ConfigError as e:  # its config.toml unreadable or gone: not known to be this plan's run
+        raise AbError(str(e)) from None
     if diff:
         raise AbError(f"{run.run_dir} holds a run of another configuration (differs in {', '.join(diff[:4])}); "
                       f"use a new --out or delete it")

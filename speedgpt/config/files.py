@@ -59,16 +59,33 @@ def load_run_toml(path: str | Path) -> Config:
     reads a user's short file it took the built-in defaults, or its preset's values, for what it lost, and a resume,
     eval or export went on with another model or schedule than the run's (an empty file's export, a 12-layer
     config beside 4 layers' weights, exited 0)."""
+    path = Path(path)
+    try:
+        data = _read_toml(path)
+    except ConfigError as e:
+        if not path.is_file():  # a folder or a missing file: its own fix, nothing to restore
+            raise
+        raise ConfigError(f"{e}; {RESTORE_RUN_CONFIG}") from None  # train writes it whole: a cut, not a typo
+    cut = run_config_cut_short(path, data)
+    if cut:
+        raise ConfigError(cut)
+    return config_from_dict(data)
+
+
+def run_config_cut_short(path: Path, data: dict) -> str | None:
+    """What is wrong with a run's config.toml (read as `data`) that lacks a section, naming where its config is kept;
+    None when it has every section. `report` reads runs leniently, and warns with this instead of refusing."""
     from .parse import SECTIONS
 
-    path = Path(path)
-    data = _read_toml(path)
     missing = [section for section in SECTIONS if section not in data]
-    if missing:
-        lost = "is empty" if not data else f"is cut short (no [{'], ['.join(missing)}] section{'s' * (len(missing) > 1)})"
-        raise ConfigError(f"{path} {lost}, while a run's config.toml holds every section; restore it (each of the "
-                          f"run's checkpoints keeps its config, under \"config\" in its state.json)")
-    return config_from_dict(data)
+    if not missing:
+        return None
+    lost = "is empty" if not data else f"is cut short (no [{'], ['.join(missing)}] section{'s' * (len(missing) > 1)})"
+    return f"{path} {lost}, while a run's config.toml holds every section; {RESTORE_RUN_CONFIG}"
+
+
+# Where a run's lost config.toml is found again: every checkpoint saves the config it trained with.
+RESTORE_RUN_CONFIG = "restore it (each of the run's checkpoints keeps its config, under \"config\" in its state.json)"
 
 
 def _read_toml(path: Path) -> dict:

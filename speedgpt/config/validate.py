@@ -48,6 +48,7 @@ def check_config(cfg: Config, world_size: int = 1) -> None:
     _check_parallel(cfg.parallel, cfg.train)
     _check_checkpointed_experts(cfg)
     _check_run(cfg.run)
+    _check_float32(cfg)  # after the ranges, which name their keys' own bounds
     _check_no_nan(cfg)  # last: the checks above name their own keys' ranges
 
 
@@ -69,9 +70,33 @@ def _nan_keys(value, key: str = ""):
             yield from _nan_keys(item, f"{key}[{i}]")
 
 
+# The optimizer's and the model's float keys meet float32 tensors (lrs, decays, eps; the softcap, attention scale):
+# one past float32's range failed at the first step as torch's "value cannot be converted to type float without
+# overflow", naming no key (--optim.muon_lr=1e308), or was inf there and a non-finite loss that blamed the learning
+# rates (--model.logit_softcap=1e308); a positive one below float32's smallest was 0 (--optim.adam_eps=1e-300
+# divided by zero, a non-finite loss at step 2). The other sections' floats (budgets, FLOPs, times) stay Python's.
+_FLOAT32_SECTIONS = ("model", "optim")
+FLOAT32_MAX = 3.4028234663852886e38
+FLOAT32_TINY = 1.401298464324817e-45  # the smallest positive float32 (subnormal)
+
+
+def _check_float32(cfg: Config) -> None:
+    for section in _FLOAT32_SECTIONS:
+        for key, value in vars(getattr(cfg, section)).items():
+            if not isinstance(value, float):
+                continue
+            if abs(value) > FLOAT32_MAX:
+                raise ConfigError(f"{section}.{key}={value:g} is beyond float32 (at most {FLOAT32_MAX:.3g}), in which "
+                                  f"training applies it; give a value float32 holds")
+            if value and abs(value) < FLOAT32_TINY / 2:  # rounds to 0
+                raise ConfigError(f"{section}.{key}={value:g} is 0 in float32 (the smallest positive is "
+                                  f"{FLOAT32_TINY:.3g}), in which training applies it; give 0, or a value float32 "
+                                  f"holds")
+
+
 def _check_run(r: RunConfig) -> None:
     # The sample is printed after training: a bad value found only then cost the whole run's time. (Whether the
-    # prompt fits the model's context needs the run's tokenizer: train/tokenizer.py check_sample_prompt.)
+    # prompt and the sample fit the model's context needs the run's tokenizer: train/tokenizer.py check_sample_prompt.)
     if r.sample_tokens < 0:
         raise ConfigError(f"run.sample_tokens={r.sample_tokens} must be >= 0 (new tokens of the sample printed after "
                           f"training; 0: no sample)")

@@ -50,7 +50,7 @@ def interpolate(curve: Sequence[tuple[float, float]], x: float | None) -> float 
 
 def resolved_config(run: RunData) -> dict[str, Any] | None:
     """The run's config as ``{"section.key": value}`` (top-level keys as themselves); None without a
-    readable config.toml. Keys the file lacks take the defaults a rerun from that file would get; a
+    readable config.toml (one cut short is unreadable: runs.py load_run). Keys the file lacks take the defaults a rerun from that file would get; a
     file from another speedgpt version (unknown keys) is taken as written."""
     if not run.config:
         return None
@@ -146,6 +146,7 @@ def compare_runs(runs: Sequence[RunData]) -> dict[str, Any]:
             "id": _letter(i), "run": run.label, "dir": str(run.dir), "baseline": i == 0,
             "overrides": [] if i == 0 else config_diff(configs[0], configs[i]),
             "has_config": configs[i] is not None,
+            "config_unreadable": run.config_unreadable,
             "val_points": len(evals),
             "final_val_loss": evals[-1]["val_loss"] if evals else None,
             "train_time_s": max((r["time_s"] for r in timed), default=None),
@@ -198,6 +199,10 @@ def _comparison_notes(rows: list[dict], at: dict[str, float | None], configs: li
     return notes
 
 
+def _no_config(row: dict[str, Any]) -> str:
+    return "config.toml unreadable" if row.get("config_unreadable") else "no config.toml"
+
+
 def _fmt_delta(x: float | None) -> str:
     return "–" if x is None else f"{x:+.4f}"
 
@@ -216,9 +221,9 @@ def format_comparison(comp: dict[str, Any], *, markdown: bool = False) -> tuple[
         if r["baseline"]:
             overrides = "(baseline)"
         elif not r["has_config"]:
-            overrides = "– (no config.toml)"
+            overrides = f"– ({_no_config(r)})"
         elif r["overrides"] is None:
-            overrides = "– (A has no config.toml)"
+            overrides = f"– (A: {_no_config(base)})"
         else:
             overrides = ", ".join(code(o) for o in r["overrides"]) or "(same config)"
         other = "≠" if r.get("other_val_data") else ""  # Δ of losses on other val data (the notes say which)

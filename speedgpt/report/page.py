@@ -46,7 +46,8 @@ def _html(runs: list[RunData], rows: list[dict], png_bytes: bytes, title: str,
         ab = f"<h2>A/B: equal training time and equal tokens</h2>\n{_html_table(*format_comparison(comparison))}{notes}"
     configs = "".join(
         f"<details><summary>{esc(run.label)} — {esc(str(run.dir))}</summary>"
-        f"<pre>{esc(run.config_text or '(no config.toml)')}</pre></details>\n"
+        f"<pre>{esc(run.config_text or ('(config.toml empty)' if run.config_unreadable else '(no config.toml)'))}"
+        f"</pre></details>\n"
         for run in runs
     )
     notes = [n for n in [target_note(rows), *sft_notes(runs)] if n]

@@ -24,6 +24,7 @@ class RunData:
     label: str
     config: dict = field(default_factory=dict)
     config_text: str = ""
+    config_unreadable: bool = False  # a config.toml is there, but not TOML or cut short: its values are unknown
     records: list[dict] = field(default_factory=list)
 
     @property
@@ -41,21 +42,30 @@ class RunData:
 
 
 def load_run(run_dir: str | os.PathLike) -> RunData:
-    """Read one run dir; a missing metrics.jsonl is an error, a missing/bad config.toml is not
-    (the label then falls back to the directory name)."""
+    """Read one run dir; a missing metrics.jsonl is an error, a missing/bad config.toml is not: a warning, the
+    label then falls back to the directory name and the run's config is unknown. One cut short (a section lost)
+    counts as bad: read as it stands, the defaults filled in what it lost and the A/B table's overrides showed them
+    as the run's settings (`data.seq_len=1024` beside a 128-token run)."""
+    from ..config.files import run_config_cut_short
+
     run_dir = Path(run_dir)
     records = read_metrics(run_dir)
-    config, text = {}, ""
+    config, text, unreadable = {}, "", False
     cfg_path = RunDir(run_dir).config_path
     if cfg_path.is_file():
         text = cfg_path.read_text(encoding="utf-8")
         try:
             config = tomllib.loads(text)
+            cut = run_config_cut_short(cfg_path, config)
         except tomllib.TOMLDecodeError as e:
-            warnings.warn(f"{cfg_path}: unreadable TOML ({e}); labelling the run by its directory name")
+            cut = f"{cfg_path}: unreadable TOML ({e})"
+        if cut:
+            warnings.warn(f"{cut}; labelling the run by its directory name, its settings unknown")
+            config, unreadable = {}, True
     name = (config.get("run") or {}).get("name")
     label = str(name) if name else (run_dir.resolve().name or str(run_dir))
-    return RunData(dir=run_dir, label=label, config=config, config_text=text, records=records)
+    return RunData(dir=run_dir, label=label, config=config, config_text=text, config_unreadable=unreadable,
+                   records=records)
 
 
 def load_runs(run_dirs: Sequence[str | os.PathLike]) -> list[RunData]:

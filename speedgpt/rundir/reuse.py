@@ -15,9 +15,13 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import (CHECKPOINTS_DIR, COMPARE_DIR, CONFIG_FILE, ENV_FILE, EXPORT_DIR, HF_EXPORT_DIR, METRICS_FILE,
                PLAN_FILE, REPORT_HTML, REPORT_PNG, SFT_SPEC_FILE, TOKENIZER_DIR)
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 # What `speedgpt train` writes into a run directory (and `report` / `export` / TensorBoard after it): --overwrite
 # removes every one (an export left behind would be the old model under the new run's name).
@@ -42,20 +46,37 @@ def comparable_config(d: dict) -> dict:
     return d
 
 
-def config_differences(run_dir: str | Path, planned: dict) -> list[str] | None:
-    """The keys (``section.key``) in which the run that ``run_dir`` holds differs from ``planned`` (a
-    `comparable_config`), [] where it is the same, None where the directory holds no readable run (a runner then
-    starts it afresh). `speedgpt ab` and `sweep` skip or resume a run they find only when it is this one."""
+def found_run_config(run_dir: str | Path) -> Config | None:
+    """The config of the run an `ab` or `sweep` finds in its --out, None where the directory holds no run (a runner
+    then starts it afresh). A run whose config.toml is unreadable (emptied, cut short, not TOML) or gone is a
+    ConfigError naming both ways out: passed over as no run, its finished metrics were counted by `ab` as its plan's
+    without a check of its settings."""
     from ..config import ConfigError
+    from ..config.files import RESTORE_RUN_CONFIG
     from . import RunDir
 
     rundir = RunDir(run_dir)
+    again = f"or, to train it again, delete {rundir.root} (or use a new --out)"
     if not rundir.is_run():
+        if holds_run(rundir.root):  # train writes config.toml first: metrics or checkpoints without it lost it
+            raise ConfigError(f"{rundir.root} holds a run's metrics or checkpoints but no {CONFIG_FILE}; "
+                              f"{RESTORE_RUN_CONFIG}, {again}")
         return None
     try:
-        have = comparable_config(rundir.read_config().to_dict())
-    except ConfigError:
+        return rundir.read_config()
+    except ConfigError as e:
+        raise ConfigError(f"{e}, {again}") from None
+
+
+def config_differences(run_dir: str | Path, planned: dict) -> list[str] | None:
+    """The keys (``section.key``) in which the run that ``run_dir`` holds differs from ``planned`` (a
+    `comparable_config`), [] where it is the same, None where the directory holds no run (found_run_config, whose
+    ConfigError an unreadable run is). `speedgpt ab` and `sweep` skip or resume a run they find only when it is this
+    one."""
+    cfg = found_run_config(run_dir)
+    if cfg is None:
         return None
+    have = comparable_config(cfg.to_dict())
     if have == planned:
         return []
     keys = [f"{sec}.{k}" for sec, value in planned.items() if isinstance(value, dict)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import Config, ConfigError
+from ..config import Config, ConfigError, RunConfig
 from ..tokenizer.core import Tokenizer, gpt2_tokenizer
 
 
@@ -105,3 +105,12 @@ def check_sample_prompt(cfg: Config, tok: Tokenizer | None) -> None:
     if tokens >= context:  # as infer/generate.py decode_steps refuses it: room for one new token at least
         raise ConfigError(f"run.sample_prompt is {tokens} tokens (with BOS), which does not fit the model's context "
                           f"of {context}; shorten it, or give --run.sample_tokens=0 for no sample")
+    # decode_steps never samples past the context (its KV cache and the rotary tables stop there), so more new
+    # tokens than the context holds can never come: a slip (1e9 for 1e2) that was accepted, cut there in silence,
+    # and on a long-context preset (val rows of 262,144) cost that many decode steps and a KV cache to match once the
+    # run had trained. Up to the context is allowed, and up to the default's length whatever the context (a run of
+    # short rows that never named the key was refused for it; its sample is cut at the context, as `sample` cuts).
+    if cfg.run.sample_tokens > max(context, RunConfig().sample_tokens):
+        raise ConfigError(f"run.sample_tokens={cfg.run.sample_tokens} is more than the model's context of {context} "
+                          f"tokens, where a sample stops; give at most {context - tokens} (the context less the "
+                          f"prompt's {tokens} tokens with BOS), or 0 for no sample")
