@@ -50,8 +50,8 @@ def interpolate(curve: Sequence[tuple[float, float]], x: float | None) -> float 
 
 def resolved_config(run: RunData) -> dict[str, Any] | None:
     """The run's config as ``{"section.key": value}`` (top-level keys as themselves); None without a
-    readable config.toml (one cut short is unreadable: runs.py load_run). Keys the file lacks take the defaults a rerun from that file would get; a
-    file from another speedgpt version (unknown keys) is taken as written."""
+    readable config.toml (one cut short is unreadable: runs.py load_run). Keys the file lacks take the defaults a
+    rerun from that file would get; a file from another speedgpt version (unknown keys) is taken as written."""
     if not run.config:
         return None
     from speedgpt.config import config_from_dict, flat_config
