@@ -49,6 +49,16 @@ def test_a_sample_that_cannot_be_printed_is_refused_at_start(extra, says, text_s
     assert not (run / "config.toml").exists() and not (run / "metrics.jsonl").exists()  # no step, no run
 
 
+def test_a_sample_cut_by_the_context_says_so(text_shards, tmp_path, capsys):
+    # 64 new tokens (the default) fit these rows' context of 64, but not beside the prompt's 2 tokens: the run trains
+    # (start refuses only a sample past the context), and its sample was cut at 62 without a word.
+    assert main(train_argv(text_shards, tmp_path / "run", "--run.sample_tokens=64")) == 0
+    captured = capsys.readouterr()
+    assert ("speedgpt train: note: the model's context is 64 tokens, so a continuation stops after 62 new tokens, "
+            "not run.sample_tokens=64") in captured.err, captured.err
+    assert "sample:\n" in captured.out
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_flex_attention_off_cuda_is_refused_at_start(text_shards, tmp_path, capsys, monkeypatch):
     """Was "FlexAttention does not support backward on CPU" at the first step, after the data was built and the

@@ -185,7 +185,7 @@ def cmd_sample(argv: list[str]) -> int:
     check_sampling_options(p, args)
 
     from ..config import ConfigError
-    from ..infer.generate import encode_prompt, sample_texts
+    from ..infer.generate import context_cut_note, sample_texts
     from ..infer.load import LoadError, load_model
     from ..tokenizer.folder import run_tokenizer
 
@@ -193,13 +193,10 @@ def cmd_sample(argv: list[str]) -> int:
         model, cfg = load_model(args.run_dir, device=args.device, checkpoint=args.checkpoint)
         opts = dict(max_new_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k or None,
                     seed=args.seed, use_cache=not args.no_cache, tokenizer=run_tokenizer(args.run_dir, cfg))
-        context = model.rotary.max_seq_len
-        longest = max(len(encode_prompt(prompt, opts["tokenizer"])) for prompt in args.prompt)
-        # Said before, so that a shorter continuation is not a surprise; a prompt that does not fit at all
-        # gets only its error (sample_texts), not first a note about 0 new tokens.
-        if longest < context < longest + args.max_tokens:
-            print(f"speedgpt sample: note: the model's context is {context} tokens, so a continuation stops after "
-                  f"{context - longest} new tokens, not --max-tokens {args.max_tokens}", file=sys.stderr)
+        note = context_cut_note(model, args.prompt, args.max_tokens, f"--max-tokens {args.max_tokens}",
+                                opts["tokenizer"])
+        if note:
+            print(f"speedgpt sample: {note}", file=sys.stderr)
         if len(args.prompt) == 1:
             # The prompt is echoed with the first new piece, so an error (e.g. prompt too long) prints alone.
             pending = [args.prompt[0]]

@@ -314,11 +314,18 @@ def sample_and_report(cfg, result) -> None:
     """What `speedgpt train` adds after training: a sample from the trained model and the run's report."""
     try:
         if cfg.run.sample_tokens:
-            from ..infer.generate import sample_text
+            from ..infer.generate import context_cut_note, sample_text
             from ..tokenizer.folder import run_tokenizer
 
+            tok = run_tokenizer(result.run_dir)
+            # (start refused only a sample past the context; one that fits it but not beside the prompt was cut short
+            # without a word, as `speedgpt sample` says it)
+            note = context_cut_note(result.model, [cfg.run.sample_prompt], cfg.run.sample_tokens,
+                                    f"run.sample_tokens={cfg.run.sample_tokens}", tok)
+            if note:
+                print(f"speedgpt train: {note}", file=sys.stderr, flush=True)
             text = sample_text(result.model, cfg.run.sample_prompt, max_new_tokens=cfg.run.sample_tokens,
-                               temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=run_tokenizer(result.run_dir))
+                               temperature=0.8, top_k=50, seed=cfg.train.seed, tokenizer=tok)
             print("sample:\n" + text, flush=True)
     finally:  # a sample that fails still fails the command (cli.py's one line), but after the run's report
         if cfg.run.report:

@@ -179,6 +179,19 @@ def encode_prompt(prompt: str, tokenizer: Tokenizer | None = None) -> list[int]:
     return (tokenizer or gpt2_tokenizer()).encode_document(prompt)
 
 
+def context_cut_note(model: GPT, prompts: Sequence[str], max_new_tokens: int, asked: str,
+                     tokenizer: Tokenizer | None = None) -> str | None:
+    """The note that a continuation will stop at the model's context before `max_new_tokens` (`asked`: how the user
+    asked for them, e.g. "--max-tokens 64"), said before sampling so that a shorter one is no surprise; None when the
+    longest prompt leaves room for all of them, or leaves none (that prompt gets only sample_texts' error)."""
+    context = _context_len(model)
+    longest = max(len(encode_prompt(prompt, tokenizer)) for prompt in prompts)
+    if longest < context < longest + max_new_tokens:
+        return (f"note: the model's context is {context} tokens, so a continuation stops after {context - longest} "
+                f"new tokens, not {asked}")
+    return None
+
+
 def sample_texts(model: GPT, prompts: Sequence[str], *, max_new_tokens: int = 64, temperature: float = 0.8,
                  top_k: int | None = 50, seed: int | None = 0, use_cache: bool = True,
                  stream: Callable[[str], None] | None = None, tokenizer: Tokenizer | None = None) -> list[str]:
