@@ -482,7 +482,7 @@ def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: li
     from .budget import BudgetBelowOneStep
     from .config import ConfigError, resolve
     from .planner import plan_run
-    from .rundir.reuse import comparable_config, config_differences
+    from .rundir.reuse import comparable_config, differences_from
 
     if not out.is_dir():
         return
@@ -495,8 +495,8 @@ def check_others(out: Path, planned: dict[str, dict], preset: str, overrides: li
             cfg = plan_run(resolve(preset, None, point_overrides(pt, kind, overrides))).cfg
         except (BudgetBelowOneStep, ConfigError) as e:
             diff = [f"its depth and budget are no run of these settings: {e}"]
-        else:  # (an unreadable config.toml is its own ConfigError, not a difference)
-            diff = config_differences(run_dir, comparable_config(cfg.to_dict()))
+        else:  # against the config _read_run read (and refused unreadable), not a second read of the file
+            diff = differences_from(read[0], comparable_config(cfg.to_dict()))
         if diff:
             fix = fix or f"use a new --out for these settings, or move that run out of {out}"
             raise SweepError(f"{run_dir} is a finished run of other settings (differs in {', '.join(diff[:4])}), and "

@@ -74,8 +74,11 @@ def config_differences(run_dir: str | Path, planned: dict) -> list[str] | None:
     ConfigError an unreadable run is). `speedgpt ab` and `sweep` skip or resume a run they find only when it is this
     one."""
     cfg = found_run_config(run_dir)
-    if cfg is None:
-        return None
+    return None if cfg is None else differences_from(cfg, planned)
+
+
+def differences_from(cfg: Config, planned: dict) -> list[str]:
+    """config_differences for a run's config already read (sweep reads each run's once)."""
     have = comparable_config(cfg.to_dict())
     if have == planned:
         return []
