@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 
 from .config import Config, ConfigError, StageConfig, micro_batch_rows
+from .config.validate import FLOAT32_MAX
 
 # The shares of a table must add up to 1 within this (they are written as decimals like 0.33).
 SHARE_TOLERANCE = 1e-6
@@ -214,6 +215,18 @@ def stage_micro_batch(cfg: Config, stage: Stage, world_size: int = 1) -> tuple[i
     return rows, rows_rank // rows
 
 
+def _check_stage_lr_fits(cfg: Config, index: int, lr_mul: float) -> None:
+    """A stage's lr_mul times a learning rate is what the optimizer's float32 step applies: past float32's range
+    it failed at the stage's first step as torch's "value cannot be converted to type float without overflow",
+    naming no key (each factor alone fits: config/validate.py checks the optim keys)."""
+    key, lr = max(((k, v) for k, v in vars(cfg.optim).items() if k.endswith("_lr") and isinstance(v, float)),
+                  key=lambda kv: kv[1])
+    if lr * lr_mul > FLOAT32_MAX:
+        raise ConfigError(f"train.stages[{index}].lr_mul={lr_mul:g} times optim.{key}={lr:g} is {lr * lr_mul:.3g}, "
+                          f"beyond float32 (at most {FLOAT32_MAX:.3g}), in which training applies it; give an lr_mul of at "
+                          f"most {FLOAT32_MAX / lr:.3g}")
+
+
 def check_stages(cfg: Config, world_size: int = 1) -> StagePlan:
     """Raise ConfigError for the first inconsistent stage (called by plan.validate); return the table."""
     t = cfg.train
@@ -233,6 +246,7 @@ def check_stages(cfg: Config, world_size: int = 1) -> StagePlan:
                               f"use --data.packing=greedy or leave max_doc_len at 0")
         if not (s.lr_mul > 0 and math.isfinite(s.lr_mul)):
             raise ConfigError(f"train.stages[{i}].lr_mul={s.lr_mul} must be > 0")
+        _check_stage_lr_fits(cfg, i, s.lr_mul)
         weights = s.mtp_weights or [1.0]
         if weights[0] != 1.0 or (s.mtp_weights_end and s.mtp_weights_end[0] != 1.0):
             raise ConfigError(f"train.stages[{i}]: the first MTP weight (the next token's) must be 1.0, got "
