@@ -177,3 +177,15 @@ def test_max_chars_takes_the_form_the_help_shows(tmp_path, capsys):
     assert read_meta(tmp_path / "t")["training"]["max_chars"] == 1_000_000
     capsys.readouterr()
     assert main(["tokenizer", "eval", str(tmp_path / "t"), str(data), "--max-chars", "10K"]) == 0
+
+
+def test_eval_says_what_it_skipped_in_an_input_it_measured(tmp_path, capsys):
+    """An input with some unreadable records (a JSONL line without the text field, a line cut short) was
+    measured over the rest without a word: `tokenizer train` reported its skips, eval dropped them."""
+    docs = corpus_docs(4)
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs) + '{"body": "x"}\n{"text": "cut')
+    assert main(["tokenizer", "eval", "gpt2", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {path}: skipped 2 unreadable items (invalid JSON; no string field 'text'); its row measures " \
+           f"the {len(docs)} documents read" in out, out

@@ -108,4 +108,8 @@ def _eval(args) -> int:
         raise ValueError(f"no text read from {', '.join(r['input'] for r in empty)} ({why}); check the inputs"
                          + (f" or --text-field (now '{args.text_field}')" if field else ""))
     _print_table(Console(), f"{tok.describe()} against gpt2", *table(tok, rows), text_columns=1)
+    for r in rows:  # the row measures only what was read: say what was not, as `tokenizer train` does
+        if r["skipped"]:
+            print(f"  note: {r['input']}: skipped {r['skipped']:,} unreadable item{'s' * (r['skipped'] != 1)} "
+                  f"({'; '.join(r['skip_reasons'])}); its row measures the {r['documents']:,} documents read")
     return 0
