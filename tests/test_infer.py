@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from speedgpt.config import ModelConfig
-from speedgpt.infer.generate import Utf8Stream, decode_steps, generate, generate_batch, sample_texts
+from speedgpt.infer.generate import Utf8Stream, decode_steps, generate, generate_batch, pick_tokens, sample_texts
 from speedgpt.model.build import build_model
 from speedgpt.model.runtime import runtime_for
 
@@ -249,3 +249,13 @@ def test_sampling_an_sft_model_prints_its_chat_tokens_by_name(monkeypatch):
     assert gen.sample_texts(model, ["Hi"], stream=pieces.append) == ["Hi hello<|assistant_end|>"]
     assert "".join(pieces) == " hello<|assistant_end|>"
     assert gen.sample_texts(model, ["Hi", "Yo"]) == ["Hi hello<|assistant_end|>", "Yo hello<|assistant_end|>"]
+
+
+def test_a_tiny_temperature_samples_the_likeliest_token():
+    """logits / 1e-37 overflowed to inf and softmax gave nan: torch's "probability tensor contains either `inf`,
+    `nan` or element < 0" (`speedgpt sample --temperature 1e-39` on a small model; larger logits fail sooner)."""
+    logits = torch.tensor([[100.0, 50.0, -3.0], [-7.0, 20.0, 19.5]])
+    gen = torch.Generator().manual_seed(0)
+    for temperature in (1e-37, 2.0 ** -126):
+        assert pick_tokens(logits, temperature, None, gen).tolist() == [[0], [1]]
+        assert pick_tokens(logits, temperature, 2, gen).tolist() == [[0], [1]]

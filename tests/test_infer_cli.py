@@ -115,6 +115,7 @@ def test_sample_says_when_the_context_is_shorter_than_max_tokens(run, capsys):
     ("--seed", "-1", "must be 0 <= seed < 2**63"),
     ("--temperature", "inf", "--temperature inf: must be a finite number >= 0"),
     ("--temperature", "nan", "--temperature nan: must be a finite number >= 0"),
+    ("--temperature", "1e-300", "--temperature 1e-300: below float32's smallest normal number"),  # torch's nan error
 ])
 def test_sampling_options_out_of_range_are_one_line_before_loading(run, capsys, command, flag, value, says):
     """A seed torch cannot take was "Overflow when unpacking long long"; inf was accepted (nan logits)."""

@@ -32,7 +32,10 @@ def pick_tokens(logits_BV: torch.Tensor, temperature: float, top_k: int | None,
     """(B, 1) next tokens: greedy at temperature 0, else sampled among the top_k (all: None)."""
     if temperature <= 0:
         return logits_BV.argmax(dim=-1, keepdim=True)
-    logits_BV = logits_BV / temperature
+    # The row's largest logit subtracted first (softmax's result is the same): a tiny temperature then divides
+    # the others into -inf (probability 0), where the logits alone overflowed to inf and softmax gave nan
+    # (torch's "probability tensor contains either `inf`, `nan` or element < 0" at --temperature 1e-39).
+    logits_BV = (logits_BV - logits_BV.amax(dim=-1, keepdim=True)) / temperature
     if top_k:
         kth = torch.topk(logits_BV, min(top_k, logits_BV.size(-1))).values[:, -1:]
         logits_BV = logits_BV.masked_fill(logits_BV < kth, float("-inf"))
