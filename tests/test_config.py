@@ -227,3 +227,20 @@ def test_resume_of_a_folder_that_does_not_exist_writes_nothing(tmp_path, capsys)
     assert main(["train", "--resume", str(tmp_path / "gone"), "--config", str(tmp_path / "config.toml")]) == 2
     assert f"--resume {tmp_path / 'gone'} does not exist" in capsys.readouterr().err
     assert not (tmp_path / "gone").exists()
+
+
+def test_the_config_command_applies_overrides_to_the_defaults_it_names(capsys):
+    """`speedgpt config --model.depth=3` printed tiny-cpu's config with depth 3 (model_dim 128 beside "(default 768)",
+    preset "tiny-cpu"), while its help and `speedgpt config` alone start from the built-in defaults."""
+    from speedgpt.cli import main
+
+    assert main(["config"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["config", "--model.depth=8"]) == 0
+    out = capsys.readouterr().out
+    assert "model.depth = 8 (default 12)" in out and 'preset = ""' in out and "tiny-cpu" not in out
+    changed = [a for a, b in zip(plain.splitlines(), out.splitlines()) if a != b]
+    assert changed == ["model.depth = 12"], changed  # the override is the only difference
+    # depth 3 is refused on the defaults (their 3 value embeddings need 6 layers), as train refuses it there
+    assert main(["config", "--model.depth=3"]) == 2
+    assert "model.value_embeds=3 needs depth >= 6" in capsys.readouterr().err

@@ -263,7 +263,7 @@ def cmd_config(argv: list[str]) -> int:
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit (as train's)")
     args, overrides = p.parse_known_args(argv)
 
-    from ..config import Config, ConfigError, preset_names, resolve
+    from ..config import Config, ConfigError, apply_overrides, preset_names, resolve
 
     if args.list_presets:
         print("\n".join(preset_names()))
@@ -272,7 +272,11 @@ def cmd_config(argv: list[str]) -> int:
     from ..config_docs import describe_config
 
     try:
-        cfg = resolve(args.preset, args.config, overrides) if (args.preset or args.config or overrides) else Config()
+        # Without --preset or --config, overrides apply to the built-in defaults the help names (and `config` alone
+        # prints): resolve() starts from tiny-cpu then, and `config --model.depth=3` printed tiny-cpu's values as if
+        # they were the defaults' (model.model_dim = 128 beside "(default 768)", preset = "tiny-cpu").
+        cfg = resolve(args.preset, args.config, overrides) if (args.preset or args.config) else \
+            apply_overrides(Config(), overrides)
         check_config(cfg)  # what `speedgpt train` would refuse is refused here too, not printed as a config
     except ConfigError as e:
         print(f"speedgpt config: config error: {e}", file=sys.stderr)
