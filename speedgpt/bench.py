@@ -542,6 +542,10 @@ def main(argv: list[str] | None = None) -> int:
     from .planner import plan_run
 
     cfg_b = apply_overrides(cfg, args.ab.split()) if args.ab else None
+    if cfg_b == cfg:  # values A already has: the table put two timings of one config side by side as an A/B
+        source = f"--preset {preset}" if preset else f"--config {args.config}"
+        p.error(f"--ab {args.ab!r} changes nothing: A already has those values, so B would time the same config "
+                f"(`speedgpt config {' '.join([source, *overrides])}` lists A's); give B a value A lacks, or drop --ab")
     for c in (cfg, cfg_b):
         if c is not None:
             steps = plan_run(c, int(os.environ.get("WORLD_SIZE", "1"))).cfg.train.steps

@@ -191,6 +191,8 @@ def test_a_multi_rank_bench_names_every_ranks_wait(tiny_cfg, tmp_path, monkeypat
     (["--at-step", "100000"], "--at-step 100000: must be a step of the run, 0 to 99"),
     (["--profile", "-2"], "--profile -2: must be >= 0"),
     (["--ab", ""], "--ab is empty"),  # only A was timed, exit 0
+    # tiny-cpu's own depth: two timings of one config were printed as an A/B of the change, exit 0
+    (["--ab=--model.depth=4"], "--ab '--model.depth=4' changes nothing: A already has those values"),
     # on a CPU each measured nothing, exit 0 (the tests run without CUDA; a GPU machine skips these two)
     *([(["--profile", "3"], "--profile measures CUDA kernels"), (["--peak"], "--peak measures CUDA kernels")]
       if not __import__("torch").cuda.is_available() else []),
