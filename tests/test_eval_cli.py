@@ -110,6 +110,7 @@ def test_eval_of_an_export_logs_nothing(tmp_path):
     (["{run}", "--data", "{tmp}/nodata"], "no files match"),
     (["{run}", "--tokens", "10"], "less than one row"),
     (["{run}", "--hellaswag", "{tmp}/hs.jsonl"], "no such file"),
+    (["{run}", "--hellaswag", "{tmp}"], "a folder, not a file"),  # it said "no such file" of a folder
 ])
 def test_eval_errors_are_one_line(tmp_path, capsys, args, message):
     run = make_run(tmp_path)

@@ -174,6 +174,11 @@ def test_load_examples(tmp_path):
         hs.load_examples(bad)
     with pytest.raises(FileNotFoundError, match="download_hellaswag"):
         hs.load_examples(tmp_path / "missing.jsonl")
+    # A compressed copy was Python's bare "'utf-8' codec can't decode byte 0x8b in position 1", no file or fix named
+    gz = tmp_path / "hellaswag_val.jsonl.gz"
+    gz.write_bytes(__import__("gzip").compress(FIXTURE.read_bytes()))
+    with pytest.raises(ValueError, match=r"hellaswag_val.jsonl.gz:1: not UTF-8 text; a HellaSwag file holds one JSON"):
+        hs.load_examples(gz)
 
 
 def test_render_example(enc):

@@ -45,10 +45,15 @@ def load_examples(path: str | os.PathLike, limit: int | None = None) -> list[dic
     if not path.is_file():
         raise FileNotFoundError(f"no HellaSwag file at {path}: run speedgpt.eval.hellaswag.download_hellaswag() first")
     examples = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
             if limit is not None and len(examples) >= limit:
                 break
+            try:  # decoded here: a binary file (a .gz) was Python's "'utf-8' codec can't decode byte", no file named
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}:{lineno}: not UTF-8 text; a HellaSwag file holds one JSON example per line "
+                                 f"(hellaswag_val.jsonl, uncompressed), or pass --hellaswag download") from None
             if not line.strip():
                 continue
             try:

@@ -134,7 +134,8 @@ def _hellaswag(model, cfg, where: str, limit, tok, dev, bos: int, print_fn) -> d
     else:
         path = Path(where)
         if not path.is_file():
-            raise EvalError(f"--hellaswag {where}: no such file; pass a hellaswag_val.jsonl or 'download'")
+            what = "a folder, not a file" if path.is_dir() else "no such file"
+            raise EvalError(f"--hellaswag {where}: {what}; pass a hellaswag_val.jsonl or 'download'")
     examples = load_examples(path, limit)
     # Rows longer than the model's context cannot be scored (no positions for them): skip and say so.
     ctx = model.rotary.max_seq_len
