@@ -42,8 +42,8 @@ def cmd_ab(argv: list[str]) -> int:
 
 
 def cmd_help(argv: list[str]) -> int:
-    if not argv:
-        return _main(["--help"])
+    if not argv or argv[0] in ("-h", "--help"):  # `help --help`, and `help help` (which asks for this): the list;
+        return _main(["--help"])                 # they said "unknown command '--help'", exit 2
     if argv[0] not in COMMANDS:
         print(f"speedgpt help: unknown command '{argv[0]}'; commands: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2

@@ -265,6 +265,11 @@ def test_help_and_config_commands(capsys):
         main(["help", "data", "tokenize"])
     assert e.value.code == 0 and "--val-fraction" in capsys.readouterr().out
     assert main(["help", "nope"]) == 2
+    capsys.readouterr()
+    for argv in (["help", "help"], ["help", "--help"]):  # "unknown command '--help'", exit 2
+        assert main(argv) == 0
+        out, err = capsys.readouterr()
+        assert "help      this list" in out and err == ""
     assert main(["config", "--preset", "tiny-cpu", "--model.depth=3"]) == 0
     out = capsys.readouterr().out
     assert "model.depth = 3 (default 12)" in out and "transformer blocks" in out
