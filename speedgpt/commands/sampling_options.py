@@ -25,8 +25,9 @@ def check_sampling_options(p: argparse.ArgumentParser, args: argparse.Namespace)
         p.error(f"--top-k {args.top_k}: must be >= 0 (0: all tokens)")
     if not 0 <= args.temperature < math.inf:  # also rejects nan; inf divides the logits into nan
         p.error(f"--temperature {args.temperature}: must be a finite number >= 0 (0: greedy)")
-    if 0 < args.temperature < FLOAT32_SMALLEST_NORMAL:  # 0 or a subnormal in float32, where pick_tokens divides: 0 / 0 is nan
-        p.error(f"--temperature {args.temperature}: below float32's smallest normal number ({FLOAT32_SMALLEST_NORMAL:.3g}), the "
-                f"dtype the logits are divided in; give 0 for greedy, or a larger temperature")
+    if 0 < args.temperature < FLOAT32_SMALLEST_NORMAL:  # 0 or subnormal in float32, where pick_tokens divides
+        p.error(f"--temperature {args.temperature}: below float32's smallest normal number "
+                f"({FLOAT32_SMALLEST_NORMAL:.3g}), the dtype the logits are divided in; give 0 for greedy, or a "
+                f"larger temperature")
     if args.seed is not None and not 0 <= args.seed < 2**63:  # torch's generator takes a signed 64-bit seed
         p.error(f"--seed {args.seed}: must be 0 <= seed < 2**63")
