@@ -117,6 +117,9 @@ def test_export_format_checks(tmp_path):
     run = make_run(tmp_path)
     out = export_model(run, tmp_path / "exp", dtype="fp32")
     meta = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text("[]")  # valid JSON of another shape: it was an AttributeError
+    with pytest.raises(LoadError, match="is a JSON list, not an export's object; re-export"):
+        load_model(out)
     meta["format_version"] = 99
     (out / "config.json").write_text(json.dumps(meta))
     with pytest.raises(LoadError, match="format_version=99"):

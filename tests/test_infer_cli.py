@@ -44,6 +44,12 @@ def test_load_model_errors(tmp_path, run):
         load_model(tmp_path / "data")
     with pytest.raises(LoadError, match="available steps: 1, 2"):
         load_model(run, checkpoint=3)
+    state = run / "checkpoints" / "step_000002" / "state.json"
+    kept = state.read_text()
+    state.write_text("[]")  # valid JSON of another shape: it was an AttributeError naming no file
+    with pytest.raises(LoadError, match=r"state.json is corrupt \(a JSON list, not an object\); name an earlier one"):
+        load_model(run)
+    state.write_text(kept)
     (run / "checkpoints" / "step_000002" / "model.pt").write_bytes(b"garbage")
     with pytest.raises(LoadError, match="model.pt is truncated: 7 bytes, .* name another with --checkpoint STEP"):
         load_model(run)

@@ -187,11 +187,15 @@ def read_state(path: Path, fix: str = "") -> dict:
     path = Path(path)
     fix = fix or "delete the directory to resume from the previous one"
     try:
-        return json.loads((path / "state.json").read_text())
+        state = json.loads((path / "state.json").read_text())
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint {path} is incomplete (no state.json); {fix}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: state.json is corrupt ({e}); {fix}") from None
+    if not isinstance(state, dict):  # valid JSON of another shape ([]) was an AttributeError at its first .get
+        raise CheckpointError(f"checkpoint {path}: state.json is corrupt (a JSON {type(state).__name__}, not an "
+                              f"object); {fix}")
+    return state
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> tuple[dict, Any, dict]:

@@ -137,10 +137,9 @@ def locate(path: str | Path, checkpoint: str | int | None = None) -> WeightsSour
             have = ", ".join(p.name.removeprefix(STEP_PREFIX).lstrip("0") or "0" for p in found)
             raise LoadError(f"run {root} has no checkpoint '{checkpoint}'; available steps: {have}")
     try:
-        state = json.loads((ckpt / "state.json").read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        raise LoadError(f"checkpoint {ckpt} is incomplete (state.json missing or corrupt); name an earlier one "
-                        f"with --checkpoint STEP") from None
+        state = read_state(ckpt, fix="name an earlier one with --checkpoint STEP")
+    except CheckpointError as e:
+        raise LoadError(str(e)) from None
     return WeightsSource("run", root, ckpt, state.get("step"), state.get("tokens"), state.get("train_time_s"))
 
 
@@ -162,8 +161,11 @@ def _hf_source(root: Path, checkpoint) -> WeightsSource | None:
 def _read_export_json(root: Path) -> dict:
     try:
         data = json.loads((root / EXPORT_CONFIG).read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LoadError(f"{root / EXPORT_CONFIG} is not valid JSON ({e}); re-export the run") from None
+    if not isinstance(data, dict):  # valid JSON of another shape ([]) was an AttributeError at its first .get
+        raise LoadError(f"{root / EXPORT_CONFIG} is a JSON {type(data).__name__}, not an export's object; re-export "
+                        f"the run")
     version = data.get("format_version")
     if version != EXPORT_FORMAT_VERSION:
         raise LoadError(f"{root / EXPORT_CONFIG} has format_version={version!r}; this speedgpt reads "
