@@ -12,7 +12,7 @@ from conftest import CONFIG_DAMAGE, TINY_OVERRIDES, damage_run_config
 from speedgpt.ab.cli import main
 from speedgpt.ab.plan import make_plan, waves
 from speedgpt.ab.stats import detectable_difference, paired
-from speedgpt.ab.summary import summarize
+from speedgpt.ab.summary import summarize, verdict
 
 
 def test_paired_statistics_by_hand():
@@ -448,3 +448,11 @@ def test_a_run_that_exits_0_unfinished_names_the_fix(tmp_path, capsys, monkeypat
     assert (f"FAILED: A seed 1337 crashed: train exited 0 but the run's metrics hold no final validation; delete "
             f"{out / 'a-seed1337'} and run the same command again") in text
     assert "--extend" not in text.split("FAILED", 1)[1]
+
+
+def test_verdict_gives_each_direction_its_own_p_value():
+    """p_b_better is the p-value of "B is lower": 0.978 is no evidence for that, and p = 0.022 for "B is higher". The
+    verdict printed it as "p(B lower)=0.978", which reads as a 98 % chance that B is lower."""
+    assert verdict({"p_b_better": 0.978}, "final_loss") == "B higher final_loss (p=0.022, one-sided for B higher)"
+    assert verdict({"p_b_better": 0.02}, "final_loss") == "B lower final_loss (p=0.02)"
+    assert verdict({"p_b_better": 0.5}, "final_loss") == "no significant final_loss difference (p=0.5)"

@@ -112,8 +112,8 @@ def verdict(p: dict, what: str) -> str:
         return p.get("note") or "no test"
     if p["p_b_better"] < 0.05:
         return f"B lower {what} (p={p['p_b_better']:.3g})"
-    if p["p_b_better"] > 0.95:
-        return f"B higher {what} (p(B lower)={p['p_b_better']:.3g})"
+    if p["p_b_better"] > 0.95:  # the one-sided test the other way: its p-value is 1 - this one's
+        return f"B higher {what} (p={1 - p['p_b_better']:.3g}, one-sided for B higher)"
     return f"no significant {what} difference (p={p['p_b_better']:.3g})"
 
 
