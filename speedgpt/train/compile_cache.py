@@ -62,7 +62,13 @@ FORMAT = "speedgpt.compile_cache/1"
 # the digest for data.val_tokens (validation_shapes). With val_tokens and val_every in the digest an A/B validating
 # every 25 steps on 1.5M tokens started 71.7 s cold beside the artifacts of a run that validated every 10 steps on
 # 262K (wave 26, one H100, speedrun-latest).
+# The optimizer and the lr schedule act outside the compiled model (only the model is compiled, train/compile.py; the
+# schedule sets the param groups' lrs between steps): an A/B of --schedule.cooldown_frac=0.6 compiled its B arm 55.8 s
+# cold beside A's artifacts of the same two graphs (2026-12-07, one H100, speedrun-latest). The schedule's window keys
+# stay in the digest (they reach the model).
 NOT_COMPILED = {"run": None,
+                "optim": None,
+                "schedule": ("kind", "warmup_frac", "cooldown_frac", "final_lr_frac"),
                 "data": ("train_files", "val_files", "cache_dir", "local_max_tokens", "local_piece_chars", "packing",
                          "long_docs", "mix_docs", "max_doc_len", "continued_bos", "shuffle_first_epoch",
                          "on_bad_shard", "val_tokens"),
