@@ -31,7 +31,8 @@ if [ "$MODE" = collect ]; then
     TAR=${3:?collect needs a TAR path}
     tar -czf "$TAR" -C "$(dirname "$W")" --exclude='checkpoints' --exclude='*.pt' --exclude='*.distcp' \
         --exclude='*.bin' --exclude='profile-*.json.gz' \
-        --anchored --exclude="$B/xdg" --exclude="$B/cc*" --exclude="$B/acf*" --exclude="$B/cb*/cache-*" "$B" \
+        --anchored --exclude="$B/xdg" --exclude="$B/src" --exclude="$B/cc*" --exclude="$B/acf*" \
+        --exclude="$B/cb*/cache-*" "$B" \
         || exit $?
     # The device tool brings back files up to its size limit (16 MiB): name what made one too big.
     if [ "$(stat -c %s "$TAR")" -gt $((15 * 2**20)) ]; then
@@ -44,8 +45,15 @@ fi
 [ -f "$MODE" ] || { echo "lease.sh: no plan file '$MODE' (see scripts/plans/)"; exit 2; }
 PY=${PY:-python3}
 DATA=${DATA:-/tmp/pyc}
+# The device tool copies the working tree anew on every call, a poll's too: a run importing speedgpt at that moment
+# found the package half-copied (wave 27b: "cannot import name 'preset_names' from 'speedgpt.config' (unknown
+# location)", an A/B arm lost). The phases import the lease's own copy of the package, made once at its start
+# (PYTHONSAFEPATH: `python -m` puts the working directory, the live tree, before PYTHONPATH otherwise; scripts that
+# put the repository on sys.path themselves, the gpu_check*.py, still read the live tree).
+rm -rf "$W/src" && mkdir -p "$W/src" && cp -r speedgpt "$W/src/" \
+    || { echo "lease.sh: cannot copy speedgpt/ to $W/src"; exit 2; }
 export XDG_CACHE_HOME="$W/xdg" PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
-    NVSHMEM_DISABLE_NVLS=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    NVSHMEM_DISABLE_NVLS=1 PYTHONSAFEPATH=1 PYTHONPATH="$W/src:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 TR="$PY -m torch.distributed.run --standalone --nproc_per_node=$(nvidia-smi -L 2>/dev/null | wc -l)"
 # `train` takes --train.save_final_checkpoint=false; --no-checkpoint is ab's own flag
 C="--train.steps=300 --train.val_every=25 --data.train_files=$DATA --data.val_tokens=1572864 --data.val_seq_len=262144"
