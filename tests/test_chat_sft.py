@@ -421,3 +421,23 @@ def test_a_data_weight_that_is_no_positive_number_is_named(tmp_path, weight):
     f.write_text("")
     with pytest.raises(ChatDataError, match=r"must be a finite number > 0 \(e\.g\. chats\.jsonl:2\)$"):
         parse_source(f"{f}:{weight}")
+
+
+def test_a_non_finite_loss_stops_sft_before_it_is_applied_or_saved(base_run, tmp_path, capsys):
+    """SFT had no numerics guard: learning rates that blow up trained on NaN weights, saved them in every later
+    checkpoint and said "done", exit 0 (and `chat` answered from them). Now: exit 3, one line naming the step and the
+    last good checkpoint, and no checkpoint holds a non-finite number."""
+    from speedgpt.cli import main
+    from speedgpt.rundir.checkpoint import load_checkpoint, list_checkpoints
+
+    out = tmp_path / "out"
+    lrs = [f"--optim.{k}=1e30" for k in ("muon_lr", "embed_lr", "value_embed_lr", "head_lr", "scalar_lr")]
+    assert main(["sft", str(base_run), "--run-dir", str(out), "--eval-examples", "0", "--train.steps=4",
+                 "--train.checkpoint_every=1", "--train.val_every=0", *lrs]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "non-finite loss or gradient at SFT step" in err, err
+    found = list_checkpoints(out / "checkpoints")
+    assert found and f"the last good checkpoint is {found[-1]}" in err
+    for path in found:
+        model, _, _ = load_checkpoint(path, "cpu")
+        assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point()), path

@@ -78,6 +78,7 @@ def cmd_sft(argv: list[str]) -> int:
     from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
     from ..rundir.weights import LoadError
     from ..chat.sft import SPEC_FILE, SFTSpec, sft
+    from ..train.guard import NonFiniteError
     from ..train.preempt import TrainingStopped
     from ..train.resume import RunComplete
 
@@ -106,6 +107,9 @@ def cmd_sft(argv: list[str]) -> int:
         except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, `speedgpt sft --resume RUN` continues
             print(f"speedgpt sft: {e}".replace("speedgpt train --resume", "speedgpt sft --resume"), file=sys.stderr)
             return e.exit_code
+        except NonFiniteError as e:  # nothing of the bad step was applied or saved (as `train`'s abort: exit 3)
+            print(f"speedgpt sft: error: {e}", file=sys.stderr)
+            return 3
         except ConfigError as e:  # (a schedule changed on resume without --extend: check_resume's line)
             print(f"speedgpt sft: config error: {e}", file=sys.stderr)
             return 2
