@@ -441,3 +441,22 @@ def test_a_non_finite_loss_stops_sft_before_it_is_applied_or_saved(base_run, tmp
     for path in found:
         model, _, _ = load_checkpoint(path, "cpu")
         assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point()), path
+
+
+def test_data_that_is_not_utf8_names_its_file_and_line(base_run, tmp_path, capsys):
+    """A Latin-1 JSONL (or a .gz) was Python's bare "'utf-8' codec can't decode byte 0xe9 in position 97", naming
+    neither the file nor the line; so was a chat task file of `eval --chat`."""
+    from speedgpt.chat.evaluate import read_choice_file
+    from speedgpt.cli import main
+
+    good = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    data = tmp_path / "chats.jsonl"
+    data.write_bytes(good + good.replace(b"hello", b"caf\xe9"))
+    assert main(["sft", str(base_run), "--data", str(data), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{data} line 2: not UTF-8 text; save it as UTF-8 JSONL" in err, err
+    assert not (tmp_path / "out").exists()
+    task = tmp_path / "arc.jsonl"
+    task.write_bytes(b'{"question": "caf\xe9?", "choices": ["3", "4"], "answer": 1}\n')
+    with pytest.raises(ValueError, match=f"{task} line 1: not UTF-8 text; save it as UTF-8 JSONL, one task example"):
+        read_choice_file(task)

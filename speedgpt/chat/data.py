@@ -72,15 +72,26 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
         for n, messages in enumerate(table.column("messages").to_pylist(), 1):
             yield f"{path} row {n}", {"messages": messages}
         return
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for n, line in utf8_lines(path, 'one {"messages": [...]} per line'):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path} line {n}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
+                                f"per line") from None
+
+
+def utf8_lines(path: Path, holds: str) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line of a JSONL file (SFT data, a chat task file); ChatDataError naming the file, the
+    line and the fix for one that is not UTF-8 (`holds`: what a line should be). Decoded here: such a file (a .gz, a
+    Latin-1 export) was Python's bare "'utf-8' codec can't decode byte 0xe9 in position 2843", naming no file."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
-                yield f"{path} line {n}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
-                                    f"per line") from None
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ChatDataError(f"{path} line {n}: not UTF-8 text; save it as UTF-8 JSONL, {holds}") from None
 
 
 def read_conversations(path: Path, template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
