@@ -4,6 +4,7 @@ command's handling of bad data."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -460,3 +461,21 @@ def test_data_that_is_not_utf8_names_its_file_and_line(base_run, tmp_path, capsy
     task.write_bytes(b'{"question": "caf\xe9?", "choices": ["3", "4"], "answer": 1}\n')
     with pytest.raises(ValueError, match=f"{task} line 1: not UTF-8 text; save it as UTF-8 JSONL, one task example"):
         read_choice_file(task)
+
+
+@pytest.mark.parametrize("weight", ["1e30", "1e6"])
+def test_a_weight_too_large_to_hold_is_named(tmp_path, weight):
+    """`--data f.jsonl:1e30` was an OverflowError (exit 1) and a weight of 1e9 a list of billions built in memory:
+    the epoch is held whole. A weight that puts more than MAX_EPOCH_CONVERSATIONS in it is one line naming it."""
+    from speedgpt.chat.data import MAX_EPOCH_CONVERSATIONS, ChatDataError, mixture, parse_source
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.tokenizer.core import gpt2_tokenizer
+
+    f = tmp_path / "chats.jsonl"
+    f.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant",
+                                                                                         "content": f"a {i}"}]}) + "\n"
+                         for i in range(30)))
+    assert 29 * float(weight) > MAX_EPOCH_CONVERSATIONS
+    with pytest.raises(ChatDataError, match=re.escape(f"--data {f}:{float(weight):g}: the weight makes ") +
+                       ".* more than 10,000,000; lower it"):
+        mixture([parse_source(f"{f}:{weight}")], ChatTemplate(gpt2_tokenizer()), max_len=256)

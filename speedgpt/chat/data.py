@@ -18,6 +18,11 @@ from typing import Iterator
 from .template import ChatTemplate, ConversationError
 
 
+# Training conversations one --data file may put in an epoch (its own times its weight): the epoch is a list, shuffled
+# and packed at the start of each pass
+MAX_EPOCH_CONVERSATIONS = 10_000_000
+
+
 class ChatDataError(ValueError):
     """Bad SFT data; the message names the file and line and what to do."""
 
@@ -141,6 +146,11 @@ def mixture(sources: list[Source], template: ChatTemplate, max_len: int, every: 
                 continue
             (heldout if len(seen) % every == 0 else mine).append(conv)  # the 1st, the (every+1)-th, ...
             seen.add(key)
+        if len(mine) * s.weight > MAX_EPOCH_CONVERSATIONS:  # 1e30 was an OverflowError (exit 1), 1e9 a list of
+            # billions held in memory: the epoch is built and shuffled whole at the start
+            raise ChatDataError(f"--data {s.path}:{s.weight:g}: the weight makes {len(mine) * s.weight:.3g} training "
+                                f"conversations of its {len(mine):,} an epoch, more than {MAX_EPOCH_CONVERSATIONS:,}; "
+                                f"lower it (a weight sets the file's share of an epoch; more steps read more epochs)")
         whole, part = divmod(s.weight, 1.0)
         train += mine * int(whole) + mine[:round(part * len(mine))]
     return Mixture(train, heldout, duplicates)
