@@ -479,3 +479,17 @@ def test_a_weight_too_large_to_hold_is_named(tmp_path, weight):
     with pytest.raises(ChatDataError, match=re.escape(f"--data {f}:{float(weight):g}: the weight makes ") +
                        ".* more than 10,000,000; lower it"):
         mixture([parse_source(f"{f}:{weight}")], ChatTemplate(gpt2_tokenizer()), max_len=256)
+
+
+@pytest.mark.parametrize("override", ["--data.train_files=chats.jsonl", "--data.val_tokens=4096"])
+def test_sft_refuses_data_overrides_it_would_not_read(base_run, tmp_path, capsys, override):
+    """SFT reads conversations from --data FILE, not shards: `--data.train_files=chats.jsonl` was written into
+    config.toml and ignored, and the run fine-tuned on the built-in tasks, exit 0."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{override.split('=')[0]}: sft reads conversations from --data FILE, not the shards" in err, err
+    assert not (tmp_path / "out").exists()
