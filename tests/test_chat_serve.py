@@ -145,3 +145,14 @@ def test_a_refused_post_closes_its_connection(server, head):
         while chunk := s.recv(65536):
             got += chunk
     assert got.startswith((b"HTTP/1.1 400", b"HTTP/1.1 404")) and got.count(b"HTTP/1.1 ") == 1, got[:300]
+
+
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_an_empty_message_is_refused_as_the_template_refuses_one(chat_model, text):
+    """`chat --prompt ""` was answered from an empty user turn, exit 0, where the web page and SFT data refuse one."""
+    from speedgpt.chat.template import ConversationError
+
+    chat = session(chat_model)
+    with pytest.raises(ConversationError, match="the message is empty; give the text to answer"):
+        chat.reply(text)
+    assert chat.ids == [chat_model[1].bos]  # nothing added to the conversation
