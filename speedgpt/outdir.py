@@ -58,6 +58,8 @@ def _run_of_checkpoints_folder(path: Path) -> Path | None:
 def check_out_dir(path: str | Path, flag: str = "--out") -> Path:
     """OutDirError with the fix when a file stands where directory `path` (or a parent) must go, or when it lies in
     a run's checkpoints folder; nothing is created (for commands that make the directory only once they have output)."""
+    if isinstance(path, str) and not path.strip():  # Path("") is ".": `--out "$OUT"` with $OUT unset wrote the output
+        raise OutDirError(f"{flag} is empty; pass a directory (. for this one)")  # into the current directory, exit 0
     path = Path(path)
     if _file_on_the_way(path) is not None:
         raise OutDirError(os_error_line(NotADirectoryError(errno.ENOTDIR, "Not a directory", str(path)), flag, path))

@@ -124,3 +124,35 @@ def test_an_answer_cut_short_says_why(chat_model, monkeypatch):
     "".join(chat.reply("hi"))
     assert chat.cut == "context" and len(chat.ids) == chat.context + 1  # every position, then the closing end
     assert cut_reason(chat) == f"cut: the conversation fills the model's context ({chat.context} tokens)"
+
+
+GET_PAGE = b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@pytest.mark.parametrize("head", [b"POST /chat HTTP/1.1\r\nContent-Length: %d\r\n" % (1 << 21),
+                                  b"POST /nowhere HTTP/1.1\r\nContent-Length: %d\r\n" % len(GET_PAGE)],
+                         ids=["body over MAX_BODY", "a path that is not /chat"])
+def test_a_refused_post_closes_its_connection(server, head):
+    """A POST refused before its body was read left the body on the kept-alive connection, where it was parsed as the
+    next request: here a body that is a GET got a second response, the page, which a client reusing the connection
+    took for the answer to its next request. Now the refusal closes the connection."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server), timeout=60) as s:
+        s.sendall(head + b"Host: x\r\n\r\n" + GET_PAGE)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    assert got.startswith((b"HTTP/1.1 400", b"HTTP/1.1 404")) and got.count(b"HTTP/1.1 ") == 1, got[:300]
+
+
+@pytest.mark.parametrize("text", ["", "  \n"])
+def test_an_empty_message_is_refused_as_the_template_refuses_one(chat_model, text):
+    """`chat --prompt ""` was answered from an empty user turn, exit 0, where the web page and SFT data refuse one."""
+    from speedgpt.chat.template import ConversationError
+
+    chat = session(chat_model)
+    with pytest.raises(ConversationError, match="the message is empty; give the text to answer"):
+        chat.reply(text)
+    assert chat.ids == [chat_model[1].bos]  # nothing added to the conversation

@@ -4,6 +4,7 @@ command's handling of bad data."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -421,3 +422,74 @@ def test_a_data_weight_that_is_no_positive_number_is_named(tmp_path, weight):
     f.write_text("")
     with pytest.raises(ChatDataError, match=r"must be a finite number > 0 \(e\.g\. chats\.jsonl:2\)$"):
         parse_source(f"{f}:{weight}")
+
+
+def test_a_non_finite_loss_stops_sft_before_it_is_applied_or_saved(base_run, tmp_path, capsys):
+    """SFT had no numerics guard: learning rates that blow up trained on NaN weights, saved them in every later
+    checkpoint and said "done", exit 0 (and `chat` answered from them). Now: exit 3, one line naming the step and the
+    last good checkpoint, and no checkpoint holds a non-finite number."""
+    from speedgpt.cli import main
+    from speedgpt.rundir.checkpoint import load_checkpoint, list_checkpoints
+
+    out = tmp_path / "out"
+    lrs = [f"--optim.{k}=1e30" for k in ("muon_lr", "embed_lr", "value_embed_lr", "head_lr", "scalar_lr")]
+    assert main(["sft", str(base_run), "--run-dir", str(out), "--eval-examples", "0", "--train.steps=4",
+                 "--train.checkpoint_every=1", "--train.val_every=0", *lrs]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "non-finite loss or gradient at SFT step" in err, err
+    found = list_checkpoints(out / "checkpoints")
+    assert found and f"the last good checkpoint is {found[-1]}" in err
+    for path in found:
+        model, _, _ = load_checkpoint(path, "cpu")
+        assert all(torch.isfinite(t).all() for t in model.values() if t.is_floating_point()), path
+
+
+def test_data_that_is_not_utf8_names_its_file_and_line(base_run, tmp_path, capsys):
+    """A Latin-1 JSONL (or a .gz) was Python's bare "'utf-8' codec can't decode byte 0xe9 in position 97", naming
+    neither the file nor the line; so was a chat task file of `eval --chat`."""
+    from speedgpt.chat.evaluate import read_choice_file
+    from speedgpt.cli import main
+
+    good = b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    data = tmp_path / "chats.jsonl"
+    data.write_bytes(good + good.replace(b"hello", b"caf\xe9"))
+    assert main(["sft", str(base_run), "--data", str(data), "--run-dir", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"{data} line 2: not UTF-8 text; save it as UTF-8 JSONL" in err, err
+    assert not (tmp_path / "out").exists()
+    task = tmp_path / "arc.jsonl"
+    task.write_bytes(b'{"question": "caf\xe9?", "choices": ["3", "4"], "answer": 1}\n')
+    with pytest.raises(ValueError, match=f"{task} line 1: not UTF-8 text; save it as UTF-8 JSONL, one task example"):
+        read_choice_file(task)
+
+
+@pytest.mark.parametrize("weight", ["1e30", "1e6"])
+def test_a_weight_too_large_to_hold_is_named(tmp_path, weight):
+    """`--data f.jsonl:1e30` was an OverflowError (exit 1) and a weight of 1e9 a list of billions built in memory:
+    the epoch is held whole. A weight that puts more than MAX_EPOCH_CONVERSATIONS in it is one line naming it."""
+    from speedgpt.chat.data import MAX_EPOCH_CONVERSATIONS, ChatDataError, mixture, parse_source
+    from speedgpt.chat.template import ChatTemplate
+    from speedgpt.tokenizer.core import gpt2_tokenizer
+
+    f = tmp_path / "chats.jsonl"
+    f.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q {i}"}, {"role": "assistant",
+                                                                                         "content": f"a {i}"}]}) + "\n"
+                         for i in range(30)))
+    assert 29 * float(weight) > MAX_EPOCH_CONVERSATIONS
+    with pytest.raises(ChatDataError, match=re.escape(f"--data {f}:{float(weight):g}: the weight makes ") +
+                       ".* more than 10,000,000; lower it"):
+        mixture([parse_source(f"{f}:{weight}")], ChatTemplate(gpt2_tokenizer()), max_len=256)
+
+
+@pytest.mark.parametrize("override", ["--data.train_files=chats.jsonl", "--data.val_tokens=4096"])
+def test_sft_refuses_data_overrides_it_would_not_read(base_run, tmp_path, capsys, override):
+    """SFT reads conversations from --data FILE, not shards: `--data.train_files=chats.jsonl` was written into
+    config.toml and ignored, and the run fine-tuned on the built-in tasks, exit 0."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{override.split('=')[0]}: sft reads conversations from --data FILE, not the shards" in err, err
+    assert not (tmp_path / "out").exists()

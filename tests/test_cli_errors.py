@@ -106,6 +106,26 @@ def test_output_in_a_runs_checkpoints_folder_is_refused(argv, tmp_path, capsys, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize("argv", [
+    ["data", "tokenize", "TEXT", "--out", "", "--workers", "1", "--val-fraction", "0"],
+    ["data", "local-python", "--out", " ", "--max-tokens", "1000", "--workers", "1"],
+    ["tokenizer", "train", "TEXT", "--vocab-size", "260", "--out", ""],
+    ["export", "RUN", "--out", ""],
+    ["export", "RUN", "--out", "", "--format", "hf"],
+])
+def test_an_empty_out_is_refused_not_taken_for_the_current_directory(argv, tmp_path, monkeypatch, capsys):
+    """`--out "$OUT"` with $OUT unset: Path("") is ".", so `data tokenize` wrote its shards and manifest.json into the
+    current directory (replacing shards there), and `export` its files, exit 0."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    (tmp_path / "doc.txt").write_text("def f(x):\n    return x\n" * 50)
+    subs = {"TEXT": str(tmp_path / "doc.txt"), "RUN": str(tmp_path / "run")}
+    line = expect_one_line_error([subs.get(a, a) for a in argv], capsys)
+    assert "--out is empty; pass a directory (. for this one)" in line
+    assert not any(here.iterdir())
+
+
 def test_the_checkpoints_folder_check_knows_runs_from_a_users_own_folders(tmp_path, capsys):
     """(A review of the check above) a project folder with the user's own config.toml and a `checkpoints/` folder of
     their outputs is no run: refused there, as a run's. A folder in a run's checkpoints that exists already was let

@@ -18,6 +18,11 @@ from typing import Iterator
 from .template import ChatTemplate, ConversationError
 
 
+# Training conversations one --data file may put in an epoch (its own times its weight): the epoch is a list, shuffled
+# and packed at the start of each pass
+MAX_EPOCH_CONVERSATIONS = 10_000_000
+
+
 class ChatDataError(ValueError):
     """Bad SFT data; the message names the file and line and what to do."""
 
@@ -72,15 +77,26 @@ def _records(path: Path) -> Iterator[tuple[str, object]]:
         for n, messages in enumerate(table.column("messages").to_pylist(), 1):
             yield f"{path} row {n}", {"messages": messages}
         return
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for n, line in utf8_lines(path, 'one {"messages": [...]} per line'):
+        if not line.strip():
+            continue
+        try:
+            yield f"{path} line {n}", json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
+                                f"per line") from None
+
+
+def utf8_lines(path: Path, holds: str) -> Iterator[tuple[int, str]]:
+    """(number, text) of each line of a JSONL file (SFT data, a chat task file); ChatDataError naming the file, the
+    line and the fix for one that is not UTF-8 (`holds`: what a line should be). Decoded here: such a file (a .gz, a
+    Latin-1 export) was Python's bare "'utf-8' codec can't decode byte 0xe9 in position 2843", naming no file."""
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
             try:
-                yield f"{path} line {n}", json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ChatDataError(f"{path} line {n}: not JSON ({e.msg}); one {{\"messages\": [...]}} "
-                                    f"per line") from None
+                yield n, raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ChatDataError(f"{path} line {n}: not UTF-8 text; save it as UTF-8 JSONL, {holds}") from None
 
 
 def read_conversations(path: Path, template: ChatTemplate, max_len: int) -> list[tuple[list[int], list[int]]]:
@@ -130,6 +146,11 @@ def mixture(sources: list[Source], template: ChatTemplate, max_len: int, every: 
                 continue
             (heldout if len(seen) % every == 0 else mine).append(conv)  # the 1st, the (every+1)-th, ...
             seen.add(key)
+        if len(mine) * s.weight > MAX_EPOCH_CONVERSATIONS:  # 1e30 was an OverflowError (exit 1), 1e9 a list of
+            # billions held in memory: the epoch is built and shuffled whole at the start
+            raise ChatDataError(f"--data {s.path}:{s.weight:g}: the weight makes {len(mine) * s.weight:.3g} training "
+                                f"conversations of its {len(mine):,} an epoch, more than {MAX_EPOCH_CONVERSATIONS:,}; "
+                                f"lower it (a weight sets the file's share of an epoch; more steps read more epochs)")
         whole, part = divmod(s.weight, 1.0)
         train += mine * int(whole) + mine[:round(part * len(mine))]
     return Mixture(train, heldout, duplicates)

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from .data import utf8_lines
 from .pack import IGNORE, pack_rows, row_tensors
 from .template import ChatTemplate
 
@@ -125,13 +126,12 @@ def _lines(path: Path) -> list[tuple[int, dict]]:
     if not Path(path).is_file():
         raise ValueError(f"{path}: {'a folder' if Path(path).is_dir() else 'no such file'}; pass a JSONL file of "
                          f"task examples (docs/chat.md)")
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    out.append((n, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path} line {n}: not JSON ({e.msg})") from None
+    for n, line in utf8_lines(path, "one task example per line (docs/chat.md)"):
+        if line.strip():
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} line {n}: not JSON ({e.msg})") from None
     if not out:  # scored, it would be an accuracy of 0 over n=0 averaged into ChatCORE
         raise ValueError(f"{path}: no examples (the file is empty or blank); pass a JSONL file with one task "
                          f"example per line (docs/chat.md)")

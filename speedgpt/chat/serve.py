@@ -35,6 +35,10 @@ def make_server(session_factory, host: str = "127.0.0.1", port: int = 8000) -> T
 
         def _plain(self, code: int, body: bytes, kind: str = "text/plain; charset=utf-8") -> None:
             self.send_response(code)
+            if code >= 400:  # a refused request's body may be unread (too large, another path): on a kept-alive
+                # connection it was parsed as the next request, whose stray answer the client took for its next one
+                self.send_header("Connection", "close")
+                self.close_connection = True
             self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

@@ -52,6 +52,8 @@ class ChatSession:
     def reply(self, text: str) -> Iterator[str]:
         """Add the user's message and stream the answer's text."""
         t = self.template
+        if not text.strip():  # as the template refuses one (the web page, SFT data): `chat --prompt ""` was answered
+            raise ConversationError("the message is empty; give the text to answer")  # from an empty turn, exit 0
         turn = [t.special("<|user_start|>"), *t.tokenizer.encode(text), t.special("<|user_end|>")]
         if len(self.ids) + len(turn) + 2 >= self.context:
             raise ContextFull(f"the conversation fills the model's context ({self.context} tokens); /clear "

@@ -21,6 +21,7 @@ starts it again from step 0 with its own sft.json and config.toml.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -255,9 +256,25 @@ class SFTTrainer:
             loss = self.model(inputs, targets, reduction="sum") / max(count, 1)
             loss.backward()
             total += float(loss.detach())
+        self.check_finite(step, total)
         self.optimizers.step(step)
         self.model.zero_grad(set_to_none=True)
         return total
+
+    def check_finite(self, step: int, loss: float) -> None:
+        """NonFiniteError, before the update is applied, when the step's loss or a gradient is not finite. Without it
+        the NaN weights were trained on, saved in every later checkpoint and the run said "done", exit 0 (and `chat`
+        answered from them). SFT stops whatever train.on_nonfinite says: skip and rollback are `train`'s."""
+        from ..train.guard import NonFiniteError, local_grads
+
+        grads = local_grads(self.optimizers)
+        if math.isfinite(loss) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())):
+            return
+        found = self.rundir.list_checkpoints()
+        last = f"the last good checkpoint is {found[-1]}" if found else "no checkpoint was written"
+        self.metrics.close()
+        raise NonFiniteError(f"non-finite loss or gradient at SFT step {step + 1}, not applied; {last}. Lower the "
+                             f"learning rates (e.g. --optim.muon_lr, --optim.embed_lr)")
 
     def record_evaluation(self) -> dict:
         """evaluate(), logged to the metrics and the console; returns the record."""

@@ -234,15 +234,18 @@ def cmd_export(argv: list[str]) -> int:
     from ..config import ConfigError
     from ..export import ExportError, export_model
     from ..infer.load import LoadError
+    from ..outdir import OutDirError, check_out_dir
 
     try:
+        if args.out is not None:  # as given: the exporters take it as a Path, where "" is "."
+            check_out_dir(args.out)
         if args.format == "hf":
             from ..hf.export import export_hf
 
             out, notes = export_hf(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint)
         else:
             out, notes = export_model(args.run_dir, args.out, dtype=args.dtype, checkpoint=args.checkpoint), []
-    except (LoadError, ExportError, ConfigError) as e:
+    except (LoadError, ExportError, ConfigError, OutDirError) as e:
         print(f"speedgpt export: {e}", file=sys.stderr)
         return 2
     from ..rundir.export_dir import written_files

@@ -52,6 +52,12 @@ def cmd_sft(argv: list[str]) -> int:
     if fixed_keys:
         p.error(f"{', '.join(fixed_keys)}: sft fine-tunes the base run's model (model.*) in one process (parallel.*); "
                 f"drop the override (to change the model, train a base run with it)")
+    # SFT reads conversations (--data FILE), not the shards: of data.*, only data.seq_len (its rows) applies. Another
+    # was written into config.toml and ignored: `--data.train_files=chats.jsonl` fine-tuned on the built-in tasks, exit 0
+    unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.startswith("--data.") and k != "--data.seq_len"]
+    if unread:
+        p.error(f"{', '.join(unread)}: sft reads conversations from --data FILE, not the shards of data.* (of which "
+                f"only data.seq_len applies); drop the override")
     if bool(args.base_run) == bool(args.resume):
         p.error("give BASE_RUN to start an SFT run, or --resume SFT_RUN to continue one")
     fixed = [flag for flag, given in (("--data", args.data), ("--load-optimizer", args.load_optimizer),
@@ -78,6 +84,7 @@ def cmd_sft(argv: list[str]) -> int:
     from ..rundir.reuse import RunDirInUse, prepare_new_run_dir
     from ..rundir.weights import LoadError
     from ..chat.sft import SPEC_FILE, SFTSpec, sft
+    from ..train.guard import NonFiniteError
     from ..train.preempt import TrainingStopped
     from ..train.resume import RunComplete
 
@@ -106,6 +113,9 @@ def cmd_sft(argv: list[str]) -> int:
         except TrainingStopped as e:  # SIGTERM / Ctrl-C: saved, `speedgpt sft --resume RUN` continues
             print(f"speedgpt sft: {e}".replace("speedgpt train --resume", "speedgpt sft --resume"), file=sys.stderr)
             return e.exit_code
+        except NonFiniteError as e:  # nothing of the bad step was applied or saved (as `train`'s abort: exit 3)
+            print(f"speedgpt sft: error: {e}", file=sys.stderr)
+            return 3
         except ConfigError as e:  # (a schedule changed on resume without --extend: check_resume's line)
             print(f"speedgpt sft: config error: {e}", file=sys.stderr)
             return 2

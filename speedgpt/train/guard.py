@@ -29,7 +29,7 @@ class NonFiniteError(FloatingPointError):
     """Training met a non-finite loss or gradient and train.on_nonfinite says abort (or rollbacks ran out)."""
 
 
-def _local_grads(optimizers) -> list[torch.Tensor]:
+def local_grads(optimizers) -> list[torch.Tensor]:
     parts = []
     for opt in optimizers:
         if hasattr(opt, "reduced_grads"):  # sharded: this rank's part of the averaged gradients
@@ -66,7 +66,7 @@ class NumericsGuard:
         if grad_norm is not None:
             bad = bad | ~torch.isfinite(grad_norm)
         elif optimizers is not None:  # skip mode must see a bad gradient at the step it happens
-            grads = _local_grads(optimizers)
+            grads = local_grads(optimizers)
             if grads:
                 bad = bad | ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()
         if self.mode == "skip" and self.world_size > 1:
