@@ -124,3 +124,26 @@ def test_a_run_dir_that_cannot_be_written_is_refused_before_the_data_step(tmp_pa
         assert main(["train", "--train.device=cpu", f"--data.train_files={missing_data}", "--run-dir",
                      str(ro / "run")]) == 2
         assert "no permission to write" in capsys.readouterr().err
+
+
+def test_a_refused_command_waits_for_the_holders_record(tmp_path, monkeypatch):
+    """The holder writes its record just after taking the lock: a command refused in between read an empty file and
+    named a live run "a process that left no record" (the race above flaked on a busy 2-core machine). Here the holder
+    writes its record only once the refused command waits (its first sleep): deterministic, no timing."""
+    from speedgpt.rundir import lock as lock_module
+
+    run = tmp_path / "run"
+    run.mkdir()
+    holder = os.open(run / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held, the file still empty
+    record = {"pid": 4242, "host": "gpu-7", "started": "2026-12-07 03:00:00", "command": "speedgpt train"}
+
+    def holder_writes_its_record(_seconds):
+        os.write(holder, json.dumps(record).encode())
+
+    monkeypatch.setattr(lock_module.time, "sleep", holder_writes_its_record)
+    try:
+        with pytest.raises(lock_module.RunLocked, match=r"in use by a training run in progress \(pid 4242 on gpu-7"):
+            lock_module.lock_run_dir(run)
+    finally:
+        os.close(holder)

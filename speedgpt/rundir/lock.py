@@ -76,7 +76,7 @@ def lock_run_dir(run_dir: str | os.PathLike, *, flag: str = "--run-dir",
             try:
                 locked = _try_flock(fd)
             except BlockingIOError:
-                holder = _read_record(fd)
+                holder = _await_record(fd)
                 os.close(fd)
                 raise RunLocked(_held_message(run_dir, flag, holder)) from None
             except OSError:
@@ -140,6 +140,20 @@ def _read_record(fd: int) -> dict | None:
     except ValueError:
         return {}
     return record if isinstance(record, dict) else {}
+
+
+# How long a refused command waits for the holder's record: the holder writes it just after taking the lock, and a
+# reader in between found the file empty and named a live run "a process that left no record" (a flake of
+# tests/test_run_lock.py on a busy 2-core machine).
+RECORD_WAIT_S = 2.0
+
+
+def _await_record(fd: int) -> dict | None:
+    """_read_record, waiting up to RECORD_WAIT_S for a holder that has not written its record yet."""
+    deadline = time.monotonic() + RECORD_WAIT_S
+    while (record := _read_record(fd)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return record
 
 
 def _write_record(fd: int) -> None:
