@@ -493,3 +493,25 @@ def test_sft_refuses_data_overrides_it_would_not_read(base_run, tmp_path, capsys
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
     assert f"{override.split('=')[0]}: sft reads conversations from --data FILE, not the shards" in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_sft_clips_the_gradients_as_optim_grad_clip_says(base_run, tmp_path, monkeypatch):
+    """optim.grad_clip (the base run's, or an override) was written into the SFT run's config.toml and never applied:
+    SFT stepped on unclipped gradients. Each step now clips to it before the optimizers read the gradients."""
+    from speedgpt.cli import main
+    from speedgpt.parallel import ddp
+
+    clip = ddp.clip_grad_norm_
+    norms_after = []
+
+    def clip_and_measure(optimizers, max_norm):
+        norm = clip(optimizers, max_norm)
+        grads = [p.grad for opt in optimizers for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        norms_after.append((max_norm, float(torch.linalg.vector_norm(torch.stack([gr.norm() for gr in grads])))))
+        return norm
+
+    monkeypatch.setattr(ddp, "clip_grad_norm_", clip_and_measure)
+    assert main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), "--eval-examples", "0",
+                 "--train.steps=2", "--train.val_every=0", "--optim.grad_clip=0.01"]) == 0
+    assert [m for m, _ in norms_after] == [0.01, 0.01]
+    assert all(after <= 0.01 * 1.001 for _, after in norms_after), norms_after

@@ -245,6 +245,7 @@ class SFTTrainer:
         self.log(f"optimizer state warm-started from {base.latest_checkpoint()}")
 
     def train_step(self, step: int) -> float:
+        from ..parallel.ddp import clip_grad_norm_
         from ..train.step_schedule import apply_hyperparameters
         from .pack import IGNORE
 
@@ -256,7 +257,10 @@ class SFTTrainer:
             loss = self.model(inputs, targets, reduction="sum") / max(count, 1)
             loss.backward()
             total += float(loss.detach())
+        self.optimizers.fold_tied_grads()  # (model.tie_embed_frac) before anything reads the gradients, as train's
         self.check_finite(step, total)
+        if self.cfg.optim.grad_clip:  # the base run's or an override's: it was written into config.toml, never applied
+            clip_grad_norm_(self.optimizers, self.cfg.optim.grad_clip)
         self.optimizers.step(step)
         self.model.zero_grad(set_to_none=True)
         return total
@@ -274,7 +278,8 @@ class SFTTrainer:
         last = f"the last good checkpoint is {found[-1]}" if found else "no checkpoint was written"
         self.metrics.close()
         raise NonFiniteError(f"non-finite loss or gradient at SFT step {step + 1}, not applied; {last}. Lower the "
-                             f"learning rates (e.g. --optim.muon_lr, --optim.embed_lr)")
+                             f"learning rates (e.g. --optim.muon_lr, --optim.embed_lr) or clip the gradients "
+                             f"(--optim.grad_clip=1.0)")
 
     def record_evaluation(self) -> dict:
         """evaluate(), logged to the metrics and the console; returns the record."""
