@@ -456,3 +456,28 @@ def test_verdict_gives_each_direction_its_own_p_value():
     assert verdict({"p_b_better": 0.978}, "final_loss") == "B higher final_loss (p=0.022, one-sided for B higher)"
     assert verdict({"p_b_better": 0.02}, "final_loss") == "B lower final_loss (p=0.02)"
     assert verdict({"p_b_better": 0.5}, "final_loss") == "no significant final_loss difference (p=0.5)"
+
+
+def test_steps_to_target_are_paired_beside_the_times(tmp_path):
+    """An arm that changes only the math compares by steps to target (times the bench step time): the measured times
+    carry each machine's step-time noise (wave 27b: a first run 2.3 % slower gave its pair -2.45 s while B needed 1.3
+    steps more). The summary pairs steps too, and the table prints both, with --concurrent as without."""
+    from speedgpt.ab.summary import format_table, summarize
+
+    plan = plan_for(tmp_path)
+    for run in plan.runs:
+        run.run_dir.mkdir(parents=True)
+        slow = 1.05 if (run.arm, run.seed) == ("a", 1337) else 1.0  # A's first run steps 5 % slower
+        at_100 = 4.0 if run.arm == "a" else 4.2  # B reaches 4.5 later: at step 62.5 against A's 50
+        records = [{"step": 0, "tokens": 0, "time_s": 0.0, "val_loss": 5.0},
+                   {"step": 100, "tokens": 700, "time_s": 10.0 * slow, "val_loss": at_100}]
+        (run.run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    for concurrent in (1, 2):
+        summary = summarize(plan, "4.5", concurrent=concurrent)
+        steps = summary["paired"]["steps_to_target"]
+        assert steps["n"] == 2 and steps["diffs"] == pytest.approx([12.5, 12.5])
+    summary = summarize(plan, "4.5")
+    assert summary["paired"]["time_to_target_s"]["diffs"] == pytest.approx([1.25 - 0.25, 1.25])
+    table = format_table(summary)
+    assert "steps to target" in table.splitlines()[0]
+    assert "B - A steps to target: mean +12.5, 95% CI [+12.5, +12.5], n=2" in table
