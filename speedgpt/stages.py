@@ -223,8 +223,8 @@ def _check_stage_lr_fits(cfg: Config, index: int, lr_mul: float) -> None:
                   key=lambda kv: kv[1])
     if lr * lr_mul > FLOAT32_MAX:
         raise ConfigError(f"train.stages[{index}].lr_mul={lr_mul:g} times optim.{key}={lr:g} is {lr * lr_mul:.3g}, "
-                          f"beyond float32 (at most {FLOAT32_MAX:.3g}), in which training applies it; give an lr_mul of at "
-                          f"most {FLOAT32_MAX / lr:.3g}")
+                          f"beyond float32 (at most {FLOAT32_MAX:.3g}), in which training applies it; give an lr_mul "
+                          f"of at most {FLOAT32_MAX / lr:.3g}")
 
 
 def check_stages(cfg: Config, world_size: int = 1) -> StagePlan:

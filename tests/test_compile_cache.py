@@ -186,8 +186,8 @@ def test_a_longer_run_of_a_preset_shares_its_digest():
     assert digest("--train.steps=30") == digest("--train.steps=300", "--train.val_every=25",
                                                   "--data.val_tokens=1572864")
     assert digest("--train.steps=30") == digest("--train.steps=30", "--train.val_every=0")
-    # the optimizer and the lr schedule act outside the compiled model: an A/B of either starts its B arm warm (the B arm
-    # of --schedule.cooldown_frac=0.6 compiled 55.8 s cold beside A's artifacts: 2026-12-07)
+    # the optimizer and the lr schedule act outside the compiled model: an A/B of either starts its B arm warm (the B
+    # arm of --schedule.cooldown_frac=0.6 compiled 55.8 s cold beside A's artifacts: 2026-12-07)
     assert digest("--train.steps=30") == digest("--train.steps=30", "--schedule.cooldown_frac=0.6",
                                                   "--schedule.final_lr_frac=0.2", "--optim.muon_lr=0.03",
                                                   "--optim.adam_eps=1e-10")

@@ -80,7 +80,7 @@ def test_run_config_keeps_the_resolved_table(staged_cfg):
     ("[{share=1.0, mtp_weights=[0.5, 0.5]}]", "must be 1.0"),
     ("[{share=1.0, mtp_weights=[1.0, 0.5], mtp_weights_end=[1.0]}]", "as many weights"),
     ("[{share=1.0, lr_mul=0.0}]", "lr_mul"),
-    ("[{share=1.0, lr_mul=1e300}]", "times optim.bigram_embed_lr=0.6"),  # each factor fits float32, the product does not
+    ("[{share=1.0, lr_mul=1e300}]", "times optim.bigram_embed_lr=0.6"),  # each fits float32, the product not
     ("[{share=1.0, max_doc_len=-1}]", "must be >= 0"),
     ("[{share=1.0, batch=3}]", "unknown config key 'train.stages[0].batch'"),
 ])

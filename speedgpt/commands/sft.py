@@ -53,7 +53,8 @@ def cmd_sft(argv: list[str]) -> int:
         p.error(f"{', '.join(fixed_keys)}: sft fine-tunes the base run's model (model.*) in one process (parallel.*); "
                 f"drop the override (to change the model, train a base run with it)")
     # SFT reads conversations (--data FILE), not the shards: of data.*, only data.seq_len (its rows) applies. Another
-    # was written into config.toml and ignored: `--data.train_files=chats.jsonl` fine-tuned on the built-in tasks, exit 0
+    # was written into config.toml and ignored: `--data.train_files=chats.jsonl` fine-tuned on the built-in tasks,
+    # exit 0
     unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.startswith("--data.") and k != "--data.seq_len"]
     if unread:
         p.error(f"{', '.join(unread)}: sft reads conversations from --data FILE, not the shards of data.* (of which "
