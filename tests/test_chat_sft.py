@@ -515,3 +515,30 @@ def test_sft_clips_the_gradients_as_optim_grad_clip_says(base_run, tmp_path, mon
                  "--train.steps=2", "--train.val_every=0", "--optim.grad_clip=0.01"]) == 0
     assert [m for m, _ in norms_after] == [0.01, 0.01]
     assert all(after <= 0.01 * 1.001 for _, after in norms_after), norms_after
+
+
+@pytest.mark.parametrize("override", ["--train.time_budget_s=60", "--train.compile=false",
+                                      "--train.on_nonfinite=skip", "--train.checkpoint_every_min=5"])
+def test_sft_refuses_train_overrides_it_would_not_apply(base_run, tmp_path, capsys, override):
+    """`sft BASE --train.time_budget_s=60` was written into config.toml and ignored: every step trained, exit 0."""
+    from speedgpt.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1, err
+    assert f"{override.split('=')[0]}: sft does not apply it" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_train_key_is_applied_by_sft_or_refused():
+    """A new train key must be put on one side: read by SFT, or refused as an override (UNREAD_TRAIN_KEYS)."""
+    from dataclasses import fields
+
+    from speedgpt.chat.sft import UNREAD_TRAIN_KEYS
+    from speedgpt.config.sections import TrainConfig
+
+    applied = {"steps", "batch_tokens", "micro_batch_size", "val_every", "log_every", "checkpoint_every",
+               "keep_checkpoints", "seed", "device", "dtype", "stages"}
+    assert not applied & set(UNREAD_TRAIN_KEYS)
+    assert {f.name for f in fields(TrainConfig)} == applied | set(UNREAD_TRAIN_KEYS)

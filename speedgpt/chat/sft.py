@@ -35,6 +35,18 @@ from .tasks import HELDOUT_PER_TASK
 SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
 
 
+
+# The train.* keys an SFT run does not apply (one process, eager, a fixed number of steps, checkpoints by step, a
+# non-finite step always stops it): an override of one was written into config.toml and ignored (`sft BASE
+# --train.time_budget_s=60` trained every step). The base run's values of them are inherited and harmless.
+UNREAD_TRAIN_KEYS = ("tokens_per_param", "flops_budget", "horizon", "time_budget_s", "checkpoint_every_min",
+                     "save_final_checkpoint", "checkpoint_format", "keep_checkpoint_every", "on_nonfinite",
+                     "rollback_lr_factor", "max_rollbacks", "compile", "compile_scope", "compile_backend",
+                     "compile_mode", "compile_cache", "compile_precompile", "compile_validation_ahead",
+                     "coordinate_descent_tuning", "autotune_pointwise", "persistent_reductions_upto", "warmup_steps",
+                     "peak_flops")
+
+
 @dataclass
 class SFTSpec:
     base_run: str

@@ -59,6 +59,12 @@ def cmd_sft(argv: list[str]) -> int:
     if unread:
         p.error(f"{', '.join(unread)}: sft reads conversations from --data FILE, not the shards of data.* (of which "
                 f"only data.seq_len applies); drop the override")
+    from ..chat.sft import UNREAD_TRAIN_KEYS
+
+    unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.removeprefix("--train.") in UNREAD_TRAIN_KEYS]
+    if unread:
+        p.error(f"{', '.join(unread)}: sft does not apply it (one process, eager, train.steps steps, checkpoints by "
+                f"train.checkpoint_every, a non-finite step stops it); drop the override")
     if bool(args.base_run) == bool(args.resume):
         p.error("give BASE_RUN to start an SFT run, or --resume SFT_RUN to continue one")
     fixed = [flag for flag, given in (("--data", args.data), ("--load-optimizer", args.load_optimizer),
