@@ -517,17 +517,21 @@ def test_sft_clips_the_gradients_as_optim_grad_clip_says(base_run, tmp_path, mon
     assert all(after <= 0.01 * 1.001 for _, after in norms_after), norms_after
 
 
-@pytest.mark.parametrize("override", ["--train.time_budget_s=60", "--train.compile=false",
-                                      "--train.on_nonfinite=skip", "--train.checkpoint_every_min=5"])
-def test_sft_refuses_train_overrides_it_would_not_apply(base_run, tmp_path, capsys, override):
-    """`sft BASE --train.time_budget_s=60` was written into config.toml and ignored: every step trained, exit 0."""
+@pytest.mark.parametrize("override, says", [
+    ("--train.time_budget_s=60", "sft does not apply it"), ("--train.compile=false", "sft does not apply it"),
+    ("--train.on_nonfinite=skip", "sft does not apply it"), ("--train.checkpoint_every_min=5", "sft does not apply it"),
+    ("--run.dir=elsewhere", "takes its directory from --run-dir"), ("--run.wandb=true", "sft writes no report"),
+])
+def test_sft_refuses_train_and_run_overrides_it_would_not_apply(base_run, tmp_path, capsys, override, says):
+    """`sft BASE --train.time_budget_s=60` was written into config.toml and ignored: every step trained, exit 0; so was
+    any run.* key (`--run.dir=X` trained into the default directory)."""
     from speedgpt.cli import main
 
     with pytest.raises(SystemExit) as e:
         main(["sft", str(base_run), "--run-dir", str(tmp_path / "out"), override])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and len(err.splitlines()) == 1, err
-    assert f"{override.split('=')[0]}: sft does not apply it" in err, err
+    assert f"{override.split('=')[0]}: " in err and says in err, err
     assert not (tmp_path / "out").exists()
 
 

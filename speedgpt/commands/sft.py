@@ -59,6 +59,10 @@ def cmd_sft(argv: list[str]) -> int:
     if unread:
         p.error(f"{', '.join(unread)}: sft reads conversations from --data FILE, not the shards of data.* (of which "
                 f"only data.seq_len applies); drop the override")
+    run_keys = [k for k in (o.split("=", 1)[0] for o in overrides) if k.startswith("--run.")]
+    if run_keys:  # none is read: `--run.dir=X` trained into the default directory, `--run.wandb=true` logged nowhere
+        p.error(f"{', '.join(run_keys)}: sft writes no report, sample, TensorBoard or W&B log, and takes its directory "
+                f"from --run-dir; drop the override")
     from ..chat.sft import UNREAD_TRAIN_KEYS
 
     unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.removeprefix("--train.") in UNREAD_TRAIN_KEYS]
