@@ -112,6 +112,7 @@ def test_output_in_a_runs_checkpoints_folder_is_refused(argv, tmp_path, capsys, 
     ["tokenizer", "train", "TEXT", "--vocab-size", "260", "--out", ""],
     ["export", "RUN", "--out", ""],
     ["export", "RUN", "--out", "", "--format", "hf"],
+    ["report", "RUN", "--out", ""],  # report.png and report.html went into the current directory
 ])
 def test_an_empty_out_is_refused_not_taken_for_the_current_directory(argv, tmp_path, monkeypatch, capsys):
     """`--out "$OUT"` with $OUT unset: Path("") is ".", so `data tokenize` wrote its shards and manifest.json into the

@@ -19,7 +19,7 @@ def cmd_report(argv: list[str]) -> int:
         "that differ from A's.")
     p.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR",
                    help="run directories written by `speedgpt train`; with several, the first is the baseline A")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", default=None,  # a str: check_out_dir refuses "" (type=Path made it ".", the cwd)
                    help="output dir for report.png/html (default: the run dir for one run, "
                         "FIRST_RUN_DIR/compare for several)")
     p.add_argument("--target-loss", type=float, default=None,
@@ -39,9 +39,8 @@ def cmd_report(argv: list[str]) -> int:
     from ..report import report_runs
 
     try:
-        if args.out is not None:
-            check_out_dir(args.out)
-        report_runs(args.run_dirs, args.out, target_loss=args.target_loss, title=args.title, markdown=args.markdown)
+        out = None if args.out is None else check_out_dir(args.out)
+        report_runs(args.run_dirs, out, target_loss=args.target_loss, title=args.title, markdown=args.markdown)
     except (FileNotFoundError, ValueError, OutDirError) as e:
         print(f"speedgpt report: error: {e}", file=sys.stderr)
         return 2
