@@ -67,3 +67,13 @@ def require_subcommand(p, args, sub, dest: str = "what") -> None:
     with required=False so that this check is the one that speaks."""
     if getattr(args, dest) is None:
         p.error(f"choose one of: {', '.join(sub.choices)}")  # (Parser.error adds where --help is)
+
+
+def refuse_empty_paths(p: Parser, args: argparse.Namespace, flags: tuple[str, ...], default: bool = True) -> None:
+    """A path option given as "" (`--resume "$RUN"` with $RUN unset) is refused: it read as not given, so
+    `train --resume ""` started a new run instead of resuming one, and `--run-dir ""` trained into a default
+    directory the caller never looks in. `default`: the flag has one to name (else it is required)."""
+    for flag in flags:
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if isinstance(value, str) and not value.strip():
+            p.error(f"{flag} is empty; pass a directory" + (f", or drop {flag} for its default" if default else ""))

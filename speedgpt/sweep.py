@@ -35,7 +35,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .argv import Parser
+from .argv import Parser, refuse_empty_paths
 from .atomic import atomic_file, atomic_write
 from .provenance import short_commit, source_version
 
@@ -352,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print each run's derived size, batch, steps and FLOPs")
     p.add_argument("--analyze", action="store_true", help="only analyze the finished runs in --out")
     args, overrides = p.parse_known_args(argv)
+    refuse_empty_paths(p, args, ("--out",), default=False)  # "" was ".": the sweep's runs went into this directory
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --data.seq_len=512)")

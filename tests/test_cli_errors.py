@@ -641,3 +641,25 @@ def test_argument_errors_are_one_line_naming_help(argv, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "usage:" not in err, err
     assert err.startswith(f"speedgpt {argv[0]}") and "--help` lists the options" in err, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["train", "--resume", ""], "--resume is empty; pass a directory, or drop --resume for its default"),
+    (["train", "--run-dir", " "], "--run-dir is empty"),
+    (["sft", "BASE", "--run-dir", ""], "--run-dir is empty"),
+    (["sft", "--resume", ""], "--resume is empty"),
+    (["ab", "--out", "", "--a", "", "--b", "--optim.muon_lr=0.03", "--seeds", "2", "--dry-run"], "--out is empty"),
+    (["sweep", "--out", "", "--analyze"], "--out is empty; pass a directory ("),
+])
+def test_an_empty_run_path_is_refused_not_read_as_none_given(argv, says, tmp_path, monkeypatch, capsys):
+    """`train --resume "$RUN"` with $RUN unset started a new run instead of resuming one; `--run-dir ""` trained into a
+    default directory; `ab --out ""` a new runs/ab-<time> each time (a rerun trained every run again); `sweep --out ""`
+    analyzed, or trained into, the current directory."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert not any(here.iterdir())

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..argv import Parser, bind_values
+from ..argv import Parser, bind_values, refuse_empty_paths
 from ..atomic import atomic_write
 from ..outdir import OutDirError, check_out_dir, make_out_dir, os_error_line
 from ..provenance import short_commit
@@ -108,7 +108,9 @@ def write_results(summary: dict, plan, out: Path) -> str:
 
 def main(argv: list[str]) -> int:
     # An arm's text usually starts with "--", which argparse would take for an option: bind it first.
-    args, rest = parser().parse_known_args(bind_values(argv, ("--a", "--b")))
+    p = parser()
+    args, rest = p.parse_known_args(bind_values(argv, ("--a", "--b")))
+    refuse_empty_paths(p, args, ("--out",))  # "" was a new runs/ab-<time>: a rerun trained every run again
     workdir = os.getcwd()  # relative paths in the arms stay relative to here
     out = Path(args.out or f"runs/ab-{time.strftime('%Y%m%d-%H%M%S')}")
     try:

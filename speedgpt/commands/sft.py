@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..argv import Parser
+from ..argv import Parser, refuse_empty_paths
 
 SFT_EPILOG = """\
 data: JSONL or Parquet with {"messages": [{"role": "user"|"assistant"|"system", "content": ...}, ...]} per
@@ -43,6 +43,7 @@ def cmd_sft(argv: list[str]) -> int:
     p.add_argument("--eval-examples", type=int, default=None,
                    help="held-out examples per built-in task scored by exact match at each eval, 0..100 (default 50)")
     args, overrides = p.parse_known_args(argv)
+    refuse_empty_paths(p, args, ("--run-dir", "--resume"))
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --train.steps=200)")

@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from ..argv import Parser
+from ..argv import Parser, refuse_empty_paths
 
 TRAIN_EPILOG = """\
 overrides: any config key as --section.key=value, e.g. --model.depth=8 --optim.muon_lr=0.03
@@ -48,6 +48,7 @@ def cmd_train(argv: list[str]) -> int:
                    help="replace the run already in --run-dir (its config, metrics, checkpoints and reports are deleted)")
     p.add_argument("--list-presets", action="store_true", help="print the preset names and exit")
     args, overrides = p.parse_known_args(argv)
+    refuse_empty_paths(p, args, ("--run-dir", "--resume"))
 
     from ..config import preset_names
 
