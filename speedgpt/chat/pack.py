@@ -27,7 +27,8 @@ def pack_rows(convs: Sequence[Rendered], row_len: int, buffer: int = 1000) -> li
     lengths = [len(ids) for ids, _ in convs]
     for i, n in enumerate(lengths):
         if n > row_len:
-            raise ValueError(f"conversation {i} has {n} tokens, more than a row's {row_len}")
+            raise ValueError(f"conversation {i} has {n} tokens, more than a row's {row_len} (data.seq_len + 1); "
+                             f"give --data.seq_len={n - 1} or more")
     rows: list[list[int]] = []
     pending: list[tuple[int, int]] = []  # (length, index), sorted
     nxt = 0
