@@ -35,7 +35,6 @@ from .tasks import HELDOUT_PER_TASK
 SPEC_FILE = SFT_SPEC_FILE  # (rundir/reuse.py: `train --overwrite` removes it with the run)
 
 
-
 # The train.* keys an SFT run does not apply (one process, eager, a fixed number of steps, checkpoints by step, a
 # non-finite step always stops it): an override of one was written into config.toml and ignored (`sft BASE
 # --train.time_budget_s=60` trained every step). The base run's values of them are inherited and harmless.
@@ -281,10 +280,10 @@ class SFTTrainer:
         """NonFiniteError, before the update is applied, when the step's loss or a gradient is not finite. Without it
         the NaN weights were trained on, saved in every later checkpoint and the run said "done", exit 0 (and `chat`
         answered from them). SFT stops whatever train.on_nonfinite says: skip and rollback are `train`'s."""
-        from ..train.guard import NonFiniteError, local_grads
+        from ..train.guard import NonFiniteError, nonfinite_grads
 
-        grads = local_grads(self.optimizers)
-        if math.isfinite(loss) and (not grads or bool(torch.isfinite(torch.stack(torch._foreach_norm(grads))).all())):
+        bad_grads = nonfinite_grads(self.optimizers)
+        if math.isfinite(loss) and (bad_grads is None or not bool(bad_grads)):
             return
         found = self.rundir.list_checkpoints()
         last = f"the last good checkpoint is {found[-1]}" if found else "no checkpoint was written"

@@ -29,7 +29,7 @@ class NonFiniteError(FloatingPointError):
     """Training met a non-finite loss or gradient and train.on_nonfinite says abort (or rollbacks ran out)."""
 
 
-def local_grads(optimizers) -> list[torch.Tensor]:
+def _local_grads(optimizers) -> list[torch.Tensor]:
     parts = []
     for opt in optimizers:
         if hasattr(opt, "reduced_grads"):  # sharded: this rank's part of the averaged gradients
@@ -37,6 +37,13 @@ def local_grads(optimizers) -> list[torch.Tensor]:
         else:
             parts += [p.grad for group in opt.param_groups for p in group["params"] if p.grad is not None]
     return parts
+
+
+def nonfinite_grads(optimizers) -> torch.Tensor | None:
+    """A device flag, True when a gradient this rank holds is not finite (one fused norm, no host sync); None when
+    there is no gradient. NumericsGuard's skip mode and SFT's stop read it."""
+    grads = _local_grads(optimizers)
+    return ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all() if grads else None
 
 
 def _float_state(optimizers) -> list[torch.Tensor]:
@@ -66,9 +73,9 @@ class NumericsGuard:
         if grad_norm is not None:
             bad = bad | ~torch.isfinite(grad_norm)
         elif optimizers is not None:  # skip mode must see a bad gradient at the step it happens
-            grads = local_grads(optimizers)
-            if grads:
-                bad = bad | ~torch.isfinite(torch.stack(torch._foreach_norm(grads))).all()
+            bad_grads = nonfinite_grads(optimizers)
+            if bad_grads is not None:
+                bad = bad | bad_grads
         if self.mode == "skip" and self.world_size > 1:
             flag = bad.float()
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank skips the same steps
