@@ -47,26 +47,27 @@ def cmd_sft(argv: list[str]) -> int:
     bad = [o for o in overrides if not o.startswith("--") or "=" not in o or "." not in o.split("=", 1)[0]]
     if bad:
         p.error(f"unrecognized arguments: {' '.join(bad)} (config overrides look like --train.steps=200)")
+    keys = [o.split("=", 1)[0] for o in overrides]  # every override's key, as --section.key
     # The chat model is the base run's model (its weights' shapes and function), trained in one process: a model.* or
     # parallel.* override would be refused deep in the weights' loading, or silently ignored.
-    fixed_keys = [o.split("=", 1)[0] for o in overrides if o.startswith(("--model.", "--parallel."))]
+    fixed_keys = [k for k in keys if k.startswith(("--model.", "--parallel."))]
     if fixed_keys:
         p.error(f"{', '.join(fixed_keys)}: sft fine-tunes the base run's model (model.*) in one process (parallel.*); "
                 f"drop the override (to change the model, train a base run with it)")
     # SFT reads conversations (--data FILE), not the shards: of data.*, only data.seq_len (its rows) applies. Another
     # was written into config.toml and ignored: `--data.train_files=chats.jsonl` fine-tuned on the built-in tasks,
     # exit 0
-    unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.startswith("--data.") and k != "--data.seq_len"]
+    unread = [k for k in keys if k.startswith("--data.") and k != "--data.seq_len"]
     if unread:
         p.error(f"{', '.join(unread)}: sft reads conversations from --data FILE, not the shards of data.* (of which "
                 f"only data.seq_len applies); drop the override")
-    run_keys = [k for k in (o.split("=", 1)[0] for o in overrides) if k.startswith("--run.")]
+    run_keys = [k for k in keys if k.startswith("--run.")]
     if run_keys:  # none is read: `--run.dir=X` trained into the default directory, `--run.wandb=true` logged nowhere
         p.error(f"{', '.join(run_keys)}: sft writes no report, sample, TensorBoard or W&B log, and takes its directory "
                 f"from --run-dir; drop the override")
     from ..chat.sft import UNREAD_TRAIN_KEYS
 
-    unread = [k for k in (o.split("=", 1)[0] for o in overrides) if k.removeprefix("--train.") in UNREAD_TRAIN_KEYS]
+    unread = [k for k in keys if k.removeprefix("--train.") in UNREAD_TRAIN_KEYS]
     if unread:
         p.error(f"{', '.join(unread)}: sft does not apply it (one process, eager, train.steps steps, checkpoints by "
                 f"train.checkpoint_every, a non-finite step stops it); drop the override")
